@@ -1,0 +1,200 @@
+"""The PostgreSQL applier: row changes, set-based, into the target inside the caller's transaction.
+
+Changes are collected per table into a chunk that keeps only each key's net effect (its last change,
+with unchanged TOAST values filled in from an earlier change of the same chunk). A chunk is flushed with
+COPY into a temporary staging table and three statements per table (delete, update, insert), so the
+cost per row is COPY's, not a round trip. Chunks flush in order, which keeps per-row order across them;
+their size bounds memory, whatever the transaction's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from ..errors import TerminalError
+from ..postgres import keyrange
+from ..postgres.assembler import Change
+from ..postgres.catalog import Table
+from ..postgres.pgoutput import UNCHANGED, Relation
+
+_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+@dataclass
+class TargetTable:
+    """A replicated table and how replayed changes treat it (all / only keys <= lastpk / skip)."""
+
+    table: Table
+    mode: str = "all"
+    lastpk: list[str] | None = None
+    index: int = 0
+    rows: dict = field(default_factory=dict)  # key -> (op, values, keep): this chunk's net effect
+    has_keep: bool = False
+    _plan: dict | None = None
+
+
+class PostgresApplier:
+    def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
+                 chunk_bytes: int = 32 << 20):
+        self.conn = conn
+        self.by_name = {}
+        for i, t in enumerate(tables):
+            t.index = i
+            self.by_name[(t.table.schema, t.table.name)] = t
+        self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
+        self.pending_rows = self.pending_bytes = 0
+        self.checked: set[int] = set()
+        self.staged: set[int] = set()
+        self.applied_rows = 0
+
+    # -- intake ---------------------------------------------------------------------------------------
+    def _target(self, rel: Relation) -> TargetTable | None:
+        t = self.by_name.get((rel.schema, rel.name))
+        if t is None or t.mode == "skip":
+            return None
+        if rel.oid not in self.checked:
+            names = tuple(c.name for c in rel.columns)
+            if names != t.table.column_names:
+                raise TerminalError(
+                    f"columns of source table {t.table.qualified} changed to {list(names)} (expected "
+                    f"{list(t.table.column_names)}): schema changes are not replicated yet; re-create the workflow"
+                )
+            self.checked.add(rel.oid)
+        return t
+
+    def change(self, ch: Change) -> None:
+        t = self._target(ch.relation)
+        if t is None:
+            return
+        idx = t.table.key_indices
+        if ch.kind == "D":
+            key = tuple(ch.old[i] for i in idx)
+            t.rows[key] = ("D", ch.old, None)
+        else:
+            new = ch.new
+            key = tuple(new[i] for i in idx)
+            if ch.old is not None:
+                old_key = tuple(ch.old[i] for i in idx)
+                if old_key != key:  # the key changed: the old row goes away
+                    t.rows[old_key] = ("D", ch.old, None)
+            keep = None
+            if ch.kind == "U" and UNCHANGED in new:
+                keep, new = self._resolve_unchanged(t, key, new)
+            t.rows[key] = ("U", new, keep)
+        self.pending_rows += 1
+        self.pending_bytes += sum(len(v) for v in (ch.new or ch.old) if type(v) is str)
+        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
+            self.flush()
+
+    def _resolve_unchanged(self, t: TargetTable, key, new: tuple):
+        """Unchanged TOAST values come from this chunk's earlier change of the row, else stay as on target."""
+        prev = t.rows.get(key)
+        values = list(new)
+        keep = []
+        for i, v in enumerate(values):
+            if v is UNCHANGED:
+                if prev is not None and prev[0] == "U" and prev[1][i] is not UNCHANGED:
+                    values[i] = prev[1][i]
+                else:
+                    keep.append(i)
+        if keep:
+            t.has_keep = True
+        return (keep or None), tuple(values)
+
+    def truncate(self, relations: tuple[Relation, ...]) -> None:
+        targets = [t for t in (self._target(r) for r in relations) if t is not None]
+        if not targets:
+            return
+        self.flush()
+        self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
+
+    # -- apply ----------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        for t in self.by_name.values():
+            if t.rows:
+                self._flush_table(t)
+        self.pending_rows = self.pending_bytes = 0
+
+    def _flush_table(self, t: TargetTable) -> None:
+        plan = self._plan_for(t)
+        with self.conn.cursor() as cur:
+            with cur.copy(plan["copy"]) as copy:
+                lines = []
+                for op, values, keep in t.rows.values():
+                    keep_text = "{" + ",".join(map(str, keep)) + "}" if keep else "\\N"
+                    fields = [op, keep_text]
+                    for v in values:
+                        if v is None or v is UNCHANGED:
+                            fields.append("\\N")
+                        else:
+                            fields.append(v.translate(_ESCAPE))
+                    lines.append("\t".join(fields))
+                    if len(lines) >= 1000:
+                        copy.write("\n".join(lines) + "\n")
+                        lines.clear()
+                if lines:
+                    copy.write("\n".join(lines) + "\n")
+            cur.execute(plan["delete"])
+            if plan["update"] is not None:
+                cur.execute(plan["update_keep"] if t.has_keep else plan["update"])
+            cur.execute(plan["insert"])
+            self.applied_rows += len(t.rows)
+            cur.execute(plan["clear"])
+        t.rows.clear()
+        t.has_keep = False
+
+    def _plan_for(self, t: TargetTable) -> dict:
+        """Statements for one table, composed once per applier (cf. Vitess's table plans)."""
+        if t._plan is not None and t.index in self.staged:
+            return t._plan
+        table = t.table
+        stage = sql.Identifier(f"sg_stage_{t.index}")
+        cols = [sql.Identifier(c) for c in table.column_names]
+        col_list = sql.SQL(", ").join(cols)
+        if t.index not in self.staged:
+            # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL.
+            self.conn.execute(
+                sql.SQL(
+                    """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
+                       SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
+                ).format(stage, col_list, table.ident)
+            )
+            self.staged.add(t.index)
+        match = keyrange.key_equal(table, "d", "s")
+        flt = sql.SQL("")
+        if t.mode == "upto":
+            flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", t.lastpk, alias="s"))
+        non_key = [c for c in table.column_names if c not in table.key]
+        plan = {
+            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
+            "delete": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
+                table.ident, stage, match, flt),
+            "insert": sql.SQL(
+                "INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
+                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {})"
+            ).format(table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
+                     stage, flt, table.ident, match),
+            "clear": sql.SQL("TRUNCATE {}").format(stage),
+            "update": None,
+        }
+        if non_key:
+            names = table.column_names
+
+            def assignments(keep: bool):
+                out = []
+                for c in non_key:
+                    if keep:
+                        out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
+                    else:
+                        out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
+                return sql.SQL(", ").join(out)
+
+            upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
+            plan["update"] = sql.SQL(upd).format(table.ident, assignments(False), stage, match, flt)
+            plan["update_keep"] = sql.SQL(upd).format(table.ident, assignments(True), stage, match, flt)
+        t._plan = plan
+        return plan

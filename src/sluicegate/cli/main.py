@@ -1,0 +1,220 @@
+"""The `sluicegate` command line (contract: ../shared/DESIGN.md, Interfaces)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from functools import wraps
+
+import click
+import psycopg
+from rich.console import Console
+
+from ..errors import SluicegateError
+from ..postgres.connect import first_line
+
+TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
+                      help="libpq URL of the target database (or SLUICEGATE_TARGET).")
+
+
+def friendly(fn):
+    """One-line errors, exit 1, no traceback: for everything the user can fix."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SluicegateError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except psycopg.Error as exc:
+            click.echo(f"error: {first_line(exc)}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does to stderr.")
+@click.version_option(package_name="sluicegate")
+def cli(verbose: bool) -> None:
+    """Sluicegate: consistent, resumable PostgreSQL table replication on Apache Spark."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s",
+                        stream=sys.stderr)
+
+
+@cli.group()
+def movetables() -> None:
+    """Move tables from a source database to a target database."""
+
+
+@movetables.command("create")
+@click.option("--workflow", "name", required=True, help="Name of the new workflow.")
+@click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
+@TARGET
+@click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
+@click.option("--rule", "rules", multiple=True, help="'TABLE: SELECT ...' (not supported yet).")
+@click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
+@click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
+@friendly
+def movetables_create(name, source, target, tables, rules, cycle_rows, chunk_rows):
+    """Validate everything, then create the workflow's state and target tables in one transaction."""
+    from ..workflow.create import create_movetables
+
+    options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+    names = [t for t in tables.split(",") if t.strip()] if tables else None
+    created = create_movetables(name, source, target, names, list(rules), options)
+    click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
+               f"run it with: sluicegate workflow run {name}")
+
+
+@cli.group()
+def workflow() -> None:
+    """Run and manage workflows."""
+
+
+@workflow.command("run")
+@click.argument("name")
+@TARGET
+@click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
+@click.option("--no-progress", is_flag=True, help="Do not draw progress (also off when not a terminal).")
+@friendly
+def workflow_run(name, target, spark_master, no_progress):
+    """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
+    from ..postgres.connect import connect
+    from ..spark.runner import SparkRunner
+    from ..spark.session import get_spark
+    from ..workflow import state as st
+    from ..workflow.engine import Engine
+
+    with connect(target, role="target") as conn:
+        st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
+    stop = threading.Event()
+    spark = get_spark(spark_master)
+    runner = SparkRunner(spark)
+
+    def on_signal(signum, frame):
+        stop.set()
+        runner.cancel()  # an interrupted copy cycle is redone on the next run
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    console = Console(stderr=True)
+    view = None
+    if not no_progress and console.is_terminal:
+        from .progress import ProgressView
+
+        view = ProgressView(target, name, console)
+        view.start()
+    engine = Engine(target, name, runner, stop=stop)
+    try:
+        final = engine.run()
+    finally:
+        engine.close()
+        if view:
+            view.stop()
+    if final == st.ERROR:
+        with connect(target, role="target") as conn:
+            msg = st.load_workflow(conn, name).streams[0].message
+        raise SluicegateError(f"workflow {name} stopped in Error: {msg}")
+    click.echo(f"workflow {name}: {final}", err=True)
+
+
+@workflow.command("status")
+@click.argument("name")
+@TARGET
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def workflow_status_cmd(name, target, as_json):
+    """Show a workflow's state, position, lag and per-table copy progress."""
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+    from ..workflow.status import workflow_status
+
+    with connect(target, role="target") as conn:
+        status = workflow_status(st.load_workflow(conn, name))
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    from .output import print_status
+
+    print_status(Console(), status)
+
+
+def _set_state(name: str, target: str, verb: str) -> str:
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+
+    with connect(target, role="target") as conn:
+        wf = st.load_workflow(conn, name)
+        for s in wf.streams:
+            st.lock_stream(conn, s.id)
+            if verb == "stop":
+                st.set_state(conn, s.id, st.STOPPED, "stopped by user")
+            else:
+                if s.position is None:
+                    new = st.INIT
+                elif any(not t.done for t in s.tables):
+                    new = st.COPYING
+                else:
+                    new = st.RUNNING
+                st.set_state(conn, s.id, new)
+        return wf.streams[0].state
+
+
+@workflow.command("stop")
+@click.argument("name")
+@TARGET
+@friendly
+def workflow_stop(name, target):
+    """Stop the workflow; a running driver notices within one batch and exits."""
+    _set_state(name, target, "stop")
+    click.echo(f"workflow {name}: Stopped")
+
+
+@workflow.command("start")
+@click.argument("name")
+@TARGET
+@friendly
+def workflow_start(name, target):
+    """Start a stopped (or failed) workflow again from where it stands; then `workflow run` it."""
+    _set_state(name, target, "start")
+    click.echo(f"workflow {name}: started; run it with: sluicegate workflow run {name}")
+
+
+@workflow.command("delete")
+@click.argument("name")
+@TARGET
+@friendly
+def workflow_delete(name, target):
+    """Delete the workflow: its state on the target, its slot and publication on the source.
+
+    The target tables and their rows stay.
+    """
+    from ..workflow.create import delete_workflow
+
+    dropped = delete_workflow(name, target)
+    click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+
+
+@cli.command()
+@click.option("--rows", type=click.IntRange(1000), default=200_000, show_default=True, help="Rows to load.")
+@click.option("--keep", is_flag=True, help="Leave the servers running and print how to connect.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Where the servers live.")
+@friendly
+def demo(rows, keep, workdir):
+    """Local source and target PostgreSQL, live writes during a MoveTables, status, and a check."""
+    from ..demo.run import run_demo
+
+    sys.exit(run_demo(rows=rows, keep=keep, workdir=workdir))
+
+
+def main() -> None:
+    cli(prog_name="sluicegate")
+
+
+if __name__ == "__main__":
+    main()

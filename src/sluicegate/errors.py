@@ -1,0 +1,59 @@
+"""One error hierarchy: terminal errors stop a stream in Error, retryable ones are retried with backoff.
+
+Errors are picklable (Spark ships them from executors back to the driver) and read as one line.
+"""
+
+from __future__ import annotations
+
+
+class SluicegateError(Exception):
+    """Base class. `str(err)` is a one-line message that names the object and the way out."""
+
+    retryable = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(SluicegateError):
+    """Bad input from the user (unknown table, existing workflow, ...): nothing was created."""
+
+
+class ConnectError(SluicegateError):
+    """A database could not be reached or refused us. Retryable while a workflow runs."""
+
+    retryable = True
+
+
+class TerminalError(SluicegateError):
+    """The stream cannot go on without the user (slot lost, schema incompatible)."""
+
+
+class RetryableError(SluicegateError):
+    """A passing fault (server restart, lock timeout); the step is retried."""
+
+    retryable = True
+
+
+def is_retryable(err: BaseException) -> bool:
+    """Terminal vs transient, decided by type: our own flag, else psycopg's class of error."""
+    if isinstance(err, SluicegateError):
+        return err.retryable
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover
+        return False
+    # Connection loss, admin shutdown, serialization/lock failures are passing; everything else
+    # (syntax, undefined table, constraint violation) needs a person.
+    if isinstance(err, (psycopg.OperationalError, psycopg.errors.SerializationFailure,
+                        psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable,
+                        psycopg.errors.ObjectInUse, psycopg.errors.QueryCanceled)):
+        return True
+    return isinstance(err, (ConnectionError, TimeoutError, EOFError))

@@ -1,0 +1,144 @@
+"""The source's change capture: publication, logical slot (pgoutput), reading changes, advancing the slot.
+
+Changes are read with `pg_logical_slot_peek_binary_changes`: peeking does not consume, so a batch that
+dies before the target commits is simply read again. The slot moves only in `advance_slot`, called after
+the target has durably committed the position (guarantee 7) — the one place a slot is advanced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from ..errors import TerminalError, UsageError
+from ..position import format_lsn, parse_lsn
+from .catalog import Table
+
+PEEK_FETCH_ROWS = 2000  # rows per round trip from the server-side cursor: memory stays bounded
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    confirmed_flush: int | None
+    restart_lsn: int | None
+    wal_status: str | None
+    active_pid: int | None
+
+
+def check_source(conn: psycopg.Connection) -> None:
+    """The settings logical replication needs, each with its way out."""
+    version = conn.info.server_version
+    if version < 140000:
+        raise UsageError(f"source runs PostgreSQL {version // 10000}; Sluicegate needs 14 or newer")
+    level = conn.execute("SHOW wal_level").fetchone()[0]
+    if level != "logical":
+        raise UsageError(
+            f"source has wal_level = {level}; logical replication needs wal_level = logical: "
+            f"ALTER SYSTEM SET wal_level = logical, then restart the source server"
+        )
+    slots = int(conn.execute("SHOW max_replication_slots").fetchone()[0])
+    if slots < 1:
+        raise UsageError("source has max_replication_slots = 0: set it to at least 1 and restart the server")
+
+
+def ensure_publication(conn: psycopg.Connection, name: str, tables: list[Table]) -> None:
+    idents = sql.SQL(", ").join(t.ident for t in tables)
+    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
+    conn.execute(sql.SQL(verb).format(sql.Identifier(name), idents))
+
+
+def ensure_slot(conn: psycopg.Connection, name: str) -> int:
+    """Create the logical slot if missing; its confirmed position. `conn` must be in autocommit."""
+    info = slot_info(conn, name)
+    if info is None:
+        row = conn.execute(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,)
+        ).fetchone()
+        return parse_lsn(row[0])
+    return info.confirmed_flush
+
+
+def slot_info(conn: psycopg.Connection, name: str) -> SlotInfo | None:
+    row = conn.execute(
+        """SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, active_pid
+           FROM pg_replication_slots WHERE slot_name = %s""",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotInfo(
+        parse_lsn(row[0]) if row[0] else None, parse_lsn(row[1]) if row[1] else None, row[2], row[3]
+    )
+
+
+def check_slot(conn: psycopg.Connection, name: str, position: int, workflow: str) -> SlotInfo:
+    """The slot can still supply everything after `position`, or a terminal error naming the way out."""
+    info = slot_info(conn, name)
+    rebootstrap = (
+        f"the stream cannot continue without losing changes: re-bootstrap with "
+        f"`sluicegate workflow delete {workflow}` and create it again"
+    )
+    if info is None:
+        raise TerminalError(f"replication slot {name} is gone from the source; {rebootstrap}")
+    if info.wal_status == "lost" or info.restart_lsn is None:
+        raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {rebootstrap}")
+    if info.confirmed_flush is not None and info.confirmed_flush > position:
+        raise TerminalError(
+            f"replication slot {name} was consumed up to {format_lsn(info.confirmed_flush)}, past the target's "
+            f"position {format_lsn(position)}; {rebootstrap}"
+        )
+    return info
+
+
+def advance_slot(conn: psycopg.Connection, name: str, position: int) -> None:
+    """Confirm the slot up to `position`: only ever with a position the target has committed."""
+    info = slot_info(conn, name)
+    if info is None or info.confirmed_flush is None or info.confirmed_flush >= position:
+        return
+    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (name, format_lsn(position)))
+
+
+def wal_flush_position(conn: psycopg.Connection):
+    """(flushed WAL position, source clock): decoding can read everything before it."""
+    lsn, now = conn.execute("SELECT pg_current_wal_flush_lsn()::text, clock_timestamp()").fetchone()
+    return parse_lsn(lsn), now
+
+
+def peek(conn: psycopg.Connection, slot: str, publication: str, upto: int, nchanges: int
+         ) -> Iterator[tuple[int, bytes]]:
+    """(lsn, pgoutput message) up to `upto`, stopping at the first transaction boundary past `nchanges`.
+
+    Runs in the caller's transaction through a server-side cursor, so a transaction of millions of rows
+    streams through in bounded memory (the server spills its result to disk).
+    """
+    cur = conn.cursor(name="sluicegate_peek")
+    cur.itersize = PEEK_FETCH_ROWS
+    cur.execute(
+        """SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(
+               %s, %s::pg_lsn, %s, 'proto_version', '1', 'publication_names', %s)""",
+        (slot, format_lsn(upto), nchanges or None, publication),
+    )
+    try:
+        for lsn, data in cur:
+            yield parse_lsn(lsn), bytes(data)
+    finally:
+        cur.close()
+
+
+def drop_capture(conn: psycopg.Connection, slot: str, publication: str) -> list[str]:
+    """Drop the slot and publication if present; what was dropped. `conn` must be in autocommit."""
+    dropped = []
+    info = slot_info(conn, slot)
+    if info is not None:
+        if info.active_pid:
+            conn.execute("SELECT pg_terminate_backend(%s)", (info.active_pid,))
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        dropped.append(f"replication slot {slot}")
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
+        conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
+        dropped.append(f"publication {publication}")
+    return dropped

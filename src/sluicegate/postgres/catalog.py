@@ -1,0 +1,284 @@
+"""What a table looks like on the source, and making (or checking) its twin on the target."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from ..errors import UsageError
+
+FIRST_USER_OID = 16384  # OIDs below this are built in, and equal on every server
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_sql: str  # format_type(): 'numeric(12,2)', 'order_status[]'
+    type_oid: int
+    not_null: bool
+    collation: str | None  # non-default collation name, or None
+
+
+@dataclass(frozen=True)
+class EnumType:
+    schema: str
+    name: str
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    schema: str
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
+    enums: tuple[EnumType, ...] = ()
+    estimated_rows: int = 0
+
+    @property
+    def qualified(self) -> str:
+        """Display name and state key: 'public.Order Items'."""
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def ident(self) -> sql.Composable:
+        return sql.Identifier(self.schema, self.name)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def key_indices(self) -> tuple[int, ...]:
+        names = self.column_names
+        return tuple(names.index(k) for k in self.key)
+
+    @property
+    def binary_copy_safe(self) -> bool:
+        """Binary COPY embeds type OIDs in arrays; user types (enums) differ between servers."""
+        return all(c.type_oid < FIRST_USER_OID for c in self.columns)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": self.schema, "name": self.name, "key": list(self.key),
+            "estimated_rows": self.estimated_rows,
+            "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation] for c in self.columns],
+            "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Table:
+        return cls(
+            schema=d["schema"], name=d["name"], key=tuple(d["key"]),
+            estimated_rows=d.get("estimated_rows", 0),
+            columns=tuple(Column(*c) for c in d["columns"]),
+            enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
+        )
+
+
+def split_name(name: str) -> tuple[str | None, str]:
+    """'public.orders' -> ('public', 'orders'); 'Order Items' -> (None, 'Order Items')."""
+    name = name.strip()
+    if "." in name and not name.startswith('"'):
+        schema, _, rel = name.partition(".")
+        return schema.strip('"'), rel.strip('"')
+    return None, name.strip('"')
+
+
+def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'sluicegate')
+             AND n.nspname NOT LIKE 'pg\\_%'
+           ORDER BY 1, 2"""
+    ).fetchall()
+    return [(s, n) for s, n in rows]
+
+
+def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Table]:
+    """The source tables a workflow moves: the named ones, or every table of schema public."""
+    existing = list_tables(conn)
+    if not names:
+        chosen = [t for t in existing if t[0] == "public"]
+        if not chosen:
+            raise UsageError("source has no tables in schema public: name them with --tables")
+    else:
+        chosen = []
+        for raw in names:
+            schema, rel = split_name(raw)
+            hits = [t for t in existing if t[1] == rel and (schema is None or t[0] == schema)]
+            if schema is None and len(hits) > 1:
+                hits = [t for t in hits if t[0] == "public"] or hits
+            if len(hits) != 1:
+                candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
+                close = difflib.get_close_matches(raw, candidates, n=1, cutoff=0.5)
+                hint = f": did you mean {close[0]!r}?" if close else ""
+                raise UsageError(f"unknown source table {raw!r}{hint}")
+            if hits[0] not in chosen:
+                chosen.append(hits[0])
+    return [describe_table(conn, s, n) for s, n in chosen]
+
+
+def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
+    qualified = f"{schema}.{name}"
+    oid, replident, reltuples = conn.execute(
+        """SELECT c.oid, c.relreplident, c.reltuples::bigint FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s""",
+        (schema, name),
+    ).fetchone()
+    cols = conn.execute(
+        """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid::int, a.attnotnull,
+                  CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                       THEN co.collname END
+           FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+           LEFT JOIN pg_collation co ON co.oid = a.attcollation
+           WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+           ORDER BY a.attnum""",
+        (oid,),
+    ).fetchall()
+    columns = tuple(Column(*c) for c in cols)
+    key = _find_key(conn, oid, replident, qualified)
+    enums = _enums(conn, columns, qualified)
+    if reltuples < 0:  # never analyzed: count, so progress has a total
+        reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name))).fetchone()[0]
+    return Table(schema, name, columns, key, enums, int(reltuples))
+
+
+def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
+    idx = conn.execute(
+        """SELECT i.indisprimary, i.indisreplident, ci.relname,
+                  array_agg(a.attname ORDER BY k.ord), bool_and(a.attnotnull)
+           FROM pg_index i JOIN pg_class ci ON ci.oid = i.indexrelid
+           CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+           WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+             AND i.indisvalid
+           GROUP BY i.indexrelid, i.indisprimary, i.indisreplident, ci.relname
+           ORDER BY i.indisprimary DESC, i.indisreplident DESC, ci.relname""",
+        (oid,),
+    ).fetchall()
+    if replident == "n":
+        raise UsageError(
+            f"table {qualified} has REPLICA IDENTITY NOTHING, so its updates and deletes are not replicated: "
+            f"ALTER TABLE ... REPLICA IDENTITY DEFAULT"
+        )
+    for primary, is_replident, _, columns, not_null in idx:
+        if primary and replident in ("d", "f") or (is_replident and not_null):
+            return tuple(columns)
+    usable = [r for r in idx if r[4]]
+    if usable:
+        index = usable[0][2]
+        raise UsageError(
+            f"table {qualified} has no primary key; its unique key {index} can identify rows once it is the "
+            f"replica identity: ALTER TABLE {qualified} REPLICA IDENTITY USING INDEX {index}"
+        )
+    raise UsageError(
+        f"table {qualified} has no primary key or non-null unique key, so its rows cannot be identified: "
+        f"add a primary key, or leave the table out with --tables"
+    )
+
+
+def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType, ...]:
+    user = [c for c in columns if c.type_oid >= FIRST_USER_OID]
+    found: list[EnumType] = []
+    for c in user:
+        row = conn.execute(
+            """SELECT n.nspname, t.typname, t.typtype,
+                      (SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)
+               FROM pg_type a JOIN pg_type t ON t.oid = CASE WHEN a.typelem <> 0 AND a.typlen = -1
+                                                            THEN a.typelem ELSE a.oid END
+               JOIN pg_namespace n ON n.oid = t.typnamespace WHERE a.oid = %s""",
+            (c.type_oid,),
+        ).fetchone()
+        schema, name, kind, labels = row
+        if kind != "e":
+            raise UsageError(
+                f"column {c.name} of {qualified} has type {c.type_sql}, which Sluicegate cannot move yet "
+                f"(built-in types, arrays and enums are supported): leave the table out with --tables"
+            )
+        enum = EnumType(schema, name, tuple(labels))
+        if enum not in found:
+            found.append(enum)
+    return tuple(found)
+
+
+def prepare_target(conn: psycopg.Connection, table: Table) -> bool:
+    """Create the target table (and its enums) if missing, else check it can take the rows. True if created."""
+    for enum in table.enums:
+        _ensure_enum(conn, enum)
+    row = conn.execute(
+        """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""",
+        (table.schema, table.name),
+    ).fetchone()
+    if row is None:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
+        conn.execute(create_table_sql(table))
+        return True
+    check_target_table(conn, table, row[0])
+    return False
+
+
+def create_table_sql(table: Table) -> sql.Composed:
+    defs = []
+    for c in table.columns:
+        parts = [sql.Identifier(c.name), sql.SQL(c.type_sql)]  # format_type() output is valid, quoted SQL
+        if c.collation:
+            parts.append(sql.SQL("COLLATE {}").format(sql.Identifier(c.collation)))
+        if c.not_null:
+            parts.append(sql.SQL("NOT NULL"))
+        defs.append(sql.SQL(" ").join(parts))
+    defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
+    return sql.SQL("CREATE TABLE {} ({})").format(table.ident, sql.SQL(", ").join(defs))
+
+
+def check_target_table(conn: psycopg.Connection, table: Table, oid: int) -> None:
+    rows = conn.execute(
+        """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef
+           FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped""",
+        (oid,),
+    ).fetchall()
+    target = {r[0]: r for r in rows}
+    for c in table.columns:
+        if c.name not in target:
+            raise UsageError(
+                f"target table {table.qualified} has no column {c.name!r} ({c.type_sql}) that the source has: "
+                f"add it, or drop the target table and let Sluicegate create it"
+            )
+        if target[c.name][1] != c.type_sql:
+            raise UsageError(
+                f"target table {table.qualified} column {c.name!r} is {target[c.name][1]}, the source's is "
+                f"{c.type_sql}: make the types equal, or drop the target table and let Sluicegate create it"
+            )
+    source_names = set(table.column_names)
+    for name, _, not_null, has_default in rows:
+        if name not in source_names and not_null and not has_default:
+            raise UsageError(
+                f"target table {table.qualified} has a NOT NULL column {name!r} without default that the "
+                f"source lacks: give it a default or make it nullable"
+            )
+
+
+def _ensure_enum(conn: psycopg.Connection, enum: EnumType) -> None:
+    row = conn.execute(
+        """SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_type t
+           JOIN pg_namespace n ON n.oid = t.typnamespace LEFT JOIN pg_enum e ON e.enumtypid = t.oid
+           WHERE n.nspname = %s AND t.typname = %s GROUP BY t.oid""",
+        (enum.schema, enum.name),
+    ).fetchone()
+    if row is None:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(enum.schema)))
+        conn.execute(
+            sql.SQL("CREATE TYPE {} AS ENUM ({})").format(
+                sql.Identifier(enum.schema, enum.name), sql.SQL(", ").join(map(sql.Literal, enum.labels))
+            )
+        )
+    elif tuple(row[0] or ()) [: len(enum.labels)] != enum.labels:
+        raise UsageError(
+            f"target type {enum.schema}.{enum.name} has labels {list(row[0] or [])}, the source's are "
+            f"{list(enum.labels)}: make them equal"
+        )

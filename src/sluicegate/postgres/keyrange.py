@@ -1,0 +1,45 @@
+"""Key ranges over a table's key in the source's own order, as SQL.
+
+Key values travel as their text form (what `key::text` and pgoutput give) and are cast back to the
+column's type on the server, so every key type — composite, text, uuid, timestamps — compares the way
+PostgreSQL compares it, never the way Python would.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from .catalog import Table
+
+
+def key_columns(table: Table, alias: str | None = None) -> sql.Composable:
+    cols = [sql.Identifier(alias, k) if alias else sql.Identifier(k) for k in table.key]
+    return cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
+
+
+def key_value(table: Table, values: list[str]) -> sql.Composable:
+    types = {c.name: c.type_sql for c in table.columns}
+    lits = [sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(types[k])) for k, v in zip(table.key, values)]
+    return lits[0] if len(lits) == 1 else sql.SQL("ROW({})").format(sql.SQL(", ").join(lits))
+
+
+def compare(table: Table, op: str, values: list[str], alias: str | None = None) -> sql.Composable:
+    """`key OP (values)`, e.g. `("order_id", "line_no") > ROW('5'::bigint, '2'::integer)`."""
+    assert op in ("<", "<=", ">", ">=")
+    return sql.SQL("{} {} {}").format(key_columns(table, alias), sql.SQL(op), key_value(table, values))
+
+
+def in_range(table: Table, lo: list[str] | None, hi: list[str] | None, alias: str | None = None) -> sql.Composable:
+    """lo < key <= hi, either end open when None."""
+    parts = []
+    if lo is not None:
+        parts.append(compare(table, ">", lo, alias))
+    if hi is not None:
+        parts.append(compare(table, "<=", hi, alias))
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+
+def key_equal(table: Table, left: str, right: str) -> sql.Composable:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(left, k), sql.Identifier(right, k)) for k in table.key
+    )

@@ -1,0 +1,68 @@
+"""A consistent snapshot of one table tied to a position (VReplication's copy snapshot on PostgreSQL).
+
+Briefly lock the table in SHARE mode (waits out its writers, blocks new ones), open a REPEATABLE READ
+transaction in a second session, export its snapshot and read the WAL insert position, then release the
+lock. Every change to the table committed before the position is in the snapshot; every later one
+commits after it. The lock is taken with a short lock_timeout and retried, so a long-running writer
+never makes the application's writes queue behind us for long.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from ..errors import RetryableError
+from ..position import parse_lsn
+from .catalog import Table
+from .connect import connect
+
+
+@dataclass
+class TableSnapshot:
+    name: str  # for SET TRANSACTION SNAPSHOT in other sessions
+    position: int
+    conn: psycopg.Connection  # holds the snapshot open: keep it idle-in-transaction while others import it
+
+    def close(self) -> None:
+        try:
+            self.conn.rollback()
+        finally:
+            self.conn.close()
+
+    def __enter__(self) -> TableSnapshot:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def take_snapshot(source_url: str, table: Table, *, lock_timeout_ms: int = 500, attempts: int = 20) -> TableSnapshot:
+    locker = connect(source_url, role="source")
+    holder = connect(source_url, role="source")
+    holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    holder.read_only = True
+    try:
+        for attempt in range(attempts):
+            try:
+                locker.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
+                locker.execute(psycopg.sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table.ident))
+                break
+            except psycopg.errors.LockNotAvailable:
+                locker.rollback()
+                time.sleep(min(0.05 * 2**attempt, 2.0))  # back off; writers go on meanwhile
+        else:
+            raise RetryableError(
+                f"could not lock {table.qualified} for a snapshot in {attempts} tries of {lock_timeout_ms} ms: "
+                f"a long transaction holds it; will retry"
+            )
+        name, lsn = holder.execute("SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text").fetchone()
+        locker.rollback()  # release the lock: the snapshot is taken
+        return TableSnapshot(name, parse_lsn(lsn), holder)
+    except BaseException:
+        holder.close()
+        raise
+    finally:
+        locker.close()

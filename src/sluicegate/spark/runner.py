@@ -1,0 +1,60 @@
+"""Running Sluicegate's tasks (copy ranges, play batches) as Spark jobs, errors and all.
+
+A task returns ("ok", value) or ("err", SluicegateError): our error types cross the executor boundary
+intact, with the terminal/retryable decision made where the error happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import RetryableError, SluicegateError, TerminalError, is_retryable
+from ..postgres.connect import first_line
+
+
+def guarded(fn: Callable, arg: Any):
+    try:
+        return ("ok", fn(arg))
+    except SluicegateError as exc:
+        return ("err", exc)
+    except Exception as exc:  # noqa: BLE001 - classified, then re-raised on the driver
+        cls = RetryableError if is_retryable(exc) else TerminalError
+        return ("err", cls(f"{type(exc).__name__}: {first_line(exc)}"))
+
+
+def unwrap(results: list) -> list:
+    errors = [r[1] for r in results if r[0] == "err"]
+    if errors:
+        terminal = [e for e in errors if not e.retryable]
+        raise (terminal or errors)[0]
+    return [r[1] for r in results]
+
+
+class SparkRunner:
+    """Each call is one Spark job with one task per item."""
+
+    def __init__(self, spark):
+        self.spark = spark
+        self.sc = spark.sparkContext
+
+    def map(self, fn: Callable, items: list, description: str = "") -> list:
+        if not items:
+            return []
+        if description:
+            self.sc.setJobDescription(description)
+        rdd = self.sc.parallelize(items, len(items))
+        return unwrap(rdd.map(lambda item: guarded(fn, item)).collect())
+
+    def cancel(self) -> None:
+        self.sc.cancelAllJobs()
+
+
+class LocalRunner:
+    """Same contract in this process: for unit tests of the engine's pure parts and for tools."""
+
+    def map(self, fn: Callable, items: list, description: str = "") -> list:
+        return unwrap([guarded(fn, item) for item in items])
+
+    def cancel(self) -> None:
+        pass

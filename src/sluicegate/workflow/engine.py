@@ -1,0 +1,219 @@
+"""The workflow loop (VReplication's vreplicator): re-read durable state, dispatch on it, repeat.
+
+Init     -> publication + slot on the source; the stream's position is the slot's start.
+Copying  -> for the first table not done: catchup, snapshot, fast-forward to it, copy the next cycle.
+Running  -> replicate in time slices.
+Stopped / Error -> the loop returns.
+Retryable errors (a database restarting) are recorded on the stream and retried with backoff;
+terminal ones put the stream in Error with a message that names the way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
+from ..postgres import capture
+from ..postgres.connect import connect, first_line
+from ..postgres.snapshot import take_snapshot
+from . import copier, state as st
+from .faults import fault_point
+from .player import PlayTask, play
+
+log = logging.getLogger("sluicegate")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cycle_rows: int = 2_000_000  # rows per copy cycle (one snapshot)
+    chunk_rows: int = 250_000  # rows per Spark copy task
+    batch_changes: int = 20_000  # pgoutput messages per replay batch
+    slice_seconds: float = 10.0  # how long a replicate task runs before the driver re-reads state
+    idle_poll: float = 0.1
+
+    @classmethod
+    def from_options(cls, options: dict) -> Settings:
+        known = {k: v for k, v in options.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+class Engine:
+    def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
+                 max_backoff: float = 30.0):
+        self.target_url = target_url
+        self.workflow = workflow
+        self.runner = runner
+        self.stop = stop or threading.Event()
+        self.max_backoff = max_backoff
+        self.lock_conn: psycopg.Connection | None = None
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> str:
+        """Run until stopped (event, `workflow stop`) or in Error; the stream's final state."""
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                self._hold_run_lock()
+                wf = self._load()
+                stream = wf.streams[0]
+                if stream.state in (st.STOPPED, st.ERROR):
+                    return stream.state
+                self.step(wf, stream)
+                failures = 0
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is classified below
+                if not is_retryable(exc) and not _spark_failure(exc):
+                    self._record(st.ERROR, str(exc) if isinstance(exc, SluicegateError) else first_line(exc))
+                    return st.ERROR
+                failures += 1
+                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
+                message = f"retrying in {delay:.0f}s: {str(exc) if isinstance(exc, SluicegateError) else first_line(exc)}"
+                log.warning(message)
+                self._record(None, message)
+                self._drop_lock_conn()
+                self.stop.wait(delay)
+        return "stopping"
+
+    def step(self, wf: st.Workflow, stream: st.Stream) -> None:
+        if stream.state == st.INIT:
+            self.init_stream(wf, stream)
+        elif stream.state == st.COPYING:
+            self.copy_step(wf, stream)
+        elif stream.state == st.RUNNING:
+            self.replicate_step(wf, stream)
+        else:
+            raise TerminalError(f"stream {stream.id} is in unknown state {stream.state!r}")
+
+    # -- phases ---------------------------------------------------------------------------------------
+    def init_stream(self, wf: st.Workflow, stream: st.Stream) -> None:
+        with connect(wf.source_url, role="source", autocommit=True) as src:
+            capture.check_source(src)
+            capture.ensure_publication(src, stream.publication, [t.table for t in stream.tables])
+            start = capture.ensure_slot(src, stream.slot_name)
+        with connect(self.target_url, role="target") as dst:
+            state, position = st.lock_stream(dst, stream.id)
+            if state == st.INIT:
+                st.save_position(dst, stream.id, start, state=st.COPYING)
+
+    def copy_step(self, wf: st.Workflow, stream: st.Stream) -> None:
+        settings = Settings.from_options(wf.options)
+        current = stream.copying_table()
+        if current is None:
+            with connect(self.target_url, role="target") as dst:
+                st.lock_stream(dst, stream.id)
+                st.set_state(dst, stream.id, st.RUNNING)
+            return
+        # Catchup: replay what happened since the last cycle until the lag is small.
+        while not self.stop.is_set():
+            result = self._play(wf, stream, until="caught_up", expect=st.COPYING, max_seconds=settings.slice_seconds)
+            if result.interrupted:
+                return
+            stream.position = result.position
+            if result.caught_up:
+                break
+            fault_point("catchup.between_batches")
+        if self.stop.is_set():
+            return
+        fault_point("catchup.done")
+        table = current.table
+        with take_snapshot(wf.source_url, table) as snap:
+            # Fast-forward: everything up to the snapshot's position, for rows already copied.
+            while stream.position < snap.position:
+                fault_point("fastforward.start")
+                result = self._play(wf, stream, until="position", stop_at=snap.position, expect=st.COPYING,
+                                    max_seconds=settings.slice_seconds)
+                if result.interrupted:
+                    return
+                stream.position = result.position
+                if self.stop.is_set():
+                    return
+            plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows)
+            with connect(self.target_url, role="target") as dst:
+                copier.clear_above(dst, table, current.lastpk)
+            tasks = [copier.CopyRange(wf.source_url, self.target_url, table.to_json(), snap.name, lo, hi)
+                     for lo, hi in plan.ranges]
+            rows = sum(self.runner.map(copier.copy_range, tasks, f"copy {table.qualified}"))
+            fault_point("copy.before_progress")
+            with connect(self.target_url, role="target") as dst:
+                state, position = st.lock_stream(dst, stream.id)
+                if state != st.COPYING or position != snap.position:
+                    return  # moved under us: the next turn re-reads and redoes the cycle
+                if not st.save_copy_progress(dst, stream.id, table.qualified, current.lastpk, plan.new_lastpk,
+                                             rows, plan.done):
+                    return
+                if plan.done and all(t.done for t in stream.tables if t is not current):
+                    st.set_state(dst, stream.id, st.RUNNING)
+        log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
+        settings = Settings.from_options(wf.options)
+        self._play(wf, stream, until="slice", expect=st.RUNNING, max_seconds=settings.slice_seconds)
+
+    def _play(self, wf, stream, *, until: str, expect: str, max_seconds: float, stop_at: int | None = None):
+        settings = Settings.from_options(wf.options)
+        task = PlayTask(
+            wf.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
+            [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
+            stop_at=stop_at, max_seconds=max_seconds, batch_changes=settings.batch_changes,
+            idle_poll=settings.idle_poll,
+        )
+        return self.runner.map(play, [task], f"{until} {wf.name}")[0]
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+    def _load(self) -> st.Workflow:
+        with connect(self.target_url, role="target") as conn:
+            wf = st.load_workflow(conn, self.workflow)
+        if not wf.streams:
+            raise TerminalError(f"workflow {self.workflow} has no streams")
+        return wf
+
+    def _hold_run_lock(self) -> None:
+        """One driver per workflow: a session advisory lock on the target, held while running."""
+        if self.lock_conn is not None and not self.lock_conn.closed:
+            try:
+                self.lock_conn.execute("SELECT 1")
+                return
+            except psycopg.Error:
+                self._drop_lock_conn()
+        conn = connect(self.target_url, role="target", autocommit=True)
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtext('sluicegate'), hashtext(%s))",
+                           (self.workflow,)).fetchone()[0]
+        if not got:
+            conn.close()
+            raise UsageError(f"workflow {self.workflow!r} is already being run by another `sluicegate workflow run`")
+        self.lock_conn = conn
+
+    def _drop_lock_conn(self) -> None:
+        if self.lock_conn is not None:
+            try:
+                self.lock_conn.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+            self.lock_conn = None
+
+    def _record(self, state: str | None, message: str) -> None:
+        """Best effort: the target may be the thing that is down."""
+        try:
+            with connect(self.target_url, role="target", connect_timeout=3) as conn:
+                wf = st.load_workflow(conn, self.workflow)
+                for s in wf.streams:
+                    if state:
+                        st.set_state(conn, s.id, state, message)
+                    else:
+                        st.set_message(conn, s.id, message)
+        except Exception:  # noqa: BLE001
+            log.debug("could not record %r on the target", message)
+
+    def close(self) -> None:
+        self._drop_lock_conn()
+
+
+def _spark_failure(exc: BaseException) -> bool:
+    """A Spark job that failed outside our task code (a worker died): retry it."""
+    return type(exc).__module__.startswith(("py4j", "pyspark"))

@@ -1,0 +1,232 @@
+"""Durable workflow state in the target's `sluicegate` schema: the truth the engine re-reads every step.
+
+workflows (name, kind, source, options) 1─n streams (state, position, message, lag marks)
+streams 1─n copy_state (one row per table: its description, lastpk, rows copied, done).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+from ..errors import UsageError
+from ..position import format_lsn, parse_lsn
+from ..postgres.catalog import Table
+
+INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
+
+SCHEMA_DDL = """
+CREATE SCHEMA IF NOT EXISTS sluicegate;
+CREATE TABLE IF NOT EXISTS sluicegate.workflows (
+    name text PRIMARY KEY,
+    kind text NOT NULL,
+    source_url text NOT NULL,
+    options jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS sluicegate.streams (
+    id bigserial PRIMARY KEY,
+    workflow text NOT NULL REFERENCES sluicegate.workflows ON DELETE CASCADE,
+    source_shard text NOT NULL DEFAULT '0',
+    slot_name text NOT NULL,
+    publication text NOT NULL,
+    state text NOT NULL,
+    message text NOT NULL DEFAULT '',
+    position pg_lsn,
+    caught_up_at timestamptz,      -- source clock: every change committed before it is applied
+    transaction_time timestamptz,  -- commit time of the last applied source transaction
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS sluicegate.copy_state (
+    stream_id bigint NOT NULL REFERENCES sluicegate.streams ON DELETE CASCADE,
+    table_name text NOT NULL,
+    ordinal int NOT NULL,
+    spec jsonb NOT NULL,
+    lastpk jsonb,
+    rows_copied bigint NOT NULL DEFAULT 0,
+    done boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (stream_id, table_name)
+);
+"""
+
+
+@dataclass
+class TableState:
+    table: Table
+    lastpk: list[str] | None
+    rows_copied: int
+    done: bool
+
+    @property
+    def mode(self) -> str:
+        """How replayed changes to this table are treated during copy: all, up to lastpk, or skipped."""
+        if self.done:
+            return "all"
+        return "skip" if self.lastpk is None else "upto"
+
+
+@dataclass
+class Stream:
+    id: int
+    workflow: str
+    slot_name: str
+    publication: str
+    state: str
+    message: str
+    position: int | None
+    caught_up_at: datetime | None
+    transaction_time: datetime | None
+    updated_at: datetime
+    tables: list[TableState] = field(default_factory=list)
+
+    def copying_table(self) -> TableState | None:
+        return next((t for t in self.tables if not t.done), None)
+
+
+@dataclass
+class Workflow:
+    name: str
+    kind: str
+    source_url: str
+    options: dict
+    streams: list[Stream]
+
+
+def ensure_schema(conn: psycopg.Connection) -> None:
+    conn.execute(SCHEMA_DDL)
+
+
+def object_name(prefix: str, workflow: str) -> str:
+    """Slot/publication name for a workflow: lowercase [a-z0-9_], <= 63 bytes, unique by a hash."""
+    clean = re.sub(r"[^a-z0-9_]", "_", workflow.lower())[:40]
+    digest = hashlib.sha1(workflow.encode()).hexdigest()[:8]
+    return f"{prefix}_{clean}_{digest}"
+
+
+def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
+                    tables: list[Table]) -> None:
+    """Insert the workflow, its stream and copy_state in the caller's transaction."""
+    if conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone():
+        raise UsageError(
+            f"workflow {name!r} already exists on this target: pick another name, or "
+            f"`sluicegate workflow delete {name}` first"
+        )
+    conn.execute(
+        "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
+        (name, kind, source_url, json.dumps(options)),
+    )
+    stream_id = conn.execute(
+        """INSERT INTO sluicegate.streams (workflow, slot_name, publication, state)
+           VALUES (%s, %s, %s, %s) RETURNING id""",
+        (name, object_name("sg", name), object_name("sg", name), INIT),
+    ).fetchone()[0]
+    for i, t in enumerate(tables):
+        conn.execute(
+            "INSERT INTO sluicegate.copy_state (stream_id, table_name, ordinal, spec) VALUES (%s, %s, %s, %s)",
+            (stream_id, t.qualified, i, json.dumps(t.to_json())),
+        )
+
+
+def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
+    if not has_schema(conn):
+        raise UsageError(f"no Sluicegate workflows on this target (schema sluicegate is missing): create {name!r} first")
+    row = conn.execute(
+        "SELECT name, kind, source_url, options FROM sluicegate.workflows WHERE name = %s", (name,)
+    ).fetchone()
+    if row is None:
+        names = [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else (f"; existing: {', '.join(names)}" if names else "")
+        raise UsageError(f"no workflow {name!r} on this target{hint}")
+    wf = Workflow(row[0], row[1], row[2], row[3], [])
+    for s in conn.execute(
+        """SELECT id, workflow, slot_name, publication, state, message, position::text, caught_up_at,
+                  transaction_time, updated_at FROM sluicegate.streams WHERE workflow = %s ORDER BY id""",
+        (name,),
+    ).fetchall():
+        stream = Stream(*s[:6], parse_lsn(s[6]) if s[6] else None, *s[7:])
+        for spec, lastpk, rows, done in conn.execute(
+            """SELECT spec, lastpk, rows_copied, done FROM sluicegate.copy_state
+               WHERE stream_id = %s ORDER BY ordinal""",
+            (stream.id,),
+        ):
+            stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done))
+        wf.streams.append(stream)
+    return wf
+
+
+def has_schema(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regclass('sluicegate.workflows') IS NOT NULL").fetchone()[0]
+
+
+def list_workflows(conn: psycopg.Connection) -> list[str]:
+    if not has_schema(conn):
+        return []
+    return [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
+
+
+def set_state(conn: psycopg.Connection, stream_id: int, state: str, message: str = "") -> None:
+    conn.execute(
+        "UPDATE sluicegate.streams SET state = %s, message = %s, updated_at = now() WHERE id = %s",
+        (state, message[:2000], stream_id),
+    )
+
+
+def set_message(conn: psycopg.Connection, stream_id: int, message: str) -> None:
+    conn.execute(
+        "UPDATE sluicegate.streams SET message = %s, updated_at = now() WHERE id = %s", (message[:2000], stream_id)
+    )
+
+
+def lock_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | None]:
+    """(state, position) of a stream, row-locked until the caller's transaction ends.
+
+    Every write of data together with a position goes through this lock, so two appliers (a stale Spark
+    task and a new one) can never both apply the same batch: the second sees the moved position.
+    """
+    row = conn.execute(
+        "SELECT state, position::text FROM sluicegate.streams WHERE id = %s FOR UPDATE", (stream_id,)
+    ).fetchone()
+    if row is None:
+        from ..errors import TerminalError
+
+        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    return row[0], parse_lsn(row[1]) if row[1] else None
+
+
+def save_position(conn: psycopg.Connection, stream_id: int, position: int, *, caught_up_at=None,
+                  transaction_time=None, state: str | None = None) -> None:
+    conn.execute(
+        sql.SQL(
+            """UPDATE sluicegate.streams SET position = %s::pg_lsn,
+                 caught_up_at = COALESCE(%s, caught_up_at), transaction_time = COALESCE(%s, transaction_time),
+                 state = COALESCE(%s, state), message = CASE WHEN %s::text IS NULL THEN message ELSE '' END,
+                 updated_at = now()
+               WHERE id = %s"""
+        ),
+        (format_lsn(position), caught_up_at, transaction_time, state, state, stream_id),
+    )
+
+
+def save_copy_progress(conn: psycopg.Connection, stream_id: int, table: str, old_lastpk, new_lastpk,
+                       rows: int, done: bool) -> bool:
+    """Advance a table's lastpk; False if someone else moved it first (the cycle is then redone)."""
+    cur = conn.execute(
+        """UPDATE sluicegate.copy_state SET lastpk = %s, rows_copied = rows_copied + %s, done = %s
+           WHERE stream_id = %s AND table_name = %s AND lastpk IS NOT DISTINCT FROM %s::jsonb""",
+        (json.dumps(new_lastpk) if new_lastpk is not None else None, rows, done, stream_id, table,
+         json.dumps(old_lastpk) if old_lastpk is not None else None),
+    )
+    return cur.rowcount == 1
+
+
+def delete_workflow(conn: psycopg.Connection, name: str) -> None:
+    conn.execute("DELETE FROM sluicegate.workflows WHERE name = %s", (name,))
