@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import threading
+
 import psycopg
 from psycopg import sql
 
@@ -50,3 +53,41 @@ def caught_up(pair, workflow: str) -> bool:
         return False
     flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
     return s["position"] >= flushed
+
+
+class Writer(threading.Thread):
+    """Random single-row and multi-row writes over the whole key space, committed continuously."""
+
+    def __init__(self, url: str, max_id: int, seed: int = 3, pause: float = 0.01):
+        super().__init__(daemon=True)
+        self.url, self.max_id, self.rng, self.pause = url, max_id, random.Random(seed), pause
+        self.stop_event = threading.Event()
+        self.commits = 0
+        self.error = None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url) as c:
+                next_id = self.max_id + 1
+                while not self.stop_event.is_set():
+                    for _ in range(self.rng.randint(1, 4)):
+                        op = self.rng.random()
+                        k = self.rng.randint(1, next_id)
+                        if op < 0.5:
+                            c.execute("UPDATE items SET qty = qty + 1, note = md5(random()::text) WHERE id = %s", (k,))
+                        elif op < 0.65:
+                            c.execute("DELETE FROM items WHERE id = %s", (k,))
+                        elif op < 0.8:
+                            c.execute("INSERT INTO items VALUES (%s, 0, 'new') ON CONFLICT DO NOTHING", (next_id,))
+                            next_id += 1
+                        elif op < 0.9:  # a gap below lastpk filled again
+                            c.execute("INSERT INTO items VALUES (%s, 1, 'refill') ON CONFLICT DO NOTHING", (k,))
+                        else:  # a key moves across the whole range
+                            c.execute("UPDATE items SET id = %s WHERE id = %s AND NOT EXISTS "
+                                      "(SELECT 1 FROM items WHERE id = %s)", (next_id, k, next_id))
+                            next_id += 1
+                    c.commit()
+                    self.commits += 1
+                    self.stop_event.wait(self.pause)  # a busy application, not a bulk load the copy can never finish
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc

@@ -3,7 +3,6 @@ small copy cycles must all reach the target; TRUNCATE replicates; a huge transac
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -13,47 +12,9 @@ import pytest
 from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, wait_for
-from .helpers import assert_same, caught_up, stream_row
+from .helpers import Writer, assert_same, caught_up, stream_row
 
 pytestmark = pytest.mark.spark
-
-
-class Writer(threading.Thread):
-    """Random single-row and multi-row writes over the whole key space, committed continuously."""
-
-    def __init__(self, url: str, max_id: int, seed: int = 3):
-        super().__init__(daemon=True)
-        self.url, self.max_id, self.rng = url, max_id, random.Random(seed)
-        self.stop_event = threading.Event()
-        self.commits = 0
-        self.error = None
-
-    def run(self):
-        try:
-            with psycopg.connect(self.url) as c:
-                next_id = self.max_id + 1
-                while not self.stop_event.is_set():
-                    for _ in range(self.rng.randint(1, 4)):
-                        op = self.rng.random()
-                        k = self.rng.randint(1, next_id)
-                        if op < 0.5:
-                            c.execute("UPDATE items SET qty = qty + 1, note = md5(random()::text) WHERE id = %s", (k,))
-                        elif op < 0.65:
-                            c.execute("DELETE FROM items WHERE id = %s", (k,))
-                        elif op < 0.8:
-                            c.execute("INSERT INTO items VALUES (%s, 0, 'new') ON CONFLICT DO NOTHING", (next_id,))
-                            next_id += 1
-                        elif op < 0.9:  # a gap below lastpk filled again
-                            c.execute("INSERT INTO items VALUES (%s, 1, 'refill') ON CONFLICT DO NOTHING", (k,))
-                        else:  # a key moves across the whole range
-                            c.execute("UPDATE items SET id = %s WHERE id = %s AND NOT EXISTS "
-                                      "(SELECT 1 FROM items WHERE id = %s)", (next_id, k, next_id))
-                            next_id += 1
-                    c.commit()
-                    self.commits += 1
-                    self.stop_event.wait(0.01)  # a busy application, not a bulk load the copy can never finish
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
 
 
 def test_many_cycles_under_concurrent_writes(pair, spark):

@@ -79,6 +79,8 @@ class PostgresApplier:
             if ch.old is not None:
                 old_key = tuple(ch.old[i] for i in idx)
                 if old_key != key:  # the key changed: the old row goes away
+                    if UNCHANGED in new:
+                        new = self._moved_values(t, old_key, key, ch.old, new)
                     t.rows[old_key] = ("D", ch.old, None)
             keep = None
             if ch.kind == "U" and UNCHANGED in new:
@@ -103,6 +105,48 @@ class PostgresApplier:
         if keep:
             t.has_keep = True
         return (keep or None), tuple(values)
+
+    def _moved_values(self, t: TargetTable, old_key: tuple, key: tuple, old: tuple, new: tuple) -> tuple:
+        """Unchanged TOAST values of a row whose key changed: the row at the new key cannot keep them,
+        so they come from the full old tuple (REPLICA IDENTITY FULL), else from the old row itself."""
+        prev = t.rows.get(old_key)
+        values = list(new)
+        for i, v in enumerate(values):
+            if v is UNCHANGED:
+                if old[i] is not None and old[i] is not UNCHANGED:
+                    values[i] = old[i]
+                elif prev is not None and prev[0] == "U" and prev[1][i] is not UNCHANGED:
+                    values[i] = prev[1][i]
+        missing = [i for i, v in enumerate(values) if v is UNCHANGED]
+        if not missing:
+            return tuple(values)
+        if t.mode == "upto" and not self._upto(t, key):
+            return tuple(values)  # the new row is above lastpk: not applied, the copy brings it
+        self.flush()  # the old row on the target now holds every earlier change
+        table = t.table
+        names = table.column_names
+        row = self.conn.execute(
+            sql.SQL("SELECT {} FROM {} WHERE {}").format(
+                sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(names[i])) for i in missing),
+                table.ident, keyrange.compare(table, "=", list(old_key)),
+            )
+        ).fetchone()
+        if row is None:
+            raise TerminalError(
+                f"an update of {table.qualified} moved key {list(old_key)} to {list(key)} and left a large "
+                f"(TOASTed) value unchanged, which the change does not carry and the target has no old row to "
+                f"take it from: ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source, then "
+                f"re-create the workflow"
+            )
+        for i, v in zip(missing, row):
+            values[i] = v
+        return tuple(values)
+
+    def _upto(self, t: TargetTable, key: tuple) -> bool:
+        """key <= lastpk, compared by the target the way the source orders keys."""
+        return self.conn.execute(
+            sql.SQL("SELECT {}").format(keyrange.compare_values(t.table, "<=", list(key), t.lastpk))
+        ).fetchone()[0]
 
     def truncate(self, relations: tuple[Relation, ...]) -> None:
         targets = [t for t in (self._target(r) for r in relations) if t is not None]

@@ -13,11 +13,17 @@ import click
 import psycopg
 from rich.console import Console
 
-from ..errors import SluicegateError
-from ..postgres.connect import first_line
+from ..errors import SluicegateError, UsageError
+from ..postgres.connect import first_line, redact
 
 TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
+
+
+def _fail(message: str) -> None:
+    # One line whatever the message holds (libpq details, server text), and never a password.
+    click.echo("error: " + redact(" ".join(message.split())), err=True)
+    sys.exit(1)
 
 
 def friendly(fn):
@@ -28,11 +34,19 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except SluicegateError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            _fail(str(exc))
         except psycopg.Error as exc:
-            click.echo(f"error: {first_line(exc)}", err=True)
-            sys.exit(1)
+            _fail(first_line(exc))
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click reports these itself (usage errors exit 2)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None and ctx.find_root().params.get("verbose"):
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with -v for the traceback)")
 
     return wrapper
 
@@ -65,7 +79,12 @@ def movetables_create(name, source, target, tables, rules, cycle_rows, chunk_row
     from ..workflow.create import create_movetables
 
     options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
-    names = [t for t in tables.split(",") if t.strip()] if tables else None
+    names = None
+    if tables is not None:
+        names = [t for t in tables.split(",") if t.strip()]
+        if not names:  # an empty $TABLES must not silently mean "every table"
+            raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
+                             "to move every table of schema public")
     created = create_movetables(name, source, target, names, list(rules), options)
     click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
                f"run it with: sluicegate workflow run {name}")

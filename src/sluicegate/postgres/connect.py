@@ -7,7 +7,6 @@ Every Sluicegate session uses the same output settings, so the text form of a va
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -19,17 +18,14 @@ SESSION_OPTIONS = (
 )
 
 
-def redact(url: str) -> str:
-    """The URL without its password, fit for output and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return re.sub(r"(password=)[^\s&]*", r"\1***", url)
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+# user:password@ in any URL, and password=... as a keyword (quoted or not) or URL query parameter
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']*@", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"]*)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """The URL (or any text quoting one, such as a libpq error) without its password, fit for output and logs."""
+    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def describe(url: str) -> str:
@@ -43,6 +39,18 @@ def describe(url: str) -> str:
     return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
+# The way out for the usual reasons a connection is refused (matched on libpq's message).
+_CONNECT_HINTS = (
+    ("password authentication failed", "check the user and password in the {role} URL"),
+    ("no password supplied", "put the password in the {role} URL (or PGPASSWORD / ~/.pgpass)"),
+    ("no pg_hba.conf entry", "allow this client in the {role} server's pg_hba.conf"),
+    ("connection refused", "is PostgreSQL running and listening on that host and port?"),
+    ("timeout expired", "is the host reachable (address, firewall)?"),
+    ("could not translate host name", "check the host name in the {role} URL"),
+    ("failed to resolve host", "check the host name in the {role} URL"),
+)
+
+
 def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psycopg.Connection:
     """Open a session with Sluicegate's settings. `role` ('source' or 'target') only names the side in errors."""
     try:
@@ -51,7 +59,10 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
             connect_timeout=kwargs.pop("connect_timeout", 10), **kwargs,
         )
     except psycopg.OperationalError as exc:
-        raise ConnectError(f"cannot connect to {role} {describe(url)}: {first_line(exc)}") from None
+        msg = first_line(exc)
+        hint = next((h for needle, h in _CONNECT_HINTS if needle in msg.lower()), None)
+        msg += f": {hint.format(role=role)}" if hint else ""
+        raise ConnectError(f"cannot connect to {role} {describe(url)}: {msg}") from None
     except psycopg.ProgrammingError as exc:  # malformed URL
         raise ConnectError(f"bad {role} URL {redact(url)}: {first_line(exc)}") from None
 
@@ -59,8 +70,9 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
 def first_line(exc: BaseException) -> str:
     """The server's message without libpq's multi-line detail (and never a password)."""
     text = str(exc).strip().splitlines()
-    msg = text[0] if text else type(exc).__name__
+    msg = text[0].strip() if text else type(exc).__name__
     # libpq prefixes 'connection failed: connection to server at "127.0.0.1", port 5: ...'; keep the cause
     msg = re.sub(r'^connection failed: connection to server at "[^"]*", port \d+ failed: ', "", msg)
-    msg = re.sub(r"^connection failed: ", "", msg)
+    msg = re.sub(r"^(connection failed|connection is bad): ", "", msg)
+    msg = re.sub(r"^(FATAL|ERROR):\s+", "", msg)
     return redact(msg)

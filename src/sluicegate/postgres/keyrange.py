@@ -18,15 +18,26 @@ def key_columns(table: Table, alias: str | None = None) -> sql.Composable:
 
 
 def key_value(table: Table, values: list[str]) -> sql.Composable:
-    types = {c.name: c.type_sql for c in table.columns}
-    lits = [sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(types[k])) for k, v in zip(table.key, values)]
+    cols = {c.name: c for c in table.columns}
+    lits = []
+    for k, v in zip(table.key, values):
+        lit = sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(cols[k].type_sql))
+        if cols[k].collation:  # so that two values (no column involved) also compare in the key's order
+            lit = sql.SQL("{} COLLATE {}").format(lit, sql.Identifier(cols[k].collation))
+        lits.append(lit)
     return lits[0] if len(lits) == 1 else sql.SQL("ROW({})").format(sql.SQL(", ").join(lits))
 
 
 def compare(table: Table, op: str, values: list[str], alias: str | None = None) -> sql.Composable:
     """`key OP (values)`, e.g. `("order_id", "line_no") > ROW('5'::bigint, '2'::integer)`."""
-    assert op in ("<", "<=", ">", ">=")
+    assert op in ("<", "<=", ">", ">=", "=")
     return sql.SQL("{} {} {}").format(key_columns(table, alias), sql.SQL(op), key_value(table, values))
+
+
+def compare_values(table: Table, op: str, left: list[str], right: list[str]) -> sql.Composable:
+    """`(left) OP (right)` for two key values, in the key columns' types and collations."""
+    assert op in ("<", "<=", ">", ">=", "=")
+    return sql.SQL("{} {} {}").format(key_value(table, left), sql.SQL(op), key_value(table, right))
 
 
 def in_range(table: Table, lo: list[str] | None, hi: list[str] | None, alias: str | None = None) -> sql.Composable:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from ..errors import UsageError
 from ..postgres import capture, catalog
-from ..postgres.connect import connect
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, describe, first_line
 from . import state as st
 
 
@@ -17,29 +19,107 @@ def create_movetables(name: str, source_url: str, target_url: str, tables: list[
         raise UsageError("a workflow name is 1 to 100 characters")
     if rules:
         raise UsageError("--rule is not supported yet: move whole tables with --tables")
-    with connect(source_url, role="source") as src:
-        capture.check_source(src)
-        described = catalog.resolve_tables(src, tables)
-    with connect(target_url, role="target") as dst:
-        if dst.info.server_version < 140000:
-            raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
-        with dst.transaction():
-            st.ensure_schema(dst)
-            if dst.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone():
-                raise UsageError(
-                    f"workflow {name!r} already exists on this target: pick another name, or "
-                    f"`sluicegate workflow delete {name}` first"
-                )
-            for t in described:
-                if not catalog.prepare_target(dst, t):
-                    has_rows = dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]
-                    if has_rows:
-                        raise UsageError(
-                            f"target table {t.qualified} already has rows: MoveTables fills empty tables; "
-                            f"empty it (TRUNCATE) or drop it first"
-                        )
-            st.create_workflow(dst, name, "MoveTables", source_url, options, described)
+    # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
+    with connect(source_url, role="source", autocommit=True) as src:
+        try:
+            capture.check_source(src)
+            superuser = _check_source_role(src)
+            described = catalog.resolve_tables(src, tables)
+            if not superuser:
+                _check_table_rights(src, described)
+        except psycopg.Error as exc:  # e.g. permission denied reading a table: say which side
+            raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+        with connect(target_url, role="target") as dst:
+            try:
+                _create_on_target(src, dst, name, source_url, described, options)
+            except psycopg.Error as exc:  # the transaction rolled back: nothing was created
+                raise UsageError(f"target {describe(target_url)}: {first_line(exc)}") from None
     return [t.qualified for t in described]
+
+
+def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, name: str, source_url: str,
+                      described: list[Table], options: dict) -> None:
+    """Every check first, then target tables and state, all in one target transaction."""
+    if dst.info.server_version < 140000:
+        raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
+    with dst.transaction():
+        st.ensure_schema(dst)
+        if dst.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone():
+            raise UsageError(
+                f"workflow {name!r} already exists on this target: pick another name, or "
+                f"`sluicegate workflow delete {name}` first"
+            )
+        _check_no_leftovers(src, name)
+        for t in described:
+            if not catalog.prepare_target(dst, t):
+                has_rows = dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]
+                if has_rows:
+                    raise UsageError(
+                        f"target table {t.qualified} already has rows: MoveTables fills empty tables; "
+                        f"empty it (TRUNCATE) or drop it first"
+                    )
+        st.create_workflow(dst, name, "MoveTables", source_url, options, described)
+
+
+def _check_source_role(src: psycopg.Connection) -> bool:
+    """The first run creates a publication and a logical slot on the source: may this user? True if superuser."""
+    user, superuser, replication, may_create = src.execute(
+        """SELECT current_user, rolsuper, rolreplication, has_database_privilege(current_database(), 'CREATE')
+           FROM pg_roles WHERE rolname = current_user"""
+    ).fetchone()
+    if superuser:
+        return True
+    if not replication:
+        raise UsageError(
+            f"source user {user} may not create replication slots: ALTER ROLE {user} REPLICATION "
+            f"(as a superuser on the source), or connect as a user that may"
+        )
+    if not may_create:
+        raise UsageError(
+            f"source user {user} may not create a publication in database {src.info.dbname}: "
+            f"GRANT CREATE ON DATABASE {src.info.dbname} TO {user}"
+        )
+    return False
+
+
+def _check_table_rights(src: psycopg.Connection, tables: list[Table]) -> None:
+    """Adding a table to a publication takes its owner; copying it takes SELECT."""
+    user = src.info.user
+    for t in tables:
+        owner, can_select = src.execute(
+            """SELECT pg_has_role(c.relowner, 'USAGE'), has_table_privilege(c.oid, 'SELECT')
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = %s AND c.relname = %s""",
+            (t.schema, t.name),
+        ).fetchone()
+        if not owner:
+            raise UsageError(
+                f"source user {user} does not own table {t.qualified}, which its publication needs: "
+                f"connect as the owner, or ALTER TABLE {t.qualified} OWNER TO {user}"
+            )
+        if not can_select:
+            raise UsageError(
+                f"source user {user} may not read table {t.qualified}: GRANT SELECT ON {t.qualified} TO {user}"
+            )
+
+
+def _check_no_leftovers(src: psycopg.Connection, name: str) -> None:
+    """The workflow's slot and publication names derive from its name alone: one that exists belongs to a
+    same-named workflow of another target (or was left behind), and must not be shared or adopted."""
+    slot = publication = st.object_name("sg", name)
+    row = src.execute("SELECT database FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    if row:
+        raise UsageError(
+            f"source server already has replication slot {slot} (database {row[0]}), made for a workflow named "
+            f"{name!r} on another target or left behind: pick another workflow name, or drop the slot if "
+            f"nothing uses it: SELECT pg_drop_replication_slot('{slot}')"
+        )
+    if src.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
+        raise UsageError(
+            f"source already has publication {publication}, made for a workflow named {name!r} on another "
+            f"target or left behind: pick another workflow name, or DROP PUBLICATION {publication} if nothing "
+            f"uses it"
+        )
 
 
 def delete_workflow(name: str, target_url: str) -> list[str]:

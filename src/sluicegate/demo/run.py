@@ -1,0 +1,436 @@
+"""`sluicegate demo`: a MoveTables from one throwaway local PostgreSQL to another, under live writes.
+
+Starts a source and a target server, loads the shop data, runs the engine in a background thread while a
+writer keeps changing the source, waits for Running, stops the writer, waits until the target has caught
+up, proves both sides equal and cleans everything up (unless --keep).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from ..errors import SluicegateError
+from ..localpg import LocalPostgres, LocalPostgresError
+from ..position import format_lsn, parse_lsn
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, first_line, redact
+from ..workflow import state as st
+from ..workflow.status import workflow_status
+from . import shop
+
+WORKFLOW = "demo"
+DATABASE = "shop"
+STEP = "[bold cyan]▸[/] "
+
+
+class DemoError(SluicegateError):
+    """The demo could not finish; the message says where it stopped."""
+
+
+def run_demo(rows: int = 200_000, keep: bool = False, workdir: str | None = None,
+             console: Console | None = None) -> int:
+    """0 when the target ends up equal to the source, 1 otherwise; errors raise DemoError."""
+    # soft_wrap: long lines (paths, PIDs) stay whole when the output is piped into a file or a test
+    if console is None:
+        console = Console(highlight=False, soft_wrap=True)
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console.width = 140  # rich's 80 would cut the comparison's md5s in logs and pipes
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+    # A fresh directory per run, also under --workdir: a second run never finds an old workflow.
+    root = Path(tempfile.mkdtemp(prefix="sluicegate-demo-", dir=workdir))
+    demo = _Demo(console, root, rows)
+    outcome = "interrupted"  # KeyboardInterrupt and the like: clean up, but no diagnostics
+    try:
+        equal = demo.run()
+        outcome = "done"
+        return 0 if equal else 1
+    except LocalPostgresError as exc:
+        outcome = "failed"
+        raise DemoError(f"local PostgreSQL: {str(exc).splitlines()[0]}") from None
+    except Exception:
+        outcome = "failed"
+        raise
+    finally:
+        demo.cleanup(keep=keep, outcome=outcome)
+
+
+@dataclass(frozen=True)
+class TableComparison:
+    table: str
+    source_rows: int
+    target_rows: int
+    source_md5: str | None
+    target_md5: str | None
+
+    @property
+    def equal(self) -> bool:
+        return self.source_rows == self.target_rows and self.source_md5 == self.target_md5
+
+
+def compare_tables(source_url: str, target_url: str, tables: list[Table]) -> list[TableComparison]:
+    """Row count and md5 over every row's text form in key order, per table, on both sides.
+
+    A stand-in until VDiff: it proves equality but cannot say which rows differ. Both sessions use
+    Sluicegate's fixed settings (UTC, ISO dates), so equal rows have equal text on both servers.
+    """
+    def digests(url: str, role: str) -> list[tuple[int, str | None]]:
+        out = []
+        with connect(url, role=role) as conn:
+            for t in tables:
+                order = sql.SQL(", ").join(sql.Identifier("t", k) for k in t.key)
+                row = conn.execute(sql.SQL(
+                    "SELECT count(*), md5(string_agg(t::text, E'\\n' ORDER BY {})) FROM {} t"
+                ).format(order, t.ident)).fetchone()
+                out.append((row[0], row[1]))
+        return out
+
+    src, dst = digests(source_url, "source"), digests(target_url, "target")
+    return [TableComparison(t.qualified, s[0], d[0], s[1], d[1]) for t, s, d in zip(tables, src, dst)]
+
+
+class _EngineThread(threading.Thread):
+    def __init__(self, engine):
+        super().__init__(name="sluicegate-demo-engine", daemon=True)
+        self.engine = engine
+        self.result: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.engine.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the demo's main thread
+            self.error = exc
+
+
+class _Demo:
+    def __init__(self, console: Console, root: Path, rows: int):
+        self.console, self.root, self.rows = console, root, rows
+        self.source: LocalPostgres | None = None
+        self.target: LocalPostgres | None = None
+        self.pids: dict[str, int] = {}
+        self.writer: shop.LiveWriter | None = None
+        self.spark = None
+        self.spark_thread: threading.Thread | None = None
+        self.spark_error: BaseException | None = None
+        self.spark_started = 0.0
+        self.runner = None
+        self.stop = threading.Event()
+        self.engine: _EngineThread | None = None
+        self.view = None
+        self.created = False
+        self.started = time.monotonic()
+
+    def say(self, text: str) -> None:
+        self.console.print(STEP + text)
+
+    @property
+    def source_url(self) -> str:
+        return self.source.url(DATABASE)
+
+    @property
+    def target_url(self) -> str:
+        return self.target.url(DATABASE)
+
+    # -- the story ------------------------------------------------------------------------------------
+    def run(self) -> bool:
+        self.source = self._start_server("source")
+        self.target = self._start_server("target")
+        self._start_spark()
+        self._load()
+        self._create_workflow()
+        self._start_engine()
+        running_after = self._wait_running()
+        self.say(f"workflow {WORKFLOW} is [bold]Running[/] after {running_after:.1f}s: all tables copied, "
+                 f"replicating live changes")
+        self._show_lag()
+        self._stop_writer_and_catch_up()
+        equal = self._compare()
+        from ..cli.output import print_status
+
+        print_status(self.console, self._status())
+        return equal
+
+    def _start_server(self, side: str) -> LocalPostgres:
+        server = LocalPostgres(self.root / side)
+        # Assigned before start: cleanup stops whatever got started, even if start itself fails late.
+        setattr(self, side, server)
+        self.say(f"starting {side} PostgreSQL on {server.host}:{server.port}")
+        server.init().start()
+        server.create_database(DATABASE)
+        self.pids[side] = server.pid
+        version = server.psql("SHOW server_version").split()[0]
+        self.say(f"{side} PostgreSQL {version} up: pid {server.pid}, port {server.port}, data {server.datadir}")
+        return server
+
+    def _start_spark(self) -> None:
+        """Spark's JVM takes seconds to start: let it start while the data loads."""
+        from ..spark.session import get_spark
+
+        def start() -> None:
+            t0 = time.monotonic()
+            try:
+                self.spark = get_spark()
+            except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
+                self.spark_error = exc
+            self.spark_started = time.monotonic() - t0
+
+        self.say("starting Spark in the background (local, on 127.0.0.1)")
+        self.spark_thread = threading.Thread(target=start, name="sluicegate-demo-spark", daemon=True)
+        self.spark_thread.start()
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        self.say(f"creating the shop schema on the source and loading {self.rows:,} rows")
+        with psycopg.connect(self.source_url) as conn:
+            shop.create_schema(conn)
+            counts = shop.load(conn, rows=self.rows)
+        listed = ", ".join(f"{t} {n:,}" for t, n in counts.items())
+        self.say(f"loaded {sum(counts.values()):,} rows in {time.monotonic() - t0:.1f}s ({listed})")
+
+    def _create_workflow(self) -> None:
+        from ..workflow.create import create_movetables
+
+        # Small cycles so the copy takes several snapshots, each followed by catchup and fast-forward.
+        cycle = max(2_000, min(50_000, self.rows // 4))
+        # Short replicate slices: the engine notices the stop event within ~2 s.
+        options = {"cycle_rows": cycle, "chunk_rows": max(1_000, cycle // 2), "slice_seconds": 2.0}
+        tables = create_movetables(WORKFLOW, self.source_url, self.target_url, None, [], options)
+        self.created = True
+        self.say(f"created MoveTables workflow {WORKFLOW}: {len(tables)} tables, copy cycles of "
+                 f"{options['cycle_rows']:,} rows in Spark tasks of {options['chunk_rows']:,}")
+
+    def _start_engine(self) -> None:
+        from ..spark.runner import SparkRunner
+        from ..workflow.engine import Engine
+
+        self.writer = shop.LiveWriter(self.source_url)
+        self.writer.start()
+        self.say("live writer started on the source: new orders and customers, updates, deletes")
+        self.spark_thread.join(300)
+        if self.spark_thread.is_alive():
+            raise DemoError("Spark did not start within 300s: check that `java -version` works and "
+                            "that the machine is not overloaded")
+        if self.spark is None:
+            exc = self.spark_error
+            msg = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+            raise DemoError(f"Spark did not start: {msg}")
+        self.runner = SparkRunner(self.spark)
+        self.say(f"Spark {self.spark.version} ready (master {self.spark.sparkContext.master}, "
+                 f"started in {self.spark_started:.1f}s)")
+        self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
+        self.engine.start()
+        self.say(f"engine running workflow {WORKFLOW} in the background: copying while the writer writes")
+
+    def _status(self) -> dict:
+        with connect(self.target_url, role="target", connect_timeout=5) as conn:
+            return workflow_status(st.load_workflow(conn, WORKFLOW))
+
+    def _check_engine(self) -> None:
+        """Fail fast when the engine thread ended or the stream went to Error."""
+        if self.engine.is_alive():
+            return
+        if self.engine.error is not None:
+            exc = self.engine.error
+            msg = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+            raise DemoError(f"the engine of workflow {WORKFLOW} failed: {msg}")
+        message = self._status()["message"]
+        raise DemoError(f"the engine of workflow {WORKFLOW} ended in {self.engine.result}"
+                        + (f": {message}" if message else ""))
+
+    def _poll(self, done: Callable[[], bool], timeout: float, what: str, every: Callable[[], None] | None = None,
+              interval: float = 0.2, every_seconds: float = 2.0) -> float:
+        """Poll `done` until true; seconds it took. `every` runs every `every_seconds` (status lines)."""
+        t0 = time.monotonic()
+        last_report = t0
+        while True:
+            self._check_engine()
+            if done():
+                return time.monotonic() - t0
+            now = time.monotonic()
+            if now - t0 > timeout:
+                status = self._status()
+                raise DemoError(f"workflow {WORKFLOW} did not {what} within {timeout:.0f}s (it is "
+                                f"{status['state']}{': ' + status['message'] if status['message'] else ''}); "
+                                f"run with -v to see what the engine does")
+            if every and now - last_report >= every_seconds:
+                every()
+                last_report = now
+            time.sleep(interval)
+
+    def _wait_running(self) -> float:
+        last_line = [""]
+
+        def running() -> bool:
+            status = self._status()
+            if status["state"] == st.ERROR:
+                raise DemoError(f"workflow {WORKFLOW} is in Error: {status['message']}")
+            return status["state"] == st.RUNNING
+
+        def report() -> None:
+            status = self._status()
+            parts = [f"{t['table'].removeprefix('public.')} {t['rows_copied']:,}/{t['rows_total']:,}"
+                     + (" ✓" if t["state"] == "Copied" else "") for t in status["streams"][0]["tables"]]
+            line = f"  {status['state']}: " + " · ".join(parts) + (f"  ({status['message']})" if status["message"] else "")
+            if line != last_line[0]:
+                self.console.print(line)
+                last_line[0] = line
+
+        if self.console.is_terminal:
+            from ..cli.progress import ProgressView
+
+            self.view = ProgressView(self.target_url, WORKFLOW, self.console)
+            self.view.start()
+        try:
+            # generous: copy speed varies a lot between machines (2-core CI runners)
+            return self._poll(running, 300 + self.rows / 500, "reach Running",
+                              every=None if self.view else report)
+        finally:
+            if self.view:
+                self.view.stop()
+                self.view = None
+
+    def _show_lag(self, samples: int = 3, pause: float = 1.5) -> None:
+        for _ in range(samples):
+            self.engine.join(pause)  # writes keep flowing meanwhile; returns early if the engine dies
+            self._check_engine()
+            lag = self._status()["streams"][0]["lag_seconds"]
+            self.say(f"replicating: lag {'-' if lag is None else f'{lag:.2f}s'}, "
+                     f"writer at {self.writer.transactions:,} transactions")
+
+    def _stop_writer_and_catch_up(self) -> None:
+        self.writer.stop()
+        self.writer.join(30)
+        if self.writer.is_alive():
+            raise DemoError("the demo's live writer did not stop within 30s")
+        if self.writer.error is not None:
+            raise DemoError(f"the demo's live writer failed: {first_line(self.writer.error)}")
+        self.say(f"writer stopped after {self.writer.transactions:,} transactions "
+                 f"({self.writer.ops:,} row changes, {self.writer.rollbacks:,} rolled back)")
+        with connect(self.source_url, role="source") as conn:
+            flushed = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+
+        def caught_up() -> bool:
+            with connect(self.target_url, role="target", connect_timeout=5) as conn:
+                row = conn.execute("SELECT position::text FROM sluicegate.streams WHERE workflow = %s",
+                                   (WORKFLOW,)).fetchone()
+            return row is not None and row[0] is not None and parse_lsn(row[0]) >= flushed
+
+        took = self._poll(caught_up, 120, f"catch up to source position {format_lsn(flushed)}")
+        self.say(f"caught up to the source's position {format_lsn(flushed)} in {took:.1f}s")
+
+    def _compare(self) -> bool:
+        self.say("comparing source and target: row count and md5 over all rows in key order, per table")
+        with connect(self.target_url, role="target") as conn:
+            tables = [t.table for t in st.load_workflow(conn, WORKFLOW).streams[0].tables]
+        results = compare_tables(self.source_url, self.target_url, tables)
+        grid = RichTable(show_edge=False)
+        for col, justify in (("table", "left"), ("source rows", "right"), ("target rows", "right"),
+                             ("md5 (source)", "left"), ("md5 (target)", "left"), ("", "left")):
+            grid.add_column(col, justify=justify)
+        for r in results:
+            grid.add_row(r.table, f"{r.source_rows:,}", f"{r.target_rows:,}", r.source_md5 or "-",
+                         r.target_md5 or "-", "[green]equal[/]" if r.equal else "[bold red]DIFFERENT[/]")
+        self.console.print(grid)
+        if all(r.equal for r in results):
+            self.say(f"[green]source and target are equal[/]: {len(results)} tables, "
+                     f"{sum(r.source_rows for r in results):,} rows")
+            return True
+        bad = ", ".join(r.table for r in results if not r.equal)
+        self.say(f"[bold red]source and target differ[/] in {bad}")
+        return False
+
+    # -- cleanup --------------------------------------------------------------------------------------
+    def cleanup(self, *, keep: bool, outcome: str) -> None:
+        """Stop everything we started, each step on its own: one failure must not leave servers behind."""
+        if self.view:
+            self.view.stop()
+        if self.writer is not None:
+            self.writer.stop()
+            self.writer.join(30)
+        if self.engine is not None:
+            self.stop.set()
+            if outcome != "done" and self.runner is not None:
+                self._quietly(self.runner.cancel)  # a copy job can take long; interrupted cycles are redone
+            self.engine.join(60)
+            self.engine.engine.close()
+            if self.engine.is_alive():
+                self.say("[yellow]the engine did not stop within 60s; exiting anyway")
+            else:
+                self.say("engine stopped")
+        if self.spark_thread is not None:
+            self.spark_thread.join(120)  # a session still starting would outlive us otherwise
+        if self.spark is not None:
+            self._quietly(self.spark.stop)
+            self.say("Spark stopped")
+        if keep and self._servers_up():
+            self._print_keep()
+            return
+        if outcome == "failed":
+            self._print_log_tails()
+        if self.created and not keep and self._servers_up():
+            from ..workflow.create import delete_workflow
+
+            try:
+                dropped = delete_workflow(WORKFLOW, self.target_url)
+                self.say(f"deleted workflow {WORKFLOW}" + (f" ({', '.join(dropped)})" if dropped else ""))
+            except Exception as exc:  # noqa: BLE001 - the servers go away next anyway
+                self.say(f"[yellow]could not delete workflow {WORKFLOW}: {first_line(exc)}")
+        for side in ("source", "target"):
+            server = getattr(self, side)
+            if server is not None:
+                try:
+                    server.stop()
+                    if side in self.pids:
+                        self.say(f"stopped {side} PostgreSQL (pid {self.pids[side]})")
+                except Exception as exc:  # noqa: BLE001 - try the other one; kill as a last resort
+                    self.say(f"[yellow]stopping {side} PostgreSQL failed ({first_line(exc)}); killing it")
+                    self._quietly(server.kill)
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.say(f"removed {self.root} ({time.monotonic() - self.started:.0f}s in all)")
+
+    def _servers_up(self) -> bool:
+        return all(s is not None and s.running for s in (self.source, self.target))
+
+    def _print_keep(self) -> None:
+        self.say("kept both servers running (the engine is stopped); password: sluicegate "
+                 "(throwaway demo servers only)")
+        account = self.source.account.pw_name if self.source.account else None
+        for side in ("source", "target"):
+            server = getattr(self, side)
+            url = server.url(DATABASE)
+            self.console.print(f"  {side}: {redact(url)}  (pid {server.pid}, data {server.datadir})")
+            self.console.print(f"    connect: psql -h {server.host} -p {server.port} -U {server.user} {DATABASE}")
+            stop = shlex.join([str(server.bindir / "pg_ctl"), "-D", str(server.datadir), "stop"])
+            if account:
+                stop = shlex.join(["su", "-s", "/bin/sh", account, "-c", stop])
+            self.console.print(f"    stop:    {stop}   (or: kill {server.pid})")
+        target_no_pw = f"postgresql://{self.target.user}@{self.target.host}:{self.target.port}/{DATABASE}"
+        self.console.print(f"  workflow: PGPASSWORD=... sluicegate workflow status {WORKFLOW} --target {target_no_pw}"
+                           f"   (also: workflow run, workflow delete)")
+        self.console.print(f"  afterwards: rm -rf {self.root}")
+
+    def _print_log_tails(self) -> None:
+        for side in ("source", "target"):
+            server = getattr(self, side)
+            if server is not None:
+                self.console.print(f"{side} {server.log_tail(10)}", markup=False, style="dim")
+
+    def _quietly(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - cleanup goes on
+            self.say(f"[yellow]{getattr(fn, '__qualname__', fn)} failed: {first_line(exc)}")
