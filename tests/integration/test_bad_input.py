@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import psycopg
@@ -72,6 +73,21 @@ def sg(*args: str, target: str | None = None, env: dict | None = None) -> subpro
     return proc
 
 
+def parallel(*calls):
+    """Independent CLI runs at once (each is mostly interpreter start-up); their results in order."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+def timed(call):
+    started = time.monotonic()
+    return call(), time.monotonic() - started
+
+
+# If `workflow run` started Spark before looking the workflow up, it would fail on this Java instead.
+NO_JAVA = {"JAVA_HOME": "/nonexistent-java-home"}
+
+
 def failed(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """The one error line, after checking its form and that it names every needle."""
     assert proc.returncode != 0, f"expected failure, got exit 0: {proc.stdout}"
@@ -127,16 +143,18 @@ def test_source_tables_that_cannot_move(pair):
     pair.src("CREATE UNIQUE INDEX ukey_code ON ukey (code)")
     before = target_tables(pair)
 
-    failed(create(pair, "wf", "nokey"), "public.nokey", "primary key")
-    failed(create(pair, "wf", "nullable_unique"), "public.nullable_unique", "primary key")
-    failed(create(pair, "wf", "ukey"), "public.ukey",
-           "ALTER TABLE public.ukey REPLICA IDENTITY USING INDEX ukey_code")
-    # the first table is fine, the second is not: nothing at all is created for the first
-    failed(create(pair, "wf", "items,nokey"), "public.nokey")
-    # the default (all of schema public) includes the bad tables too
-    failed(create(pair, "wf", None), "public.")
-    failed(create(pair, "wf", "itemz"), "'itemz'", "did you mean 'items'")
-    failed(create(pair, "wf", " , "), "--tables")  # an empty list must not mean "all tables"
+    cases = {
+        "nokey": ["public.nokey", "primary key"],
+        "nullable_unique": ["public.nullable_unique", "primary key"],
+        "ukey": ["public.ukey", "ALTER TABLE public.ukey REPLICA IDENTITY USING INDEX ukey_code"],
+        "items,nokey": ["public.nokey"],  # the first is fine: still nothing is created for it
+        None: ["public."],  # the default, all of schema public, has the bad tables too
+        "itemz": ["'itemz'", "did you mean 'items'"],
+        " , ": ["--tables"],  # an empty list must not mean "all tables"
+    }
+    procs = parallel(*[lambda t=t: create(pair, "wf", t) for t in cases])
+    for proc, needles in zip(procs, cases.values()):
+        failed(proc, *needles)
     assert_nothing_created(pair, before)
 
     # once the index is the replica identity, ukey moves (and its key is that index)
@@ -219,19 +237,23 @@ def test_unreachable_or_refusing_databases(pair):
     before = target_tables(pair)
     src_port, dst_port = pair.source_server.port, pair.target_server.port
 
-    line = failed(create(pair, "wf", "items", source=url(pair.source_server, pair.name, WRONG)),
-                  "source", f"127.0.0.1:{src_port}", "password authentication failed")
-    assert "target" not in line, line
-    line = failed(create(pair, "wf", "items", target=url(pair.target_server, pair.name, WRONG)),
-                  "target", f"127.0.0.1:{dst_port}", "password authentication failed")
-
     port = dead_port()
-    for side in ("source", "target"):
-        dead = url(pair.source_server, pair.name, port=port)
-        started = time.monotonic()
-        proc = create(pair, "wf", "items", **{side: dead})
-        failed(proc, side, f"127.0.0.1:{port}")
-        assert time.monotonic() - started < 10, "a refused connection must fail fast"
+    dead = url(pair.source_server, pair.name, port=port)
+    wrong_src, wrong_dst, (dead_src, t_src), (dead_dst, t_dst) = parallel(
+        lambda: create(pair, "wf", "items", source=url(pair.source_server, pair.name, WRONG)),
+        lambda: create(pair, "wf", "items", target=url(pair.target_server, pair.name, WRONG)),
+        lambda: timed(lambda: create(pair, "wf", "items", source=dead)),
+        lambda: timed(lambda: create(pair, "wf", "items", target=dead)),
+    )
+    line = failed(wrong_src, "source", f"127.0.0.1:{src_port}", "password authentication failed",
+                  "check the user and password in the source URL")
+    assert "target" not in line, line
+    failed(wrong_dst, "target", f"127.0.0.1:{dst_port}", "password authentication failed",
+           "check the user and password in the target URL")
+    # refused, not timed out (connect_timeout is 10 s), and not retried: generous for a loaded CI machine
+    failed(dead_src, "source", f"127.0.0.1:{port}", "Connection refused")
+    failed(dead_dst, "target", f"127.0.0.1:{port}", "Connection refused")
+    assert max(t_src, t_dst) < 20, f"a refused connection must fail fast, took {max(t_src, t_dst):.1f} s"
     assert_nothing_created(pair, before)
 
 
@@ -240,10 +262,10 @@ def test_workflow_names(pair):
     target = url(pair.target_server, pair.name)
 
     # no workflow at all on this target yet (no sluicegate schema)
-    failed(sg("workflow", "status", "nosuch", target=target), "'nosuch'")
-    started = time.monotonic()
-    failed(sg("workflow", "run", "nosuch", target=target), "'nosuch'")
-    assert time.monotonic() - started < 10, "workflow run must fail before Spark starts"
+    status, run = parallel(lambda: sg("workflow", "status", "nosuch", target=target),
+                           lambda: sg("workflow", "run", "nosuch", target=target, env=NO_JAVA))
+    failed(status, "'nosuch'", "schema sluicegate is missing")
+    failed(run, "'nosuch'", "schema sluicegate is missing")
 
     ok = create(pair, "wf", "items")
     assert ok.returncode == 0, ok.stderr
@@ -254,33 +276,42 @@ def test_workflow_names(pair):
     failed(create(pair, "wf", "items"), "'wf'", "already exists", "sluicegate workflow delete wf")
     assert_nothing_created(pair, tables, state)
 
-    failed(sg("workflow", "status", "nosuch", target=target), "'nosuch'")
-    started = time.monotonic()
-    failed(sg("workflow", "run", "nosuch", target=target), "'nosuch'")
-    assert time.monotonic() - started < 10, "workflow run must fail before Spark starts"
-    failed(sg("workflow", "status", "w", target=target), "'w'", "did you mean 'wf'")
-    failed(sg("workflow", "stop", "nosuch", target=target), "'nosuch'")
-    failed(sg("workflow", "delete", "nosuch", target=target), "'nosuch'")
-
-    # --target is required, unless SLUICEGATE_TARGET stands for it
-    usage = sg("workflow", "status", "wf")
-    assert usage.returncode == 2 and "--target" in usage.stderr and "Traceback" not in usage.stderr
-    usage = sg("movetables", "create", "--workflow", "wf2", "--source", url(pair.source_server, pair.name))
-    assert usage.returncode == 2 and "--target" in usage.stderr and "Traceback" not in usage.stderr
-    status = sg("workflow", "status", "wf", "--json", env={"SLUICEGATE_TARGET": target})
-    assert status.returncode == 0, status.stderr
-    doc = json.loads(status.stdout)
+    env = {"SLUICEGATE_TARGET": target}
+    status, run, close, stop, delete, usage1, usage2, by_env, missing_by_env = parallel(
+        lambda: sg("workflow", "status", "nosuch", target=target),
+        lambda: sg("workflow", "run", "nosuch", target=target, env=NO_JAVA),
+        lambda: sg("workflow", "status", "w", target=target),
+        lambda: sg("workflow", "stop", "nosuch", target=target),
+        lambda: sg("workflow", "delete", "nosuch", target=target),
+        # --target is required, unless SLUICEGATE_TARGET stands for it
+        lambda: sg("workflow", "status", "wf"),
+        lambda: sg("movetables", "create", "--workflow", "wf2", "--source", url(pair.source_server, pair.name)),
+        lambda: sg("workflow", "status", "wf", "--json", env=env),
+        lambda: sg("workflow", "status", "nosuch", env=env),
+    )
+    failed(status, "'nosuch'", "existing: wf")
+    failed(run, "no workflow 'nosuch'")
+    failed(close, "'w'", "did you mean 'wf'")
+    failed(stop, "'nosuch'")
+    failed(delete, "'nosuch'")
+    for usage in (usage1, usage2):
+        assert usage.returncode == 2 and "--target" in usage.stderr and "Traceback" not in usage.stderr
+    assert by_env.returncode == 0, by_env.stderr
+    doc = json.loads(by_env.stdout)
     assert doc["workflow"] == "wf"
-    failed(sg("workflow", "status", "nosuch", env={"SLUICEGATE_TARGET": target}), "'nosuch'")
+    failed(missing_by_env, "'nosuch'")
     assert workflow_state(pair) == state
+    assert target_tables(pair) == tables
 
 
 def test_malformed_urls_never_echo_the_password(pair):
     target = url(pair.target_server, pair.name)
-    for bad in (f"postgresql://{ROLE}:{PASSWORD}@[::1/db",  # unparsable: libpq quotes the whole URI
-                f"postgresql://{ROLE}:{PASSWORD}@127.0.0.1:notaport/db",
-                f"postgresql://{ROLE}:{PASSWORD}@127.0.0.1:1/db?nosuchoption=1",
-                f"host=127.0.0.1 port=1 user={ROLE} password='{PASSWORD} x' nosuchoption=1"):
-        failed(sg("movetables", "create", "--workflow", "wf", "--source", bad, target=target), "source")
+    bad = (f"postgresql://{ROLE}:{PASSWORD}@[::1/db",  # unparsable: libpq quotes the whole URI
+           f"postgresql://{ROLE}:{PASSWORD}@127.0.0.1:notaport/db",
+           f"postgresql://{ROLE}:{PASSWORD}@127.0.0.1:1/db?nosuchoption=1",
+           f"host=127.0.0.1 port=1 user={ROLE} password='{PASSWORD} x' nosuchoption=1")
+    for proc in parallel(*[lambda b=b: sg("movetables", "create", "--workflow", "wf", "--source", b,
+                                          target=target) for b in bad]):
+        failed(proc, "source")
     with psycopg.connect(pair.target) as c:
         assert c.execute("SELECT to_regclass('sluicegate.workflows')").fetchone()[0] is None

@@ -1,9 +1,15 @@
-"""MoveTables end to end on real PostgreSQL and real local Spark: copy, replicate, converge."""
+"""MoveTables end to end on real PostgreSQL and real local Spark: copy, replicate, status, heartbeats,
+stop/start, delete."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
+from sluicegate.position import parse_lsn
 from sluicegate.workflow.create import create_movetables, delete_workflow
 
 from ..conftest import EngineThread, wait_for
@@ -12,21 +18,66 @@ from .helpers import assert_same, caught_up, slot_confirmed, stream_row
 pytestmark = pytest.mark.spark
 
 
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
 def test_copy_then_replicate(pair, spark):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int)")
     pair.src("INSERT INTO items SELECT g, 'item ' || g, g % 7 FROM generate_series(1, 5000) g")
-    create_movetables("wf", pair.source, pair.target, None, [], {"cycle_rows": 2000, "chunk_rows": 700})
-    with EngineThread(spark, pair.target, "wf"):
+    pair.src("CREATE TABLE noise (id serial PRIMARY KEY, pad text)")  # busy, but not moved
+    create_movetables("wf", pair.source, pair.target, ["items"], [], {"cycle_rows": 2000, "chunk_rows": 700})
+    with EngineThread(spark, pair.target, "wf") as run:
         wait_for(lambda: stream_row(pair, "wf")["state"] == "Running", what="Running")
         pair.src("INSERT INTO items VALUES (6001, 'new', 1)")
         pair.src("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")
         pair.src("DELETE FROM items WHERE id BETWEEN 100 AND 199")
         pair.src("UPDATE items SET id = 7000 WHERE id = 5")  # the key changes
+        pair.src("BEGIN; INSERT INTO items VALUES (8000, 'rolled back', 0); ROLLBACK")
         wait_for(lambda: caught_up(pair, "wf"), what="caught up")
         assert assert_same(pair, "public.items", ["id"]) == 4901
+        assert not pair.dst("SELECT 1 FROM pg_tables WHERE tablename = 'noise'")
         s = stream_row(pair, "wf")
-        # the slot never passes what the target committed
-        assert slot_confirmed(pair, s["slot"]) <= s["position"]
-    dropped = delete_workflow("wf", pair.target)
-    assert any("replication slot" in d for d in dropped)
+        assert slot_confirmed(pair, s["slot"]) <= s["position"]  # the slot never passes the target
+
+        # Heartbeats: only the unmoved table is written, yet the slot keeps moving (no WAL held back).
+        before = slot_confirmed(pair, s["slot"])
+        pair.src("INSERT INTO noise (pad) SELECT repeat('x', 500) FROM generate_series(1, 20000)")
+        flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        wait_for(lambda: slot_confirmed(pair, s["slot"]) >= flushed, what="slot advanced by heartbeats")
+        assert slot_confirmed(pair, s["slot"]) > before
+
+        # status --json, with SLUICEGATE_TARGET standing for --target; no password in it
+        env = {**__import__("os").environ, "SLUICEGATE_TARGET": pair.target}
+        out = cli("workflow", "status", "wf", "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert status["workflow"] == "wf" and status["state"] == "Running"
+        stream = status["streams"][0]
+        assert stream["lag_seconds"] is not None and stream["lag_seconds"] < 60
+        assert parse_lsn(stream["position"]) >= flushed
+        assert stream["tables"] == [{"table": "public.items", "state": "Copied", "rows_copied": 5000,
+                                     "rows_total": 5000, "lastpk": ["5000"]}]
+        assert "sluicegate@" not in out.stdout and ":***@" in stream["source"]
+        text = cli("workflow", "status", "wf", "--target", pair.target)
+        assert text.returncode == 0 and "Running" in text.stdout and "public.items" in text.stdout
+
+        # stop: the running driver notices and returns; start: Running again
+        assert cli("workflow", "stop", "wf", "--target", pair.target).returncode == 0
+        run.thread.join(timeout=60)
+        assert run.result == "Stopped"
+        pair.src("UPDATE items SET name = 'while stopped' WHERE id = 1")
+    assert cli("workflow", "start", "wf", "--target", pair.target).returncode == 0
+    assert stream_row(pair, "wf")["state"] == "Running"
+    with EngineThread(spark, pair.target, "wf"):
+        wait_for(lambda: caught_up(pair, "wf"), what="caught up after start")
+        assert assert_same(pair, "public.items", ["id"]) == 4901
+
+    out = cli("workflow", "delete", "wf", "--target", pair.target)
+    assert out.returncode == 0, out.stderr
+    assert "replication slot" in out.stdout
     assert pair.src("SELECT count(*) FROM pg_replication_slots")[0][0] == 0
+    assert pair.src("SELECT count(*) FROM pg_publication")[0][0] == 0
+    assert pair.dst("SELECT count(*) FROM sluicegate.workflows")[0][0] == 0
+    assert pair.dst("SELECT count(*) FROM items")[0][0] == 4901  # target data stays

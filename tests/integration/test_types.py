@@ -219,7 +219,7 @@ def _names_writes(c: psycopg.Connection, round_: int) -> None:
                              VALUES (%s, %s, %s, %s), (%s, 1, 'late', 0)""").format(t),
                   (r % 9 + 1, 100 + r, f"new {r}", r, 1000 + r))
         c.execute(sql.SQL("""UPDATE {} SET "Mixed Case" = "Mixed Case" + 1, "select" = "select" || '!'
-                             WHERE ("Order Id" + line + %s) % 5 = 0""").format(t), (r,))
+                             WHERE mod("Order Id" + line + %s, 5) = 0""").format(t), (r,))
         c.execute(sql.SQL("""UPDATE {} SET line = line + 500 WHERE "Order Id" = %s AND line = 2""").format(t),
                   (r % 9 + 1,))
         c.execute(sql.SQL("""DELETE FROM {} WHERE "Order Id" = %s AND line = 3""").format(t), ((r + 4) % 9 + 1,))
@@ -231,8 +231,8 @@ def _names_writes(c: psycopg.Connection, round_: int) -> None:
     c.execute('DELETE FROM "CaseKeys" WHERE k = %s', (TEXT_KEYS[(r * 3 + 1) % len(TEXT_KEYS)],))
     c.execute("INSERT INTO uuid_keys (id, v) SELECT gen_random_uuid(), %s FROM generate_series(1, 2)", (f"r{r}",))
     c.execute("UPDATE uuid_keys SET v = v || '+' WHERE id = (SELECT id FROM uuid_keys ORDER BY v, id LIMIT 1)")
-    c.execute("UPDATE uuid_keys SET id = gen_random_uuid() WHERE id = (SELECT max(id) FROM uuid_keys)")
-    c.execute("DELETE FROM uuid_keys WHERE id = (SELECT min(id) FROM uuid_keys)")
+    c.execute("UPDATE uuid_keys SET id = gen_random_uuid() WHERE id = (SELECT id FROM uuid_keys ORDER BY id DESC LIMIT 1)")
+    c.execute("DELETE FROM uuid_keys WHERE id = (SELECT id FROM uuid_keys ORDER BY id LIMIT 1)")
 
 
 def test_awkward_names_and_keys(pair, spark):
@@ -257,6 +257,7 @@ def test_awkward_names_and_keys(pair, spark):
         "public.CaseKeys": ["k"], "public.uuid_keys": ["id"],
     }
     with EngineThread(spark, pair.target, "names"), psycopg.connect(pair.source, autocommit=True) as c:
+        wait_for(lambda: stream_row(pair, "names")["state"] != "Init", what="Copying")
         rounds_while_copying = 0
         for r in range(20):  # a bounded number of rounds: the copy must not chase new rows for ever
             if stream_row(pair, "names")["state"] != "Copying":

@@ -356,6 +356,8 @@ class _Demo:
     # -- cleanup --------------------------------------------------------------------------------------
     def cleanup(self, *, keep: bool, outcome: str) -> None:
         """Stop everything we started, each step on its own: one failure must not leave servers behind."""
+        if outcome != "done":
+            self.say(f"[yellow]{outcome}[/]: stopping what the demo started")
         if self.view:
             self.view.stop()
         if self.writer is not None:
@@ -372,7 +374,9 @@ class _Demo:
             else:
                 self.say("engine stopped")
         if self.spark_thread is not None:
-            self.spark_thread.join(120)  # a session still starting would outlive us otherwise
+            # On an interrupt, do not wait for a slow JVM start: Spark's gateway JVM exits with us anyway
+            # (it ends when its stdin, our pipe, closes).
+            self.spark_thread.join(120 if outcome != "interrupted" else 5)
         if self.spark is not None:
             self._quietly(self.spark.stop)
             self.say("Spark stopped")
@@ -426,8 +430,8 @@ class _Demo:
     def _print_log_tails(self) -> None:
         for side in ("source", "target"):
             server = getattr(self, side)
-            if server is not None:
-                self.console.print(f"{side} {server.log_tail(10)}", markup=False, style="dim")
+            if server is not None and server.logfile.exists() and server.logfile.stat().st_size:
+                self.console.print(f"{side} PostgreSQL {server.log_tail(10)}", markup=False, style="dim")
 
     def _quietly(self, fn: Callable[[], object]) -> None:
         try:
