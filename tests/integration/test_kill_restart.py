@@ -110,3 +110,26 @@ def test_database_restart_while_running(pair, spark, side):
     s = stream_row(pair, "rs")
     assert s["state"] == "Running"
     assert slot_confirmed(pair, s["slot"]) <= s["position"]
+
+
+def test_lost_slot_stops_in_error_never_skips(pair, spark):
+    """Guarantee 7: when the source can no longer supply the stream, it stops in Error naming the way out."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int)")
+    pair.src("INSERT INTO items SELECT g, 0 FROM generate_series(1, 100) g")
+    create_movetables("lost", pair.source, pair.target, None, [], {})
+    with EngineThread(spark, pair.target, "lost") as run:
+        wait_for(lambda: stream_row(pair, "lost")["state"] == "Running", what="Running")
+        slot = stream_row(pair, "lost")["slot"]
+
+        def drop_slot():
+            pair.src("SELECT pg_drop_replication_slot(%s)", (slot,))  # fails while a batch holds it
+            return True
+
+        wait_for(drop_slot, what="slot dropped")
+        pair.src("UPDATE items SET qty = 1")
+        wait_for(lambda: stream_row(pair, "lost")["state"] == "Error", what="Error")
+        run.thread.join(timeout=60)
+        assert run.result == "Error"
+    message = stream_row(pair, "lost")["message"]
+    assert slot in message and "re-bootstrap" in message and "workflow delete lost" in message
+    assert pair.dst("SELECT count(*) FROM items WHERE qty = 1")[0][0] == 0  # nothing skipped ahead

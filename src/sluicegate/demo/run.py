@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from ..errors import SluicegateError
@@ -173,7 +174,8 @@ class _Demo:
         server.create_database(DATABASE)
         self.pids[side] = server.pid
         version = server.psql("SHOW server_version").split()[0]
-        self.say(f"{side} PostgreSQL {version} up: pid {server.pid}, port {server.port}, data {server.datadir}")
+        self.say(f"{side} PostgreSQL {version} up: pid {server.pid}, port {server.port}, "
+                 f"data {server.datadir}")
         return server
 
     def _start_spark(self) -> None:
@@ -251,8 +253,9 @@ class _Demo:
         raise DemoError(f"the engine of workflow {WORKFLOW} ended in {self.engine.result}"
                         + (f": {message}" if message else ""))
 
-    def _poll(self, done: Callable[[], bool], timeout: float, what: str, every: Callable[[], None] | None = None,
-              interval: float = 0.2, every_seconds: float = 2.0) -> float:
+    def _poll(self, done: Callable[[], bool], timeout: float, what: str,
+              every: Callable[[], None] | None = None, interval: float = 0.2,
+              every_seconds: float = 2.0) -> float:
         """Poll `done` until true; seconds it took. `every` runs every `every_seconds` (status lines)."""
         t0 = time.monotonic()
         last_report = t0
@@ -284,9 +287,11 @@ class _Demo:
             status = self._status()
             parts = [f"{t['table'].removeprefix('public.')} {t['rows_copied']:,}/{t['rows_total']:,}"
                      + (" ✓" if t["state"] == "Copied" else "") for t in status["streams"][0]["tables"]]
-            line = f"  {status['state']}: " + " · ".join(parts) + (f"  ({status['message']})" if status["message"] else "")
+            line = f"  {status['state']}: " + " · ".join(parts)
+            if status["message"]:
+                line += f"  ({status['message']})"
             if line != last_line[0]:
-                self.console.print(line)
+                self.console.print(line, markup=False)  # engine messages may hold [brackets]
                 last_line[0] = line
 
         if self.console.is_terminal:
@@ -392,7 +397,7 @@ class _Demo:
                 dropped = delete_workflow(WORKFLOW, self.target_url)
                 self.say(f"deleted workflow {WORKFLOW}" + (f" ({', '.join(dropped)})" if dropped else ""))
             except Exception as exc:  # noqa: BLE001 - the servers go away next anyway
-                self.say(f"[yellow]could not delete workflow {WORKFLOW}: {first_line(exc)}")
+                self.say(f"[yellow]could not delete workflow {WORKFLOW}: {escape(first_line(exc))}")
         for side in ("source", "target"):
             server = getattr(self, side)
             if server is not None:
@@ -401,7 +406,7 @@ class _Demo:
                     if side in self.pids:
                         self.say(f"stopped {side} PostgreSQL (pid {self.pids[side]})")
                 except Exception as exc:  # noqa: BLE001 - try the other one; kill as a last resort
-                    self.say(f"[yellow]stopping {side} PostgreSQL failed ({first_line(exc)}); killing it")
+                    self.say(f"[yellow]stopping {side} PostgreSQL failed ({escape(first_line(exc))}); killing it")
                     self._quietly(server.kill)
         shutil.rmtree(self.root, ignore_errors=True)
         self.say(f"removed {self.root} ({time.monotonic() - self.started:.0f}s in all)")
@@ -417,14 +422,15 @@ class _Demo:
             server = getattr(self, side)
             url = server.url(DATABASE)
             self.console.print(f"  {side}: {redact(url)}  (pid {server.pid}, data {server.datadir})")
-            self.console.print(f"    connect: psql -h {server.host} -p {server.port} -U {server.user} {DATABASE}")
+            self.console.print(f"    connect: psql -h {server.host} -p {server.port} -U {server.user} "
+                               f"{DATABASE}")
             stop = shlex.join([str(server.bindir / "pg_ctl"), "-D", str(server.datadir), "stop"])
             if account:
                 stop = shlex.join(["su", "-s", "/bin/sh", account, "-c", stop])
             self.console.print(f"    stop:    {stop}   (or: kill {server.pid})")
         target_no_pw = f"postgresql://{self.target.user}@{self.target.host}:{self.target.port}/{DATABASE}"
-        self.console.print(f"  workflow: PGPASSWORD=... sluicegate workflow status {WORKFLOW} --target {target_no_pw}"
-                           f"   (also: workflow run, workflow delete)")
+        self.console.print(f"  workflow: PGPASSWORD=... sluicegate workflow status {WORKFLOW} "
+                           f"--target {target_no_pw}   (also: workflow run, workflow delete)")
         self.console.print(f"  afterwards: rm -rf {self.root}")
 
     def _print_log_tails(self) -> None:
@@ -437,4 +443,4 @@ class _Demo:
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - cleanup goes on
-            self.say(f"[yellow]{getattr(fn, '__qualname__', fn)} failed: {first_line(exc)}")
+            self.say(f"[yellow]{getattr(fn, '__qualname__', fn)} failed: {escape(first_line(exc))}")
