@@ -45,7 +45,7 @@ class ProgressView(threading.Thread):
             for t in s["tables"]:
                 hist = self.samples.setdefault(t["table"], [])
                 hist.append((now, t["rows_copied"]))
-                while len(hist) > 2 and now - hist[0][0] > 30:
+                while len(hist) > 2 and (now - hist[0][0] > 10 or hist[1][1] == hist[0][1]):  # recent, moving samples
                     hist.pop(0)
                 rate = (hist[-1][1] - hist[0][1]) / (hist[-1][0] - hist[0][0]) if len(hist) > 1 and hist[-1][0] > hist[0][0] else 0.0
                 left = max(0, t["rows_total"] - t["rows_copied"])

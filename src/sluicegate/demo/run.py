@@ -406,7 +406,8 @@ class _Demo:
                     if side in self.pids:
                         self.say(f"stopped {side} PostgreSQL (pid {self.pids[side]})")
                 except Exception as exc:  # noqa: BLE001 - try the other one; kill as a last resort
-                    self.say(f"[yellow]stopping {side} PostgreSQL failed ({escape(first_line(exc))}); killing it")
+                    self.say(f"[yellow]stopping {side} PostgreSQL failed ({escape(first_line(exc))}); "
+                             f"killing it")
                     self._quietly(server.kill)
         shutil.rmtree(self.root, ignore_errors=True)
         self.say(f"removed {self.root} ({time.monotonic() - self.started:.0f}s in all)")

