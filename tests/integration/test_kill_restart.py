@@ -82,6 +82,7 @@ def test_kill_9_then_resume(pair, tmp_path, point):
             wait_for(lambda: caught_up(pair, "k9"), what="caught up", describe=lambda: log.read_text()[-2000:])
             driver.send_signal(signal.SIGTERM)  # a clean stop
             assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+            assert stream_row(pair, "k9")["message"] == ""  # a clean stop records no fault
         finally:
             reap_group(driver)
     finally:

@@ -117,7 +117,9 @@ def workflow_run(name, target, spark_master, no_progress):
 
     def on_signal(signum, frame):
         stop.set()
-        runner.cancel()  # an interrupted copy cycle is redone on the next run
+        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
+        # An interrupted copy cycle is redone on the next run.
+        threading.Thread(target=runner.cancel, daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -64,10 +64,14 @@ class Engine:
                 if stream.state in (st.STOPPED, st.ERROR):
                     return stream.state
                 self.step(wf, stream)
+                if failures:
+                    self._record(None, "")  # recovered: the retry message is no longer true
                 failures = 0
             except UsageError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is classified below
+                if self.stop.is_set():
+                    return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
                 if not is_retryable(exc) and not _spark_failure(exc):
                     self._record(st.ERROR, str(exc) if isinstance(exc, SluicegateError) else first_line(exc))
                     return st.ERROR
