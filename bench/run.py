@@ -1,0 +1,463 @@
+"""Sluicegate against PostgreSQL's native logical replication and a raw COPY pipe (issue 4; bench/README.md).
+
+Starts a throwaway source and target PostgreSQL on 127.0.0.1, loads `pgbench -i -s SCALE` on the source
+and measures (1) the initial copy of pgbench_accounts, (2) catch-up after a burst of updates in 20
+transactions, (3) heartbeat lag under pgbench TPC-B and (4) the peak RSS of the `sluicegate workflow run`
+process tree. Progress goes to stderr, one JSON line of figures and ratios (Sluicegate / other) to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from sluicegate.errors import SluicegateError
+from sluicegate.localpg import LocalPostgres, LocalPostgresError, find_bindir
+from sluicegate.workflow.create import create_movetables
+
+DB, WF, PUB, SUB = "bench", "bench", "bench_pub", "bench_sub"
+TABLES = ["public.bench_heartbeat", "public.pgbench_accounts"]  # both contenders replicate both tables
+ACCOUNTS_DDL = ("CREATE TABLE pgbench_accounts (aid int NOT NULL PRIMARY KEY, bid int, abalance int, "
+                "filler char(84)) WITH (fillfactor = 100)")  # as pgbench -i makes it
+HEARTBEAT_DDL = "CREATE TABLE bench_heartbeat (id serial PRIMARY KEY, ts timestamptz DEFAULT clock_timestamp())"
+SKIPPABLE = {"raw", "native", "sluicegate", "burst", "steady"}
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def connect(url: str, statement_timeout: float = 120) -> psycopg.Connection:
+    """Autocommit, and no query of ours may hang the run."""
+    return psycopg.connect(url, autocommit=True, connect_timeout=10,
+                           options=f"-c statement_timeout={int(statement_timeout * 1000)}")
+
+
+def one(url: str, query, params=None):
+    with connect(url) as conn:
+        return conn.execute(query, params).fetchone()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what} (raise --timeout?)")
+        time.sleep(interval)
+
+
+def proc_tree(root: int) -> list[int]:
+    """root and all its descendants (the JVM, PySpark's daemon and workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    tree, todo = [], [root]
+    while todo:
+        tree.append(pid := todo.pop())
+        todo += children.get(pid, [])
+    return tree
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class MemorySampler(threading.Thread):
+    """Peak summed RSS of the `workflow run` process tree, per phase, every 100 ms."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="bench-memory")
+        self.root: int | None = None
+        self.phase = "copy"
+        self.peaks: dict[str, float] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.1):
+            if (root := self.root) is None:
+                continue
+            total = 0
+            for pid in proc_tree(root):
+                try:
+                    total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+                except (OSError, IndexError, ValueError):
+                    pass
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), total / 2**20)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args, self.skip = args, set(args.skip)
+        self.tmp = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
+        settings = {"max_wal_size": "4GB"}  # fewer checkpoints in the middle of a measurement
+        self.source = LocalPostgres(self.tmp / "source", settings=settings)
+        self.target = LocalPostgres(self.tmp / "target", settings=settings)
+        self.workflow: subprocess.Popen | None = None
+        self.wf_log = self.tmp / "workflow-run.log"
+        self.memory = MemorySampler()
+        self.contenders: dict[str, str] = {}  # live replicas: "native"/"sluicegate" -> target URL
+        self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
+
+    def pgbench(self, *args: str, timeout: float) -> str:
+        cmd = [str(find_bindir() / "pgbench"), "-h", self.source.host, "-p", str(self.source.port),
+               "-U", self.source.user, *args, DB]
+        try:
+            proc = subprocess.run(cmd, env={**os.environ, "PGPASSWORD": self.source.password},
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"pgbench {' '.join(args)} took over {timeout:.0f}s") from None
+        if proc.returncode:
+            raise BenchError(f"pgbench {' '.join(args)} failed (exit {proc.returncode}): "
+                             + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
+        return proc.stdout
+
+    def setup(self) -> None:
+        log(f"starting servers in {self.tmp}")
+        self.source.start()
+        self.target.start()
+        self.source.create_database(DB)
+        for db in ("raw", "native", "sg"):  # a fresh target database per contender
+            self.target.create_database(db)
+        log(f"pgbench -i -s {self.args.scale} on the source")
+        t = time.monotonic()
+        self.pgbench("-i", "-q", "-s", str(self.args.scale), timeout=max(300, 60 * self.args.scale))
+        self.source.psql(HEARTBEAT_DDL, DB)
+        self.rows = self.out["rows"] = one(self.source.url(DB), "SELECT count(*) FROM pgbench_accounts")[0]
+        log(f"loaded {self.rows} rows in {time.monotonic() - t:.1f}s")
+
+    def check_count(self, url: str, who: str) -> None:
+        n = one(url, "SELECT count(*) FROM pgbench_accounts")[0]
+        if n != self.rows:
+            raise BenchError(f"{who}: target has {n} rows of pgbench_accounts, the source {self.rows}")
+
+    def check_workflow(self) -> None:
+        if self.workflow is not None and self.workflow.poll() is not None:
+            tail = " | ".join(self.wf_log.read_text(errors="replace").strip().splitlines()[-5:])
+            raise BenchError(f"`sluicegate workflow run` exited ({self.workflow.returncode}): {tail}")
+
+    # -- 1. copy ----------------------------------------------------------------------------------------
+    def copy_raw(self) -> float:
+        url = self.target.url("raw")
+        self.target.psql(ACCOUNTS_DDL, "raw")
+        t = time.monotonic()
+        with connect(self.source.url(DB), self.args.timeout) as src, connect(url, self.args.timeout) as dst:
+            with src.cursor().copy("COPY pgbench_accounts TO STDOUT (FORMAT binary)") as reader, \
+                    dst.cursor().copy("COPY pgbench_accounts FROM STDIN (FORMAT binary)") as writer:
+                for chunk in reader:
+                    writer.write(chunk)
+        elapsed = time.monotonic() - t
+        self.check_count(url, "raw pipe")
+        return elapsed
+
+    def copy_native(self) -> float:
+        url = self.target.url("native")
+        self.source.psql(sql.SQL("CREATE PUBLICATION {} FOR TABLE pgbench_accounts, bench_heartbeat")
+                         .format(sql.Identifier(PUB)), DB)
+        self.target.psql(ACCOUNTS_DDL + ";" + HEARTBEAT_DDL, "native")
+        t = time.monotonic()
+        self.target.psql(sql.SQL("CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {}").format(
+            sql.Identifier(SUB), sql.Literal(self.source.url(DB)), sql.Identifier(PUB)), "native")
+        self.contenders["native"] = url
+        with connect(url) as conn:
+            ready = "SELECT count(*) FILTER (WHERE srsubstate = 'r') = 2 FROM pg_subscription_rel"
+            wait_for(lambda: conn.execute(ready).fetchone()[0], self.args.timeout,
+                     "the native subscription's initial sync (pg_subscription_rel state 'r')")
+        elapsed = time.monotonic() - t
+        self.check_count(url, "native subscription")
+        return elapsed
+
+    def copy_sluicegate(self) -> dict:
+        url = self.target.url("sg")
+        t0 = time.monotonic()
+        create_movetables(WF, self.source.url(DB), url, TABLES, [], {})
+        created = time.monotonic()
+        cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
+        with open(self.wf_log, "w") as out:
+            self.workflow = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.memory.root = self.workflow.pid
+        # The engine takes its advisory run lock right after the SparkSession is up: start-up ends there.
+        poll = sql.SQL("""SELECT s.state, s.message, bool_and(c.done), EXISTS (SELECT 1 FROM pg_locks l
+                   JOIN pg_database d ON d.oid = l.database
+                   WHERE l.locktype = 'advisory' AND d.datname = current_database())
+            FROM sluicegate.streams s JOIN sluicegate.copy_state c ON c.stream_id = s.id
+            WHERE s.workflow = {} GROUP BY s.id""").format(sql.Literal(WF))
+        started: list[float] = []
+        with connect(url) as conn:
+            def ready() -> bool:
+                self.check_workflow()
+                state, message, all_done, locked = conn.execute(poll).fetchone()
+                if locked and not started:
+                    started.append(time.monotonic())
+                if state == "Error":
+                    raise BenchError(f"Sluicegate workflow {WF} is in Error: {message}")
+                return state == "Running" and all_done
+            wait_for(ready, self.args.timeout, f"Sluicegate workflow {WF} to finish copying (state Running)")
+        done = time.monotonic()
+        self.contenders["sluicegate"] = url
+        self.check_count(url, "Sluicegate")
+        started = started[0] if started else created
+        return {"sluicegate_s": done - t0, "sluicegate_excl_startup_s": (created - t0) + (done - started),
+                "sluicegate_create_s": created - t0, "spark_startup_s": started - created}
+
+    def phase_copy(self) -> None:
+        copy: dict = {}
+        if "raw" not in self.skip:
+            log("copy: raw COPY pipe")
+            copy["raw_pipe_s"] = self.copy_raw()
+        if "native" not in self.skip:
+            log("copy: native subscription")
+            copy["native_s"] = self.copy_native()
+        if "sluicegate" not in self.skip:
+            log("copy: Sluicegate movetables create + workflow run")
+            copy.update(self.copy_sluicegate())
+        for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
+            if key in copy:
+                copy[key[:-2] + "_rows_per_s"] = self.rows / copy[key]
+        for other, key in (("native", "native_s"), ("raw", "raw_pipe_s")):
+            if key in copy and "sluicegate_s" in copy:
+                copy[f"ratio_{other}"] = copy["sluicegate_s"] / copy[key]
+                copy[f"ratio_{other}_excl_startup"] = copy["sluicegate_excl_startup_s"] / copy[key]
+        self.out["copy"] = copy
+        log(f"copy: {fmt(copy)}")
+
+    # -- 2. burst ---------------------------------------------------------------------------------------
+    def phase_burst(self) -> None:
+        per_txn = self.args.burst_updates // 20
+        self.memory.phase = "burst"
+        src_url = self.source.url(DB)
+        log(f"burst: {20 * per_txn} updates in 20 transactions")
+        t = time.monotonic()
+        burst = {"updates": 0}
+        with psycopg.connect(src_url, connect_timeout=10) as src:
+            for i in range(20):
+                lo = (i * per_txn) % self.rows + 1
+                hi = min(lo + per_txn - 1, self.rows)
+                burst["updates"] += src.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 "
+                                                "WHERE aid BETWEEN %s AND %s", (lo, hi)).rowcount
+                src.commit()
+        end = time.monotonic()
+        burst["source_s"] = end - t
+        # Both replicas apply whole transactions in commit order: once the last one's rows show, all do.
+        last = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid BETWEEN %s AND %s"
+        want = one(src_url, last, (lo, hi))[0]
+        pending = {name: connect(url) for name, url in self.contenders.items()}
+        try:
+            def caught_up() -> bool:
+                self.check_workflow()
+                for name, conn in list(pending.items()):
+                    if conn.execute(last, (lo, hi)).fetchone()[0] == want:
+                        burst[f"{name}_s"] = time.monotonic() - end
+                        log(f"burst: {name} caught up after {burst[f'{name}_s']:.1f}s")
+                        pending.pop(name).close()
+                return not pending
+            wait_for(caught_up, self.args.timeout, f"{', '.join(pending)} to catch up with the burst", 0.02)
+        finally:
+            for conn in pending.values():
+                conn.close()
+        total = "SELECT sum(abalance), count(*) FROM pgbench_accounts"
+        expected = one(src_url, total)
+        for name, url in self.contenders.items():
+            if (got := one(url, total)) != expected:
+                raise BenchError(f"burst: {name}'s target has sum/count {got}, the source {expected}")
+        if "sluicegate_s" in burst and "native_s" in burst:
+            burst["ratio_native"] = burst["sluicegate_s"] / burst["native_s"]
+        self.out["burst"] = burst
+        log(f"burst: {fmt(burst)}")
+
+    # -- 3. steady state --------------------------------------------------------------------------------
+    def phase_steady(self) -> None:
+        self.memory.phase = "steady"
+        stop_writing, stop_reading = threading.Event(), threading.Event()
+        last_id = [0]
+        lags: dict[str, dict[int, float]] = {name: {} for name in self.contenders}  # heartbeat id -> lag
+        errors: list[str] = []
+
+        def write() -> None:
+            try:
+                with connect(self.source.url(DB)) as conn:
+                    while not stop_writing.wait(0.1):
+                        last_id[0] = conn.execute("INSERT INTO bench_heartbeat DEFAULT VALUES RETURNING id").fetchone()[0]
+            except Exception as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(f"heartbeat writer: {exc}")
+
+        def read() -> None:  # same machine, same clock: the target's clock_timestamp() is "now"
+            query = "SELECT id, extract(epoch FROM clock_timestamp() - ts)::float8 FROM bench_heartbeat WHERE id > %s"
+            try:
+                conns = {name: connect(url) for name, url in self.contenders.items()}
+                while not stop_reading.is_set():
+                    for name, conn in conns.items():
+                        seen = lags[name]
+                        for hid, lag in conn.execute(query, (max(seen, default=0),)):
+                            seen.setdefault(hid, lag)
+                    time.sleep(0.02)
+                for conn in conns.values():
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"heartbeat reader: {exc}")
+
+        threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
+        for th in threads:
+            th.start()
+        secs = self.args.steady_seconds
+        log(f"steady: pgbench -c 4 -T {secs} with a heartbeat every 100 ms")
+        try:
+            report = self.pgbench("-n", "-c", "4", "-j", "2", "-T", str(secs), timeout=secs + 120)
+            stop_writing.set()
+            threads[0].join(10)
+            final = last_id[0]
+            wait_for(lambda: errors or all(final in seen for seen in lags.values()), self.args.timeout,
+                     "every heartbeat to reach the targets")
+        finally:
+            stop_writing.set()
+            stop_reading.set()
+            for th in threads:
+                th.join(10)
+        if errors:
+            raise BenchError("; ".join(errors))
+        tps = [float(line.split("=")[1].split()[0]) for line in report.splitlines() if line.startswith("tps")]
+        steady = {"tps": tps[0] if tps else None, "heartbeats": final}
+        for name, seen in lags.items():
+            values = sorted(seen.values())
+            steady[f"{name}_p50_s"] = statistics.median(values)
+            steady[f"{name}_p95_s"] = values[int(0.95 * (len(values) - 1))]
+            steady[f"{name}_max_s"] = values[-1]
+        for q in ("p50", "max") if len(lags) == 2 else ():
+            steady[f"ratio_native_{q}"] = steady[f"sluicegate_{q}_s"] / steady[f"native_{q}_s"]
+        self.out["steady"] = steady
+        log(f"steady: {fmt(steady)}")
+
+    # -- the run and its cleanup ------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.memory.start()
+        self.setup()
+        self.phase_copy()
+        if "burst" not in self.skip and self.contenders:
+            self.phase_burst()
+        if "steady" not in self.skip and self.contenders:
+            self.phase_steady()
+        if self.workflow is not None:
+            self.out["sluicegate_stop_s"], code = self.stop_workflow()
+            text = self.wf_log.read_text(errors="replace")
+            # A clean stop exits 0 and says nothing but Spark's start-up notes and the final state.
+            self.out["sluicegate_exit"] = code
+            self.out["sluicegate_log_problems"] = sum(text.count(w) for w in ("Traceback", "ERROR", "retrying"))
+        self.memory.stopping.set()
+        if self.memory.peaks:
+            self.out["memory_mb"] = {**self.memory.peaks, "peak": max(self.memory.peaks.values())}
+        self.out["loadavg_end"] = os.getloadavg()[0]
+        return self.out
+
+    def stop_workflow(self) -> tuple[float, int]:
+        """SIGTERM `workflow run` (a clean stop); SIGKILL it and every descendant by PID if they linger."""
+        proc, self.workflow, self.memory.root = self.workflow, None, None
+        tree = proc_tree(proc.pid)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            log(f"`workflow run` (pid {proc.pid}) ignored SIGTERM for 60s: killing it")
+            proc.kill()
+            proc.wait(10)
+        elapsed = time.monotonic() - t
+        deadline = time.monotonic() + 10
+        while (left := [p for p in tree if alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:  # the JVM or Python workers outlived the driver
+            log(f"killing leftover Sluicegate process {pid}")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return elapsed, proc.returncode
+
+    def cleanup(self) -> None:
+        """Everything we started, by PID, whatever happened before: each step on its own."""
+        def attempt(what: str, fn) -> None:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - keep cleaning up
+                log(f"cleanup: {what}: {exc}")
+
+        self.memory.stopping.set()
+        if self.workflow is not None:
+            attempt("stopping `workflow run`", self.stop_workflow)
+        if self.target.running and "native" in self.contenders:  # also drops its slot on the source
+            attempt(f"dropping subscription {SUB}", lambda: self.target.psql(
+                sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(sql.Identifier(SUB)), "native"))
+        for server in (self.target, self.source):
+            attempt(f"stopping the server in {server.datadir}", server.stop)
+        if self.args.keep_logs:
+            log(f"kept {self.tmp} (server.log in source/ and target/, workflow-run.log)")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def fmt(figures: dict) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+
+
+def rounded(value):
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=int, default=50, help="pgbench scale (100,000 accounts each)")
+    parser.add_argument("--burst-updates", type=int, default=2_000_000, help="row updates in the burst")
+    parser.add_argument("--steady-seconds", type=int, default=30, help="length of the pgbench TPC-B run")
+    parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help=f"comma-separated, any of: {', '.join(sorted(SKIPPABLE))}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
+    parser.add_argument("--out", help="also write the JSON line to this file")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
+    args = parser.parse_args()
+    if unknown := set(args.skip) - SKIPPABLE:
+        parser.error(f"--skip {','.join(sorted(unknown))}: choose from {', '.join(sorted(SKIPPABLE))}")
+    if args.scale < 1 or not 20 <= args.burst_updates <= 20 * 100_000 * args.scale:
+        parser.error(f"--scale is at least 1, --burst-updates 20 to {20 * 100_000 * max(args.scale, 1)} at this scale")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    bench = Bench(args)
+    try:
+        result = json.dumps(rounded(bench.run()))
+    except (BenchError, LocalPostgresError, SluicegateError, psycopg.Error) as exc:
+        log(f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        bench.cleanup()
+    print(result, flush=True)
+    if args.out:
+        Path(args.out).write_text(result + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
