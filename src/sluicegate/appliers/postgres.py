@@ -1,7 +1,8 @@
 """The PostgreSQL applier: row changes, set-based, into the target inside the caller's transaction.
 
 Changes are collected per table into a chunk that keeps only each key's net effect (its last change,
-with unchanged TOAST values filled in from an earlier change of the same chunk). A chunk is flushed with
+with unchanged TOAST values filled in from an earlier change of the same chunk, or from the old row
+when the key changed). A chunk is flushed with
 COPY into a temporary staging table and three statements per table (delete, update, insert), so the
 cost per row is COPY's, not a round trip. Chunks flush in order, which keeps per-row order across them;
 their size bounds memory, whatever the transaction's size.
@@ -132,11 +133,11 @@ class PostgresApplier:
             )
         ).fetchone()
         if row is None:
+            alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(table.ident).as_string(self.conn)
             raise TerminalError(
                 f"an update of {table.qualified} moved key {list(old_key)} to {list(key)} and left a large "
-                f"(TOASTed) value unchanged, which the change does not carry and the target has no old row to "
-                f"take it from: ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source, then "
-                f"re-create the workflow"
+                f"(TOASTed) value unchanged, which the change does not carry and the target has no old "
+                f"row to take it from: run {alter} on the source, then re-create the workflow"
             )
         for i, v in zip(missing, row):
             values[i] = v
