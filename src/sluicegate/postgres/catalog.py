@@ -174,8 +174,9 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
     if usable:
         index = usable[0][2]
         schema, _, name = qualified.partition(".")
-        alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {}").format(
-            sql.Identifier(schema, name), sql.Identifier(index)).as_string(conn)
+        # format('%I') quotes only the names that need it, as a person would type them
+        alter = conn.execute("SELECT format('ALTER TABLE %%I.%%I REPLICA IDENTITY USING INDEX %%I', %s::text, %s::text, %s::text)",
+                             (schema, name, index)).fetchone()[0]
         raise UsageError(
             f"table {qualified} has no primary key; its unique key {index} can identify rows once it is the "
             f"replica identity: {alter}"
