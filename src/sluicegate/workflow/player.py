@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import psycopg
+
 from ..errors import RetryableError
 from ..postgres import capture
 from ..postgres.assembler import Change, TruncateChange, assemble
@@ -78,7 +80,12 @@ def play(task: PlayTask) -> PlayResult:
                 dst.rollback()
                 result.interrupted = f"stream is {state} at {position}"
                 return result
-            batch = _apply_batch(task, src, dst, relations, result.position, upto)
+            try:
+                batch = _apply_batch(task, src, dst, relations, result.position, upto)
+            except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
+                # The slot vanished or was invalidated mid-batch: say so with the way out, never skip.
+                capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
+                raise
             result.batches += 1
             result.transactions += batch.transactions
             result.rows += batch.rows
