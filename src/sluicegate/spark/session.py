@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
+
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def _ensure_java() -> None:
@@ -44,7 +47,7 @@ def get_spark(master: str | None = None, app_name: str = "sluicegate"):
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
