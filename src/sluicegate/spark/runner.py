@@ -48,13 +48,3 @@ class SparkRunner:
 
     def cancel(self) -> None:
         self.sc.cancelAllJobs()
-
-
-class LocalRunner:
-    """Same contract in this process: for unit tests of the engine's pure parts and for tools."""
-
-    def map(self, fn: Callable, items: list, description: str = "") -> list:
-        return unwrap([guarded(fn, item) for item in items])
-
-    def cancel(self) -> None:
-        pass

@@ -167,12 +167,6 @@ def has_schema(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regclass('sluicegate.workflows') IS NOT NULL").fetchone()[0]
 
 
-def list_workflows(conn: psycopg.Connection) -> list[str]:
-    if not has_schema(conn):
-        return []
-    return [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
-
-
 def set_state(conn: psycopg.Connection, stream_id: int, state: str, message: str = "") -> None:
     conn.execute(
         "UPDATE sluicegate.streams SET state = %s, message = %s, updated_at = now() WHERE id = %s",
