@@ -106,3 +106,24 @@ def test_truncate_and_million_row_transaction_atomic(pair, spark):
     # 1M rows of ~110 bytes held in Python would take well over 1 GB; chunked staging keeps it bounded
     print(f"1M-row transaction replicated in {elapsed:.1f}s; worker RSS {base_rss:.0f} -> peak {peak[0]:.0f} MB")
     assert peak[0] - base_rss < 400, (base_rss, peak[0])
+
+
+def test_cycle_plan_follows_the_key_order_not_its_text(pair):
+    """Bounds are every chunk-th key in the key's own order (text order would put 10 before 9)."""
+    import psycopg
+
+    from sluicegate.postgres.catalog import describe_table
+    from sluicegate.workflow.copier import plan_cycle
+
+    pair.src("CREATE TABLE nums (id int PRIMARY KEY)")
+    pair.src("INSERT INTO nums SELECT generate_series(1, 25)")
+    with psycopg.connect(pair.source) as c:
+        table = describe_table(c, "public", "nums")
+        plan = plan_cycle(c, table, None, cycle_rows=10, chunk_rows=4)
+        assert plan.ranges == [(None, ["4"]), (["4"], ["8"]), (["8"], ["10"])]
+        assert (plan.new_lastpk, plan.rows, plan.done) == (["10"], 10, False)
+        tail = plan_cycle(c, table, ["20"], cycle_rows=10, chunk_rows=4)
+        assert tail.ranges == [(["20"], ["24"]), (["24"], ["25"])]
+        assert (tail.new_lastpk, tail.rows, tail.done) == (["25"], 5, True)
+        empty = plan_cycle(c, table, ["25"], cycle_rows=10, chunk_rows=4)
+        assert (empty.ranges, empty.new_lastpk, empty.rows, empty.done) == ([], ["25"], 0, True)

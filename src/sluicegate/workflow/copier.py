@@ -43,29 +43,40 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
                chunk_rows: int) -> CyclePlan:
     """Split the next `cycle_rows` keys above lastpk into ranges of `chunk_rows`, inside the snapshot.
 
-    One index-ordered scan of keys only: every chunk_rows-th key and the last one bound the ranges.
+    Each bound is the chunk_rows-th key above the previous one (`ORDER BY key OFFSET n-1 LIMIT 1`, an
+    index-only walk); only the table's last, shorter chunk is counted.
     """
-    keys = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in table.key)
+    # aliased: an output column named like the key would make ORDER BY sort by its text form
+    keys = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
+                              for i, k in enumerate(table.key))
     order = sql.SQL(", ").join(map(sql.Identifier, table.key))
-    where = keyrange.in_range(table, lastpk, None)
-    query = sql.SQL(
-        """SELECT * FROM (
-               SELECT {keys}, row_number() OVER (ORDER BY {order}) AS rn, count(*) OVER () AS n
-               FROM (SELECT {order} FROM {table} WHERE {where} ORDER BY {order} LIMIT {limit}) s
-           ) w WHERE rn % {chunk} = 0 OR rn = n ORDER BY rn"""
-    ).format(keys=keys, order=order, table=table.ident, where=where, limit=sql.Literal(cycle_rows),
-             chunk=sql.Literal(chunk_rows))
-    bounds = snap_conn.execute(query).fetchall()
-    if not bounds:
-        return CyclePlan([], lastpk, 0, True)
-    nkey = len(table.key)
-    ranges, lo = [], lastpk
-    for row in bounds:
-        hi = list(row[:nkey])
+    ranges: list[tuple[list[str] | None, list[str]]] = []
+    lo, total, done = lastpk, 0, False
+    while total < cycle_rows:
+        step = min(chunk_rows, cycle_rows - total)
+        where = keyrange.in_range(table, lo, None)
+        row = snap_conn.execute(
+            sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} OFFSET {} LIMIT 1").format(
+                keys, table.ident, where, order, sql.Literal(step - 1))
+        ).fetchone()
+        if row is not None:
+            n = step
+        else:  # fewer than `step` rows left: the last one ends the table
+            row = snap_conn.execute(
+                sql.SQL("SELECT {}, count(*) OVER () FROM (SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT {}) s "
+                        "ORDER BY {} DESC LIMIT 1").format(
+                    keys, order, table.ident, where, order, sql.Literal(step), order)
+            ).fetchone()
+            done = True
+            if row is None:
+                break
+            n, row = row[-1], row[:-1]
+        hi = list(row)
         ranges.append((lo, hi))
-        lo = hi
-    total = bounds[-1][-1]
-    return CyclePlan(ranges, lo, total, total < cycle_rows)
+        lo, total = hi, total + n
+        if done:
+            break
+    return CyclePlan(ranges, lo, total, done)
 
 
 def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | None) -> int:
