@@ -127,3 +127,9 @@ def test_cycle_plan_follows_the_key_order_not_its_text(pair):
         assert (tail.new_lastpk, tail.rows, tail.done) == (["25"], 5, True)
         empty = plan_cycle(c, table, ["25"], cycle_rows=10, chunk_rows=4)
         assert (empty.ranges, empty.new_lastpk, empty.rows, empty.done) == ([], ["25"], 0, True)
+        # a composite key: the last key of a short chunk is the greatest in every column's order
+        pair.src("CREATE TABLE lines (o int, l int, PRIMARY KEY (o, l))")
+        pair.src("INSERT INTO lines SELECT o, l FROM generate_series(1, 3) o, generate_series(1, 3) l")
+        lines = describe_table(c, "public", "lines")
+        plan = plan_cycle(c, lines, ["1", "2"], cycle_rows=100, chunk_rows=50)
+        assert plan.ranges == [(["1", "2"], ["3", "3"])] and (plan.rows, plan.done) == (7, True)

@@ -50,6 +50,7 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
     keys = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
                               for i, k in enumerate(table.key))
     order = sql.SQL(", ").join(map(sql.Identifier, table.key))
+    order_desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in table.key)
     ranges: list[tuple[list[str] | None, list[str]]] = []
     lo, total, done = lastpk, 0, False
     while total < cycle_rows:
@@ -64,8 +65,8 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
         else:  # fewer than `step` rows left: the last one ends the table
             row = snap_conn.execute(
                 sql.SQL("SELECT {}, count(*) OVER () FROM (SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT {}) s "
-                        "ORDER BY {} DESC LIMIT 1").format(
-                    keys, order, table.ident, where, order, sql.Literal(step), order)
+                        "ORDER BY {} LIMIT 1").format(
+                    keys, order, table.ident, where, order, sql.Literal(step), order_desc)
             ).fetchone()
             done = True
             if row is None:
