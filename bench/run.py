@@ -25,6 +25,7 @@ from psycopg import sql
 
 from sluicegate.errors import SluicegateError
 from sluicegate.localpg import LocalPostgres, LocalPostgresError, find_bindir
+from sluicegate.procs import pid_alive
 from sluicegate.workflow.create import create_movetables
 
 DB, WF, PUB, SUB = "bench", "bench", "bench_pub", "bench_sub"
@@ -76,13 +77,6 @@ def proc_tree(root: int) -> list[int]:
         tree.append(pid := todo.pop())
         todo += children.get(pid, [])
     return tree
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class MemorySampler(threading.Thread):
@@ -384,7 +378,7 @@ class Bench:
             proc.wait(10)
         elapsed = time.monotonic() - t
         deadline = time.monotonic() + 10
-        while (left := [p for p in tree if alive(p)]) and time.monotonic() < deadline:
+        while (left := [p for p in tree if pid_alive(p)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in left:  # the JVM or Python workers outlived the driver
             log(f"killing leftover Sluicegate process {pid}")

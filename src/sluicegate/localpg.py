@@ -21,6 +21,8 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from .procs import pid_alive
+
 HOST = "127.0.0.1"
 _SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 _CONF = "sluicegate.conf"  # our settings; apart from postgresql.auto.conf, so rewriting keeps ALTER SYSTEM's
@@ -68,17 +70,9 @@ def _procs() -> dict[int, tuple[str, int]]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    # Zombies count as gone: the daemonized postmaster is not our child, and PID 1 here reaps only lazily.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _wait_gone(pids: list[int], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while alive := [p for p in pids if _alive(p)]:
+    while alive := [p for p in pids if pid_alive(p)]:
         if time.monotonic() > deadline:
             raise LocalPostgresError(f"{what}: processes {alive} still alive after {timeout}s")
         time.sleep(0.02)
@@ -123,7 +117,7 @@ class LocalPostgres:
             pid = int((self.datadir / "postmaster.pid").read_text().split("\n", 1)[0])
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -282,7 +276,7 @@ class LocalPostgres:
         # (PID 1 here reaps lazily), which postgres's kill(pid, 0) check takes for a live server.
         for lock in [self.datadir / "postmaster.pid", *self._sockdir.glob(".s.PGSQL.*.lock")]:
             try:
-                if not _alive(int(lock.read_text().split("\n", 1)[0])):
+                if not pid_alive(int(lock.read_text().split("\n", 1)[0])):
                     lock.unlink()
             except (OSError, ValueError):
                 pass

@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sluicegate.procs import pid_alive
+
 pytestmark = pytest.mark.spark
-
-
-def _gone(pid: int) -> bool:
-    """No such process, or an unreaped zombie (the daemonized postmaster is nobody's child here)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_demo_copies_under_live_writes_and_cleans_up(tmp_path):
@@ -40,7 +34,7 @@ def test_demo_copies_under_live_writes_and_cleans_up(tmp_path):
     servers = re.findall(r"(source|target) PostgreSQL \S+ up: pid (\d+), port \d+, data (\S+)", out)
     assert sorted(side for side, _, _ in servers) == ["source", "target"], context
     for side, pid, datadir in servers:
-        assert _gone(int(pid)), f"{side} PostgreSQL (pid {pid}) still running after the demo\n{context}"
+        assert not pid_alive(int(pid)), f"{side} PostgreSQL (pid {pid}) still running after the demo\n{context}"
         assert not Path(datadir).exists(), f"{side} data dir {datadir} left behind\n{context}"
         assert Path(datadir).is_relative_to(tmp_path), context
     assert list(tmp_path.iterdir()) == [], f"left in --workdir: {list(tmp_path.iterdir())}"

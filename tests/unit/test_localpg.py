@@ -4,7 +4,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from sluicegate.localpg import LocalPostgres, LocalPostgresError, _alive, find_bindir
+from sluicegate.localpg import LocalPostgres, LocalPostgresError, find_bindir
+from sluicegate.procs import pid_alive
 
 try:
     find_bindir()
@@ -49,7 +50,7 @@ def test_restart_keeps_data(pg):
     pg.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (1), (2)")
     old = pg.pid
     pg.restart()
-    assert pg.pid != old and not _alive(old)
+    assert pg.pid != old and not pid_alive(old)
     assert pg.psql("SELECT sum(v) FROM t") == "3"
 
 
@@ -57,7 +58,7 @@ def test_kill_then_start_recovers_committed_data(pg):
     pg.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (42)")
     old = pg.pid
     pg.kill()
-    assert not pg.running and not _alive(old)
+    assert not pg.running and not pid_alive(old)
     pg.start()
     assert pg.psql("SELECT v FROM t") == "42"
     assert "not properly shut down" in pg.logfile.read_text()  # it really did crash recovery
@@ -66,7 +67,7 @@ def test_kill_then_start_recovers_committed_data(pg):
 def test_stop_leaves_no_process_and_is_idempotent(pg):
     old = pg.pid
     pg.stop()
-    assert pg.pid is None and not pg.running and not _alive(old)  # a lingering zombie counts as gone
+    assert pg.pid is None and not pg.running and not pid_alive(old)  # a lingering zombie counts as gone
     pg.stop()  # no-op when not running
 
 

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 
 import psycopg
@@ -15,72 +9,17 @@ import pytest
 from psycopg import sql
 
 from sluicegate.demo import shop
-
-PG_BIN = "/usr/lib/postgresql/15/bin"
-
-
-def _as_postgres(*cmd: str) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # an unreaped zombie counts as gone
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+from sluicegate.localpg import LocalPostgres
 
 
 @pytest.fixture(scope="module")
-def server():
-    """A throwaway PostgreSQL 15 on 127.0.0.1 with wal_level=logical; yields a url factory."""
-    if not os.path.exists(f"{PG_BIN}/initdb"):
-        pytest.skip("PostgreSQL 15 binaries not installed")
-    base = tempfile.mkdtemp(prefix="sluicegate-shop-", dir="/tmp")
-    data = os.path.join(base, "data")
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    initdb = [f"{PG_BIN}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]
-    subprocess.run(_as_postgres(*initdb), check=True, capture_output=True)
-    log = open(os.path.join(base, "log"), "wb")
-    # postgres runs as our (runuser's) child rather than daemonized by pg_ctl, so it is always reaped
-    settings = [f"port={port}", "listen_addresses=127.0.0.1", "wal_level=logical", "fsync=off",
-                f"unix_socket_directories={base}"]
-    args = [a for kv in settings for a in ("-c", kv)]
-    proc = subprocess.Popen(_as_postgres(f"{PG_BIN}/postgres", "-D", data, *args), stdout=log, stderr=log)
+def server(tmp_path_factory):
+    """A throwaway PostgreSQL on 127.0.0.1 with wal_level=logical; yields a url factory."""
+    pg = LocalPostgres(tmp_path_factory.mktemp("shop") / "data").init().start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, "postgres exited: " + open(os.path.join(base, "log")).read()
-            try:
-                psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2).close()
-                break
-            except psycopg.OperationalError:
-                assert time.monotonic() < deadline, "postgres did not start"
-                time.sleep(0.1)
-        yield lambda db: f"postgresql://postgres@127.0.0.1:{port}/{db}"
+        yield pg.url
     finally:
-        try:
-            with open(os.path.join(data, "postmaster.pid")) as fh:
-                pid = int(fh.readline())
-        except (OSError, ValueError):
-            pid = None
-        if pid is not None and not _gone(pid):
-            os.kill(pid, signal.SIGINT)  # fast shutdown
-            deadline = time.monotonic() + 30
-            while not _gone(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert _gone(pid), "postgres did not stop"
-        proc.wait(10)
-        log.close()
-        shutil.rmtree(base, ignore_errors=True)
+        pg.stop()
 
 
 def _new_db(server, name: str) -> str:

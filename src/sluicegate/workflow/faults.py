@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 
+from ..procs import pid_alive
+
 
 def fault_point(name: str) -> None:
     if os.environ.get("SLUICEGATE_FAULT_PAUSE") != name:
@@ -22,14 +24,6 @@ def fault_point(name: str) -> None:
     Path(directory, name).touch()
     driver = int(os.environ.get("SLUICEGATE_DRIVER_PID", "0") or 0)
     while True:  # the test kills the driver; a Spark worker then dies with it
-        if driver and driver != os.getpid() and not _alive(driver):
+        if driver and driver != os.getpid() and not pid_alive(driver):
             os._exit(137)
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
