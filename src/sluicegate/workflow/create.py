@@ -44,11 +44,7 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, name: st
         raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
     with dst.transaction():
         st.ensure_schema(dst)
-        if dst.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone():
-            raise UsageError(
-                f"workflow {name!r} already exists on this target: pick another name, or "
-                f"`sluicegate workflow delete {name}` first"
-            )
+        st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         _check_no_leftovers(src, name)
         for t in described:
             if not catalog.prepare_target(dst, t):

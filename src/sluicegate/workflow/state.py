@@ -109,14 +109,18 @@ def object_name(prefix: str, workflow: str) -> str:
     return f"{prefix}_{clean}_{digest}"
 
 
-def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
-                    tables: list[Table]) -> None:
-    """Insert the workflow, its stream and copy_state in the caller's transaction."""
+def check_new_name(conn: psycopg.Connection, name: str) -> None:
     if conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone():
         raise UsageError(
             f"workflow {name!r} already exists on this target: pick another name, or "
             f"`sluicegate workflow delete {name}` first"
         )
+
+
+def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
+                    tables: list[Table]) -> None:
+    """Insert the workflow, its stream and copy_state in the caller's transaction."""
+    check_new_name(conn, name)
     conn.execute(
         "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
         (name, kind, source_url, json.dumps(options)),
