@@ -20,10 +20,10 @@ TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, met
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 1) -> None:
     # One line whatever the message holds (libpq details, server text), and never a password.
     click.echo("error: " + redact(" ".join(message.split())), err=True)
-    sys.exit(1)
+    sys.exit(code)
 
 
 def friendly(fn):
@@ -219,6 +219,77 @@ def workflow_delete(name, target):
 
     dropped = delete_workflow(name, target)
     click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+
+
+@cli.command()
+@click.argument("name")
+@TARGET
+@click.option("--tables", default=None, metavar="A,B", help="Compare only these tables of the workflow.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--resume", is_flag=True, help="Continue the workflow's last unfinished vdiff from its last finished range.")
+@click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True,
+              help="Differing rows to show per table.")
+@click.option("--range-rows", type=click.IntRange(1000), default=200_000, show_default=True,
+              help="Rows per comparison task.")
+@click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
+def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master):
+    """Compare the workflow's target with its source at one consistent point.
+
+    Exit status: 0 equal, 1 differences, 2 error. The workflow's running driver does the work when there is
+    one; else this command plays the stream up to the comparison point itself.
+    """
+    try:
+        code = _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master)
+    except SluicegateError as exc:
+        _fail(str(exc), code=2)
+    except psycopg.Error as exc:
+        _fail(first_line(exc), code=2)
+    except KeyboardInterrupt:
+        click.echo(f"error: interrupted; `sluicegate vdiff {name} --resume` continues from the last finished range",
+                   err=True)
+        sys.exit(2)
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as exc:  # a bug: still one line, and the error exit status
+        _fail(f"unexpected {type(exc).__name__}: {first_line(exc)}", code=2)
+    sys.exit(code)
+
+
+def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master) -> int:
+    from ..postgres.connect import connect
+    from ..vdiff import report as rep
+    from ..vdiff.executor import execute_or_wait, request
+
+    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
+    vdiff_id = request(target, name, names, {"sample": sample, "range_rows": range_rows}, resume=resume)
+    stop = threading.Event()
+    runners = []
+
+    def make_runner():
+        from ..spark.runner import SparkRunner
+        from ..spark.session import get_spark
+
+        runners.append(SparkRunner(get_spark(spark_master)))
+        return runners[0]
+
+    def on_signal(signum, frame):
+        stop.set()
+        for r in runners:
+            threading.Thread(target=r.cancel, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    execute_or_wait(target, name, vdiff_id, make_runner, stop=stop)
+    with connect(target, role="target") as conn:
+        result = rep.build(conn, vdiff_id)
+    if as_json:
+        click.echo(rep.to_json(result))
+    else:
+        rep.render(Console(highlight=False, soft_wrap=True), result)
+    if result["state"] != "completed":
+        click.echo(f"error: vdiff {vdiff_id} {result['state']}: {redact(result['message'])}", err=True)
+        return 2
+    return 0 if result["equal"] else 1
 
 
 @cli.command()

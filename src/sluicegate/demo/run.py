@@ -2,7 +2,7 @@
 
 Starts a source and a target server, loads the shop data, runs the engine in a background thread while a
 writer keeps changing the source, waits for Running, stops the writer, waits until the target has caught
-up, proves both sides equal and cleans everything up (unless --keep).
+up, proves both sides equal with a vdiff and cleans everything up (unless --keep).
 """
 
 from __future__ import annotations
@@ -14,19 +14,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table as RichTable
 
 from ..errors import SluicegateError
 from ..localpg import LocalPostgres, LocalPostgresError
 from ..position import format_lsn, parse_lsn
-from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line, redact
 from ..workflow import state as st
 from ..workflow.status import workflow_status
@@ -69,40 +65,6 @@ def run_demo(rows: int = 200_000, keep: bool = False, workdir: str | None = None
         demo.cleanup(keep=keep, outcome=outcome)
 
 
-@dataclass(frozen=True)
-class TableComparison:
-    table: str
-    source_rows: int
-    target_rows: int
-    source_md5: str | None
-    target_md5: str | None
-
-    @property
-    def equal(self) -> bool:
-        return self.source_rows == self.target_rows and self.source_md5 == self.target_md5
-
-
-def compare_tables(source_url: str, target_url: str, tables: list[Table]) -> list[TableComparison]:
-    """Row count and md5 over every row's text form in key order, per table, on both sides.
-
-    A stand-in until VDiff: it proves equality but cannot say which rows differ. Both sessions use
-    Sluicegate's fixed settings (UTC, ISO dates), so equal rows have equal text on both servers.
-    """
-    def digests(url: str, role: str) -> list[tuple[int, str | None]]:
-        out = []
-        with connect(url, role=role) as conn:
-            for t in tables:
-                order = sql.SQL(", ").join(sql.Identifier("t", k) for k in t.key)
-                row = conn.execute(sql.SQL(
-                    "SELECT count(*), md5(string_agg(t::text, E'\\n' ORDER BY {})) FROM {} t"
-                ).format(order, t.ident)).fetchone()
-                out.append((row[0], row[1]))
-        return out
-
-    src, dst = digests(source_url, "source"), digests(target_url, "target")
-    return [TableComparison(t.qualified, s[0], d[0], s[1], d[1]) for t, s, d in zip(tables, src, dst)]
-
-
 class _EngineThread(threading.Thread):
     def __init__(self, engine):
         super().__init__(name="sluicegate-demo-engine", daemon=True)
@@ -113,7 +75,7 @@ class _EngineThread(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.engine.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the demo's main thread
+        except BaseException as exc:
             self.error = exc
 
 
@@ -159,7 +121,7 @@ class _Demo:
                  f"replicating live changes")
         self._show_lag()
         self._stop_writer_and_catch_up()
-        equal = self._compare()
+        equal = self._vdiff()
         from ..cli.output import print_status
 
         print_status(self.console, self._status())
@@ -186,7 +148,7 @@ class _Demo:
             t0 = time.monotonic()
             try:
                 self.spark = get_spark()
-            except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
+            except BaseException as exc:
                 self.spark_error = exc
             self.spark_started = time.monotonic() - t0
 
@@ -337,26 +299,25 @@ class _Demo:
         took = self._poll(caught_up, 120, f"catch up to source position {format_lsn(flushed)}")
         self.say(f"caught up to the source's position {format_lsn(flushed)} in {took:.1f}s")
 
-    def _compare(self) -> bool:
-        self.say("comparing source and target: row count and md5 over all rows in key order, per table")
+    def _vdiff(self) -> bool:
+        """`sluicegate vdiff`: the running driver compares both sides at one consistent point."""
+        from ..vdiff import report
+        from ..vdiff.executor import execute_or_wait, request
+
+        self.say("vdiff: source and target compared at one consistent point, key range by key range on Spark")
+        started = time.monotonic()
+        vdiff_id = request(self.target_url, WORKFLOW, None, {}, resume=False)
+        execute_or_wait(self.target_url, WORKFLOW, vdiff_id, lambda: self.runner, stop=self.stop)
         with connect(self.target_url, role="target") as conn:
-            tables = [t.table for t in st.load_workflow(conn, WORKFLOW).streams[0].tables]
-        results = compare_tables(self.source_url, self.target_url, tables)
-        grid = RichTable(show_edge=False)
-        for col, justify in (("table", "left"), ("source rows", "right"), ("target rows", "right"),
-                             ("md5 (source)", "left"), ("md5 (target)", "left"), ("", "left")):
-            grid.add_column(col, justify=justify)
-        for r in results:
-            grid.add_row(r.table, f"{r.source_rows:,}", f"{r.target_rows:,}", r.source_md5 or "-",
-                         r.target_md5 or "-", "[green]equal[/]" if r.equal else "[bold red]DIFFERENT[/]")
-        self.console.print(grid)
-        if all(r.equal for r in results):
-            self.say(f"[green]source and target are equal[/]: {len(results)} tables, "
-                     f"{sum(r.source_rows for r in results):,} rows")
-            return True
-        bad = ", ".join(r.table for r in results if not r.equal)
-        self.say(f"[bold red]source and target differ[/] in {bad}")
-        return False
+            result = report.build(conn, vdiff_id)
+        report.render(self.console, result, verdict=False)
+        rows = sum(t["rows_compared"] for t in result["tables"].values())
+        if result["equal"]:
+            self.say(f"[green]source and target are equal[/]: {len(result['tables'])} tables, {rows:,} rows "
+                     f"compared in {time.monotonic() - started:.1f}s")
+        else:
+            self.say(f"[bold red]source and target differ[/]: {result['differences']:,} rows")
+        return result["equal"]
 
     # -- cleanup --------------------------------------------------------------------------------------
     def cleanup(self, *, keep: bool, outcome: str) -> None:
@@ -396,7 +357,7 @@ class _Demo:
             try:
                 dropped = delete_workflow(WORKFLOW, self.target_url)
                 self.say(f"deleted workflow {WORKFLOW}" + (f" ({', '.join(dropped)})" if dropped else ""))
-            except Exception as exc:  # noqa: BLE001 - the servers go away next anyway
+            except Exception as exc:
                 self.say(f"[yellow]could not delete workflow {WORKFLOW}: {escape(first_line(exc))}")
         for side in ("source", "target"):
             server = getattr(self, side)
@@ -405,7 +366,7 @@ class _Demo:
                     server.stop()
                     if side in self.pids:
                         self.say(f"stopped {side} PostgreSQL (pid {self.pids[side]})")
-                except Exception as exc:  # noqa: BLE001 - try the other one; kill as a last resort
+                except Exception as exc:
                     self.say(f"[yellow]stopping {side} PostgreSQL failed ({escape(first_line(exc))}); "
                              f"killing it")
                     self._quietly(server.kill)
@@ -443,5 +404,5 @@ class _Demo:
     def _quietly(self, fn: Callable[[], object]) -> None:
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - cleanup goes on
+        except Exception as exc:
             self.say(f"[yellow]{getattr(fn, '__qualname__', fn)} failed: {escape(first_line(exc))}")

@@ -14,7 +14,7 @@ from ..errors import ConnectError
 
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres "
-    "-c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8"
+    "-c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8 -c lc_monetary=C"
 )
 
 

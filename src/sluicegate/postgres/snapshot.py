@@ -1,8 +1,8 @@
-"""A consistent snapshot of one table tied to a position (VReplication's copy snapshot on PostgreSQL).
+"""A consistent snapshot of tables tied to a position (VReplication's copy snapshot on PostgreSQL).
 
-Briefly lock the table in SHARE mode (waits out its writers, blocks new ones), open a REPEATABLE READ
+Briefly lock the tables in SHARE mode (waits out its writers, blocks new ones), open a REPEATABLE READ
 transaction in a second session, export its snapshot and read the WAL insert position, then release the
-lock. Every change to the table committed before the position is in the snapshot; every later one
+lock. Every change to the tables committed before the position is in the snapshot; every later one
 commits after it. The lock is taken with a short lock_timeout and retried, so a long-running writer
 never makes the application's writes queue behind us for long.
 """
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 
 from ..errors import RetryableError
 from ..position import parse_lsn
@@ -39,7 +40,11 @@ class TableSnapshot:
         self.close()
 
 
-def take_snapshot(source_url: str, table: Table, *, lock_timeout_ms: int = 500, attempts: int = 20) -> TableSnapshot:
+def take_snapshot(source_url: str, tables: Table | list[Table], *, lock_timeout_ms: int = 500,
+                  attempts: int = 20) -> TableSnapshot:
+    tables = [tables] if isinstance(tables, Table) else list(tables)
+    names = sql.SQL(", ").join(t.ident for t in tables)
+    shown = ", ".join(t.qualified for t in tables)
     locker = connect(source_url, role="source")
     holder = connect(source_url, role="source")
     holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -48,14 +53,14 @@ def take_snapshot(source_url: str, table: Table, *, lock_timeout_ms: int = 500, 
         for attempt in range(attempts):
             try:
                 locker.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
-                locker.execute(psycopg.sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table.ident))
+                locker.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(names))
                 break
             except psycopg.errors.LockNotAvailable:
                 locker.rollback()
                 time.sleep(min(0.05 * 2**attempt, 2.0))  # back off; writers go on meanwhile
         else:
             raise RetryableError(
-                f"could not lock {table.qualified} for a snapshot in {attempts} tries of {lock_timeout_ms} ms: "
+                f"could not lock {shown} for a snapshot in {attempts} tries of {lock_timeout_ms} ms: "
                 f"a long transaction holds it; will retry"
             )
         name, lsn = holder.execute("SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text").fetchone()

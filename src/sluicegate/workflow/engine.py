@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 import psycopg
@@ -21,7 +20,9 @@ from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import take_snapshot
-from . import copier, state as st
+from ..vdiff.executor import DriverVDiffs
+from . import copier
+from . import state as st
 from .faults import fault_point
 from .player import PlayTask, play
 
@@ -44,13 +45,14 @@ class Settings:
 
 class Engine:
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
-                 max_backoff: float = 30.0):
+                 max_backoff: float = 30.0, serve_vdiffs: bool = True):
         self.target_url = target_url
         self.workflow = workflow
         self.runner = runner
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
         self.lock_conn: psycopg.Connection | None = None
+        self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
@@ -69,7 +71,7 @@ class Engine:
                 failures = 0
             except UsageError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - every failure is classified below
+            except Exception as exc:
                 if self.stop.is_set():
                     return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
                 if not is_retryable(exc) and not _spark_failure(exc):
@@ -115,7 +117,7 @@ class Engine:
             return
         # Catchup: replay what happened since the last cycle until the lag is small.
         while not self.stop.is_set():
-            result = self._play(wf, stream, until="caught_up", expect=st.COPYING, max_seconds=settings.slice_seconds)
+            result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
             if result.interrupted:
                 return
             stream.position = result.position
@@ -130,8 +132,7 @@ class Engine:
             # Fast-forward: everything up to the snapshot's position, for rows already copied.
             while stream.position < snap.position:
                 fault_point("fastforward.start")
-                result = self._play(wf, stream, until="position", stop_at=snap.position, expect=st.COPYING,
-                                    max_seconds=settings.slice_seconds)
+                result = self.play(wf, stream, until="position", stop_at=snap.position, expect=st.COPYING)
                 if result.interrupted:
                     return
                 stream.position = result.position
@@ -156,16 +157,18 @@ class Engine:
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
-        settings = Settings.from_options(wf.options)
-        self._play(wf, stream, until="slice", expect=st.RUNNING, max_seconds=settings.slice_seconds)
+        if self.vdiffs is not None:
+            self.vdiffs.poll(wf, stream)  # a requested vdiff first syncs the stream to its point
+        self.play(wf, stream, until="slice", expect=st.RUNNING)
 
-    def _play(self, wf, stream, *, until: str, expect: str, max_seconds: float, stop_at: int | None = None):
+    def play(self, wf, stream, *, until: str, expect: str, stop_at: int | None = None):
+        """One play task (player.py) from where `stream` stands; at most one slice of time."""
         settings = Settings.from_options(wf.options)
         task = PlayTask(
             wf.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
-            stop_at=stop_at, max_seconds=max_seconds, batch_changes=settings.batch_changes,
-            idle_poll=settings.idle_poll,
+            stop_at=stop_at, max_seconds=settings.slice_seconds, batch_changes=settings.batch_changes,
+            idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None,
         )
         return self.runner.map(play, [task], f"{until} {wf.name}")[0]
 
@@ -197,7 +200,7 @@ class Engine:
         if self.lock_conn is not None:
             try:
                 self.lock_conn.close()
-            except Exception:  # noqa: BLE001 - already broken
+            except Exception:
                 pass
             self.lock_conn = None
 
@@ -211,10 +214,12 @@ class Engine:
                         st.set_state(conn, s.id, state, message)
                     else:
                         st.set_message(conn, s.id, message)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("could not record %r on the target", message)
 
     def close(self) -> None:
+        if self.vdiffs is not None:
+            self.vdiffs.close()
         self._drop_lock_conn()
 
 

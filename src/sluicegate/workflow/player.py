@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 import psycopg
 
+from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
 from ..postgres import capture
 from ..postgres.assembler import Change, TruncateChange, assemble
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
-from ..appliers.postgres import PostgresApplier, TargetTable
+from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
 
@@ -43,6 +44,7 @@ class PlayTask:
     batch_changes: int = 20_000
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
+    yield_to_vdiff: bool = False  # return as soon as a vdiff is pending (the driver serves vdiffs)
 
 
 @dataclass
@@ -66,6 +68,8 @@ def play(task: PlayTask) -> PlayResult:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and advance
         relations: dict = {}
         last_write = 0.0
+        # A replicate slice hands the stream back to the driver as soon as a vdiff is requested.
+        watch_vdiffs = task.until == "slice" and task.yield_to_vdiff and vdiff_store.has_table(dst)
         while True:
             if task.until == "position":
                 if result.position >= task.stop_at:
@@ -79,6 +83,10 @@ def play(task: PlayTask) -> PlayResult:
             if state != task.expect_state or position != result.position:
                 dst.rollback()
                 result.interrupted = f"stream is {state} at {position}"
+                return result
+            if watch_vdiffs and vdiff_store.waiting(dst, task.workflow):
+                dst.rollback()
+                result.interrupted = "a vdiff is waiting"
                 return result
             try:
                 batch = _apply_batch(task, src, dst, relations, result.position, upto)

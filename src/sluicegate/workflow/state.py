@@ -53,6 +53,34 @@ CREATE TABLE IF NOT EXISTS sluicegate.copy_state (
     done boolean NOT NULL DEFAULT false,
     PRIMARY KEY (stream_id, table_name)
 );
+-- VDiff runs (vdiff/store.py): a request, then the ranges compared so far, kept for --resume.
+CREATE TABLE IF NOT EXISTS sluicegate.vdiffs (
+    id bigserial PRIMARY KEY,
+    workflow text NOT NULL REFERENCES sluicegate.workflows ON DELETE CASCADE,
+    state text NOT NULL,            -- pending, running, completed, error
+    tables jsonb NOT NULL,          -- qualified names to compare
+    options jsonb NOT NULL DEFAULT '{}',
+    source_position pg_lsn,         -- the consistent point of the last comparison
+    message text NOT NULL DEFAULT '',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz,
+    completed_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS sluicegate.vdiff_ranges (
+    vdiff_id bigint NOT NULL REFERENCES sluicegate.vdiffs ON DELETE CASCADE,
+    table_name text NOT NULL,
+    generation int NOT NULL,        -- one per comparison point (a resumed vdiff takes a new one)
+    idx int NOT NULL,
+    lo jsonb,                       -- lo < key <= hi; NULL is open
+    hi jsonb,
+    done boolean NOT NULL DEFAULT false,
+    compared bigint NOT NULL DEFAULT 0,
+    missing bigint NOT NULL DEFAULT 0,
+    extra bigint NOT NULL DEFAULT 0,
+    mismatched bigint NOT NULL DEFAULT 0,
+    samples jsonb NOT NULL DEFAULT '[]',
+    PRIMARY KEY (vdiff_id, table_name, generation, idx)
+);
 """
 
 
@@ -193,6 +221,16 @@ def lock_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | No
     row = conn.execute(
         "SELECT state, position::text FROM sluicegate.streams WHERE id = %s FOR UPDATE", (stream_id,)
     ).fetchone()
+    if row is None:
+        from ..errors import TerminalError
+
+        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    return row[0], parse_lsn(row[1]) if row[1] else None
+
+
+def read_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | None]:
+    """(state, position) of a stream as the caller's snapshot sees it, without a lock."""
+    row = conn.execute("SELECT state, position::text FROM sluicegate.streams WHERE id = %s", (stream_id,)).fetchone()
     if row is None:
         from ..errors import TerminalError
 

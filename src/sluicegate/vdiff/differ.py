@@ -1,0 +1,238 @@
+"""Executing a vdiff (Vitess VDiff on Spark): a consistent point, then parallel range comparisons.
+
+The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), let the
+stream apply exactly the transactions that commit before P (a fast-forward, as in the copy phase; a stopped
+stream is played just for this), then export a target snapshot and check, inside it, that the stream stands
+at P. Both snapshots then hold the same set of source transactions, whatever the source and the stream do
+afterwards, so the comparison reports no false differences while writes go on.
+
+The comparison: the tables' keys above where the vdiff stands are split into ranges inside the source
+snapshot, and one Spark task per range compares it (compare.py) and records its result. The driver holds
+only the two snapshot connections and the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError
+from ..position import format_lsn
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, first_line
+from ..postgres.snapshot import TableSnapshot, take_snapshot
+from ..workflow import copier
+from ..workflow import state as st
+from . import store
+from .compare import RangeTask, compare_range, text_compared_columns
+
+log = logging.getLogger("sluicegate")
+
+RANGE_ROWS = 200_000  # rows per comparison task
+SAMPLE_SIZE = 10  # differing rows kept per table
+SYNC_ATTEMPTS = 5
+
+
+def check_comparable(wf: st.Workflow) -> None:
+    """A vdiff compares finished copies: refuse a stream that is still copying or failed."""
+    for s in wf.streams:
+        if s.state in (st.INIT, st.COPYING):
+            done = sum(t.done for t in s.tables)
+            raise UsageError(
+                f"workflow {wf.name} is still copying ({done} of {len(s.tables)} tables done): run vdiff once "
+                f"`sluicegate workflow status {wf.name}` shows Running"
+            )
+        if s.state == st.ERROR:
+            raise UsageError(
+                f"workflow {wf.name} is in Error ({s.message}): fix that and `sluicegate workflow start "
+                f"{wf.name}` before a vdiff"
+            )
+
+
+def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
+    """The workflow's qualified table names, or those of `names` (qualified or bare)."""
+    known = [t.table.qualified for t in wf.streams[0].tables]
+    if not names:
+        return known
+    chosen = []
+    for name in names:
+        match = [q for q in known if name in (q, q.split(".", 1)[1])]
+        if not match:
+            import difflib
+
+            close = difflib.get_close_matches(name, known + [q.split(".", 1)[1] for q in known], n=1)
+            hint = f": did you mean {close[0]!r}?" if close else f"; it has {', '.join(known)}"
+            raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")
+        chosen += [q for q in match if q not in chosen]
+    return chosen
+
+
+@dataclass
+class _Point:
+    source: TableSnapshot
+    target: psycopg.Connection  # holds the exported target snapshot
+    target_snapshot: str
+
+    def close(self) -> None:
+        self.source.close()
+        try:
+            self.target.rollback()
+        finally:
+            self.target.close()
+
+
+@dataclass
+class Prepared:
+    point: _Point
+    tasks: list[RangeTask] = field(default_factory=list)
+
+
+class VDiffRun:
+    """One executor's run of one vdiff: claim, prepare (the point and the plan), compare, finish."""
+
+    def __init__(self, target_url: str, vdiff_id: int, runner, *, stop: threading.Event | None = None):
+        self.target_url = target_url
+        self.vdiff_id = vdiff_id
+        self.runner = runner
+        self.stop = stop or threading.Event()
+        self.lock_conn: psycopg.Connection | None = None
+
+    def claim(self, executor: str) -> bool:
+        """Become the one executor of a pending vdiff (a session lock held until release())."""
+        conn = connect(self.target_url, role="target", autocommit=True)
+        if not store.try_lock(conn, self.vdiff_id) or store.load(conn, self.vdiff_id).state != store.PENDING:
+            conn.close()
+            return False
+        store.set_state(conn, self.vdiff_id, store.RUNNING, f"compared by {executor} (pid {os.getpid()})")
+        self.lock_conn = conn
+        return True
+
+    def release(self) -> None:
+        if self.lock_conn is not None:
+            self.lock_conn.close()  # ends the session lock too
+            self.lock_conn = None
+
+    def prepare(self, wf: st.Workflow, stream: st.Stream, play) -> Prepared | None:
+        """The consistent point and the ranges still to compare; None when nothing is left."""
+        vd = store.load(self.lock_conn, self.vdiff_id)
+        specs = {t.table.qualified: t.table for t in stream.tables}
+        missing = [n for n in vd.tables if n not in specs]
+        if missing:
+            raise UsageError(f"vdiff {vd.id}: {', '.join(missing)} no longer in workflow {wf.name}")
+        with self.lock_conn.transaction():
+            progress = [store.resume_progress(self.lock_conn, vd.id, n) for n in vd.tables]
+        todo = [p for p in progress if not p.done]
+        if not todo:
+            return None
+        tables = [specs[p.table] for p in todo]
+        started = time.monotonic()
+        point = self._sync(wf, stream, tables, play)
+        log.info("vdiff %s: consistent point %s after %.2fs", vd.id, format_lsn(point.source.position),
+                 time.monotonic() - started)
+        try:
+            store.set_state(self.lock_conn, vd.id, store.RUNNING, None, source_position=point.source.position)
+            range_rows = int(vd.options.get("range_rows", RANGE_ROWS))
+            sample = int(vd.options.get("sample", SAMPLE_SIZE))
+            prepared = Prepared(point)
+            with connect(self.target_url, role="target") as probe:
+                for p, table in zip(todo, tables):
+                    ranges = plan_ranges(point.source.conn, table, p.lastpk, range_rows)
+                    store.add_ranges(self.lock_conn, vd.id, table.qualified, p.generation, ranges)
+                    text_cols = text_compared_columns(probe, table)
+                    prepared.tasks += [
+                        RangeTask(wf.source_url, self.target_url, vd.id, table.to_json(), p.generation, i, lo, hi,
+                                  point.source.name, point.target_snapshot, text_cols, sample)
+                        for i, (lo, hi) in enumerate(ranges)
+                    ]
+            log.info("vdiff %s: %d ranges planned after %.2fs", vd.id, len(prepared.tasks), time.monotonic() - started)
+            return prepared
+        except BaseException:
+            point.close()
+            raise
+
+    def compare(self, prepared: Prepared | None) -> None:
+        """Run the range comparisons as one Spark job, then record the vdiff as completed."""
+        try:
+            if prepared is not None:
+                try:
+                    started = time.monotonic()
+                    self.runner.map(compare_range, prepared.tasks, f"vdiff {self.vdiff_id}")
+                    log.info("vdiff %s: ranges compared in %.2fs", self.vdiff_id, time.monotonic() - started)
+                finally:
+                    prepared.point.close()
+            store.set_state(self.lock_conn, self.vdiff_id, store.COMPLETED, None)
+        except Exception as exc:
+            self.fail(exc)
+            raise
+        finally:
+            self.release()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record why the vdiff stopped: interrupted ones wait for the next executor, others are errors."""
+        try:
+            conn = self.lock_conn or connect(self.target_url, role="target", autocommit=True)
+            if self.stop.is_set():
+                store.set_state(conn, self.vdiff_id, store.PENDING, "interrupted; resumes from the last finished range")
+            else:
+                text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+                store.set_state(conn, self.vdiff_id, store.ERROR, text)
+        except Exception:
+            log.debug("could not record the vdiff's failure", exc_info=True)
+        finally:
+            self.release()
+
+    def _sync(self, wf: st.Workflow, stream: st.Stream, tables: list[Table], play) -> _Point:
+        """Source snapshot at P, the stream applied exactly up to P, a target snapshot there."""
+        for _ in range(SYNC_ATTEMPTS):
+            source = take_snapshot(wf.source_url, tables)
+            try:
+                state, position = stream.state, stream.position
+                while position < source.position and not self.stop.is_set():
+                    result = play(wf, stream, until="position", stop_at=source.position, expect=state)
+                    if result.interrupted:
+                        state, position = self._reload(wf.name, stream)
+                        if position > source.position:
+                            break  # someone else played past P: take a new point
+                    else:
+                        position = stream.position = result.position
+                if self.stop.is_set():
+                    raise RetryableError("interrupted while the stream caught up to the vdiff's point")
+                target = connect(self.target_url, role="target")
+                target.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                name = target.execute("SELECT pg_export_snapshot()").fetchone()[0]
+                _, at = st.read_stream(target, stream.id)
+                if at == source.position:
+                    return _Point(source, target, name)
+                target.close()
+                log.info("vdiff %s: stream at %s, not at the point; taking a new one", self.vdiff_id, at)
+            except BaseException:
+                source.close()
+                raise
+            source.close()
+        raise RetryableError(f"the stream of workflow {wf.name} kept moving past the vdiff's point: is another "
+                             f"process playing it?")
+
+    def _reload(self, name: str, stream: st.Stream) -> tuple[str, int]:
+        with connect(self.target_url, role="target") as conn:
+            fresh = next(s for s in st.load_workflow(conn, name).streams if s.id == stream.id)
+        if fresh.state not in (st.RUNNING, st.STOPPED):
+            raise TerminalError(f"stream {stream.id} went {fresh.state} during the vdiff: {fresh.message}")
+        stream.state, stream.position = fresh.state, fresh.position
+        return fresh.state, fresh.position
+
+
+def plan_ranges(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | None,
+                range_rows: int) -> list[tuple[list[str] | None, list[str] | None]]:
+    """Key ranges above lastpk that cover the whole rest of the key space: the last one is open-ended,
+    so target rows beyond the source's last key are found too."""
+    plan = copier.plan_cycle(snap_conn, table, lastpk, 2**62, range_rows)
+    ranges: list[tuple[list[str] | None, list[str] | None]] = list(plan.ranges)
+    if not ranges:
+        return [(lastpk, None)]
+    ranges[-1] = (ranges[-1][0], None)
+    return ranges

@@ -1,0 +1,125 @@
+"""Who executes a vdiff: the workflow's running driver (its Spark application is warm, and it is the
+one playing the stream), else the `sluicegate vdiff` command itself."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+
+from ..postgres.connect import connect
+from ..workflow import state as st
+from . import store
+from .differ import VDiffRun
+
+log = logging.getLogger("sluicegate")
+
+
+def driver_present(conn: psycopg.Connection, workflow: str) -> bool:
+    """Is a `workflow run` holding the workflow's run lock (engine.py) right now?"""
+    return conn.execute(
+        """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+                            AND classid = hashtext('sluicegate')::oid AND objid = hashtext(%s)::oid
+                            AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))""",
+        (workflow,),
+    ).fetchone()[0]
+
+
+class DriverVDiffs:
+    """In the driver's loop: pick up a pending vdiff, sync the stream to its point between two replicate
+    slices, then compare in a background thread while replication goes on."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.thread: threading.Thread | None = None
+
+    def poll(self, wf: st.Workflow, stream: st.Stream) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        with connect(self.engine.target_url, role="target", autocommit=True) as conn:
+            vdiff_id = store.next_pending(conn, wf.name)
+        if vdiff_id is None:
+            return
+        run = VDiffRun(self.engine.target_url, vdiff_id, self.engine.runner, stop=self.engine.stop)
+        if not run.claim("the workflow's driver"):
+            return
+        try:
+            prepared = run.prepare(wf, stream, self.engine.play)
+        except Exception as exc:
+            log.warning("vdiff %s failed: %s", vdiff_id, exc)
+            run.fail(exc)
+            return
+        self.thread = threading.Thread(target=self._compare, args=(run, prepared), name=f"vdiff-{vdiff_id}",
+                                       daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _compare(run: VDiffRun, prepared) -> None:
+        try:
+            run.compare(prepared)
+        except Exception as exc:
+            log.warning("vdiff %s failed: %s", run.vdiff_id, exc)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+def request(target_url: str, workflow: str, tables: list[str] | None, options: dict, *, resume: bool) -> int:
+    """Create a vdiff of `workflow` (or make its latest unfinished one pending again): its id."""
+    from .differ import check_comparable, select_tables
+
+    with connect(target_url, role="target") as conn:
+        st.ensure_schema(conn)
+        wf = st.load_workflow(conn, workflow)
+        check_comparable(wf)
+        if resume:
+            vdiff_id = store.latest_unfinished(conn, workflow)
+            lock = connect(target_url, role="target", autocommit=True)
+            try:
+                if not store.try_lock(lock, vdiff_id):
+                    return vdiff_id  # its executor is alive and at work: just wait for it
+                store.set_state(conn, vdiff_id, store.PENDING, "resumed")
+            finally:
+                lock.close()
+            return vdiff_id
+        return store.create(conn, workflow, select_tables(wf, tables), options)
+
+
+def execute_or_wait(target_url: str, workflow: str, vdiff_id: int, make_runner, *,
+                    stop: threading.Event, poll: float = 0.2) -> store.VDiff:
+    """Until the vdiff is completed or failed: leave it to a running driver, else execute it here.
+
+    If the driver goes away mid-way, this process takes over from the last finished range.
+    """
+    from ..workflow.engine import Engine
+
+    runner = None
+    while not stop.is_set():
+        with connect(target_url, role="target", autocommit=True) as conn:
+            vd = store.load(conn, vdiff_id)
+            if vd.state in (store.COMPLETED, store.ERROR):
+                return vd
+            delegated = driver_present(conn, workflow)
+            if not delegated and vd.state == store.RUNNING and store.try_lock(conn, vdiff_id):
+                # its executor died (the lock went with its session): continue where it stopped
+                store.set_state(conn, vdiff_id, store.PENDING, "its executor is gone; resuming")
+                vd.state = store.PENDING
+        # (leaving the `with` closed that connection, and with it the lock just taken)
+        if not delegated and vd.state == store.PENDING:
+            runner = runner or make_runner()
+            run = VDiffRun(target_url, vdiff_id, runner, stop=stop)
+            if run.claim("sluicegate vdiff"):
+                engine = Engine(target_url, workflow, runner, stop=stop, serve_vdiffs=False)
+                try:
+                    with connect(target_url, role="target") as conn:
+                        wf = st.load_workflow(conn, workflow)
+                    prepared = run.prepare(wf, wf.streams[0], engine.play)
+                except BaseException as exc:
+                    run.fail(exc)
+                    raise
+                run.compare(prepared)
+                continue
+        stop.wait(poll)
+    raise KeyboardInterrupt
