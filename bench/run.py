@@ -436,9 +436,13 @@ def main() -> int:
     if args.scale < 1 or not 20 <= args.burst_updates <= 20 * 100_000 * args.scale:
         parser.error(f"--scale is at least 1, --burst-updates 20 to {20 * 100_000 * max(args.scale, 1)} at this scale")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
-    bench = Bench(args)
+    return run_bench(Bench(args), Bench.run, args.out)
+
+
+def run_bench(bench: Bench, measure, out: str | None = None) -> int:
+    """measure(bench) -> figures; one JSON line on stdout (and in `out`), whatever happens a cleanup."""
     try:
-        result = json.dumps(rounded(bench.run()))
+        result = json.dumps(rounded(measure(bench)))
     except (BenchError, LocalPostgresError, SluicegateError, psycopg.Error) as exc:
         log(f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
         return 1
@@ -448,8 +452,8 @@ def main() -> int:
     finally:
         bench.cleanup()
     print(result, flush=True)
-    if args.out:
-        Path(args.out).write_text(result + "\n")
+    if out:
+        Path(out).write_text(result + "\n")
     return 0
 
 

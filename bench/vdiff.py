@@ -25,10 +25,9 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import DB, WF, Bench, BenchError, fmt, log, rounded  # noqa: E402 - the copy bench's harness
+from run import DB, WF, Bench, BenchError, fmt, log, run_bench  # noqa: E402 - the copy bench's harness
 
-from sluicegate.errors import SluicegateError  # noqa: E402
-from sluicegate.localpg import LocalPostgresError, find_bindir  # noqa: E402
+from sluicegate.localpg import find_bindir  # noqa: E402
 
 
 class VDiffBench(Bench):
@@ -79,6 +78,13 @@ class VDiffBench(Bench):
         if proc.returncode not in (0, 1):
             raise BenchError(f"vdiff exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
         return elapsed, proc.returncode, json.loads(proc.stdout)
+
+    def measure(self) -> dict:
+        self.memory.start()
+        self.setup()
+        log("copy: Sluicegate movetables create + workflow run")
+        self.out["copy"] = self.copy_sluicegate()
+        return {**self.out, "vdiff": self.run_vdiffs()}
 
     def run_vdiffs(self) -> dict:
         out = {"rows": self.rows}
@@ -172,24 +178,7 @@ def main() -> int:
         parser.error("--scale is at least 11 (the tamper step deletes aid 1000003)")
     args.skip = ["raw", "native", "burst", "steady"]
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    bench = VDiffBench(args)
-    try:
-        bench.memory.start()
-        bench.setup()
-        log("copy: Sluicegate movetables create + workflow run")
-        bench.out["copy"] = bench.copy_sluicegate()
-        result = json.dumps(rounded({**bench.out, "vdiff": bench.run_vdiffs()}))
-    except (BenchError, LocalPostgresError, SluicegateError, psycopg.Error) as exc:
-        log(f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    finally:
-        bench.cleanup()
-    print(result, flush=True)
-    return 0
-
+    return run_bench(VDiffBench(args), VDiffBench.measure)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -229,8 +229,8 @@ def workflow_delete(name, target):
 @click.option("--resume", is_flag=True, help="Continue the workflow's last unfinished vdiff from its last finished range.")
 @click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True,
               help="Differing rows to show per table.")
-@click.option("--range-rows", type=click.IntRange(1000), default=200_000, show_default=True,
-              help="Rows per comparison task.")
+@click.option("--range-rows", type=click.IntRange(1000), default=None,
+              help="Rows per comparison task (default: two tasks per Spark slot, 50k to 1M rows).")
 @click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
 def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master):
     """Compare the workflow's target with its source at one consistent point.
@@ -261,7 +261,8 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
     from ..vdiff.executor import execute_or_wait, request
 
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
-    vdiff_id = request(target, name, names, {"sample": sample, "range_rows": range_rows}, resume=resume)
+    options = {"sample": sample, **({"range_rows": range_rows} if range_rows else {})}
+    vdiff_id = request(target, name, names, options, resume=resume)
     stop = threading.Event()
     runners = []
 

@@ -46,5 +46,9 @@ class SparkRunner:
         rdd = self.sc.parallelize(items, len(items))
         return unwrap(rdd.map(lambda item: guarded(fn, item)).collect())
 
+    def parallelism(self) -> int:
+        """How many tasks can run at once (local[N]: N; a cluster: its executor cores)."""
+        return self.sc.defaultParallelism
+
     def cancel(self) -> None:
         self.sc.cancelAllJobs()

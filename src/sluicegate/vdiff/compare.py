@@ -1,10 +1,10 @@
 """Comparing one key range of a table, source snapshot against target snapshot — runs in a Spark task.
 
 Both sides first reduce the range to (row count, XOR of 64-bit row hashes) in SQL, concurrently, each in
-its own imported snapshot: no rows travel. A range that differs is split and summarized again, down to
-parts of a few thousand rows (a Merkle tree built on demand). The hash reads a normalized text form of each row (numeric
-scale trimmed, -0 folded into 0, intervals justified), so rows equal by value but not by representation
-usually hash alike; when they do not, the row-by-row step decides. Only a part whose counts or hashes
+its own imported snapshot: no rows travel. Values hash with their types' own hash functions, which agree
+with the types' equality. A range that differs is split and summarized again, down to parts of a few
+thousand rows (a Merkle tree built on demand); a hash that differs only means "look closer": the
+row-by-row step decides. Only a part whose counts or hashes
 differ is compared row by row: the source part is piped (COPY) into a temporary table in the target's
 snapshot transaction and joined to the target range by key, with PostgreSQL's own equality for each
 column type (text equality for types without a btree ordering, such as json or point). So a value
@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from ..postgres import keyrange
-from ..postgres.catalog import Table
+from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
 from ..workflow.faults import fault_point
 from . import store
@@ -43,6 +43,7 @@ class RangeTask:
     source_snapshot: str
     target_snapshot: str
     text_columns: tuple[str, ...] = ()  # compared by their text form: no equality PostgreSQL could order by
+    hash_text_columns: tuple[str, ...] = ()  # hashed by their text form (see summary_query)
     sample_size: int = 10
 
 
@@ -63,14 +64,16 @@ def compare_range(task: RangeTask) -> dict:
 
 
 def _compare(pool: ThreadPoolExecutor, src, dst, table: Table, task: RangeTask) -> tuple[dict, list]:
-    source_side = pool.submit(_summary, src, table, task.lo, task.hi)
-    target_side = _summary(dst, table, task.lo, task.hi)
+    hashed_as_text = task.hash_text_columns
+    source_side = pool.submit(_summary, src, table, task.lo, task.hi, hashed_as_text)
+    target_side = _summary(dst, table, task.lo, task.hi, hashed_as_text)
     source_side = source_side.result()
     counts = {"compared": source_side[0], "missing": 0, "extra": 0, "mismatched": 0}
     samples: list = []
     if source_side == target_side:
         return counts, samples
-    for lo, hi in _differing(pool, src, dst, table, task.lo, task.hi, source_side[0], target_side[0]):
+    for lo, hi in _differing(pool, src, dst, table, hashed_as_text, task.lo, task.hi, source_side[0],
+                             target_side[0]):
         found, some = _compare_rows(src, dst, table, task, lo, hi, task.sample_size - len(samples))
         for k in ("missing", "extra", "mismatched"):
             counts[k] += found[k]
@@ -79,7 +82,8 @@ def _compare(pool: ThreadPoolExecutor, src, dst, table: Table, task: RangeTask) 
     return counts, samples
 
 
-def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, lo, hi, source_rows: int, target_rows: int):
+def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, hashed_as_text: tuple[str, ...], lo, hi,
+               source_rows: int, target_rows: int):
     """The sub-ranges of a differing range that differ, small enough to compare row by row, in key order.
 
     Like a Merkle tree walked on demand: split at every (rows / FANOUT)-th source key, compare the parts'
@@ -94,11 +98,11 @@ def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, lo, hi, source_
         return
     edges = [lo, *bounds, hi]
     parts = list(zip(edges, edges[1:]))
-    source_sides = pool.submit(lambda: [_summary(src, table, a, b) for a, b in parts])
-    target_sides = [_summary(dst, table, a, b) for a, b in parts]
+    source_sides = pool.submit(lambda: [_summary(src, table, a, b, hashed_as_text) for a, b in parts])
+    target_sides = [_summary(dst, table, a, b, hashed_as_text) for a, b in parts]
     for (a, b), s, t in zip(parts, source_sides.result(), target_sides):
         if s != t:
-            yield from _differing(pool, src, dst, table, a, b, s[0], t[0])
+            yield from _differing(pool, src, dst, table, hashed_as_text, a, b, s[0], t[0])
 
 
 def _split_keys(conn: psycopg.Connection, table: Table, lo, hi, step: int) -> list[list[str]]:
@@ -123,29 +127,23 @@ def _import_snapshot(conn: psycopg.Connection, name: str, *, read_only: bool) ->
     conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
 
 
-def _normalized(column_name: str, type_sql: str) -> sql.Composable:
-    """A column's value in a form that is equal for values PostgreSQL's `=` calls equal, for the hash."""
-    col = sql.Identifier(column_name)
-    base = type_sql.split("(")[0]
-    if type_sql.endswith("[]"):
-        return col
-    if base == "numeric":
-        return sql.SQL("trim_scale({})").format(col)  # 1.10 = 1.1
-    if base in ("double precision", "real"):
-        return sql.SQL("({} + '0'::{})").format(col, sql.SQL(base))  # -0 = 0; NaN stays NaN
-    if base.startswith("interval"):
-        return sql.SQL("justify_interval({})").format(col)  # '1 mon' = '30 days'
-    return col
+def summary_query(table: Table, lo, hi, text_columns: tuple[str, ...] = ()) -> sql.Composable:
+    """(count, XOR of each row's 64-bit hash) over lo < key <= hi.
 
-
-def summary_query(table: Table, lo, hi) -> sql.Composable:
-    row = sql.SQL(", ").join(_normalized(c.name, c.type_sql) for c in table.columns)
-    return sql.SQL("SELECT count(*), bit_xor(hashtextextended(ROW({})::text, 0)) FROM {} WHERE {}").format(
+    hash_record_extended hashes each value with its type's hash function, which agrees with the type's
+    equality (1.50 and 1.5, -0 and 0, '30 days' and '1 mon' hash alike). `text_columns` (types with no hash
+    function, and user types such as enums, whose hash depends on OIDs that differ between servers) are
+    hashed by their text form instead.
+    """
+    row = sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(c.name)) if c.name in text_columns else sql.Identifier(c.name)
+        for c in table.columns)
+    return sql.SQL("SELECT count(*), bit_xor(hash_record_extended(ROW({}), 0)) FROM {} WHERE {}").format(
         row, table.ident, keyrange.in_range(table, lo, hi))
 
 
-def _summary(conn: psycopg.Connection, table: Table, lo, hi) -> tuple[int, int | None]:
-    return tuple(conn.execute(summary_query(table, lo, hi)).fetchone())
+def _summary(conn: psycopg.Connection, table: Table, lo, hi, text_columns: tuple[str, ...]) -> tuple[int, int | None]:
+    return tuple(conn.execute(summary_query(table, lo, hi, text_columns)).fetchone())
 
 
 def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table, task: RangeTask, lo, hi,
@@ -224,13 +222,27 @@ def _as_json(table: Table, alias: str) -> sql.Composable:
     return sql.SQL(" || ").join(pieces)
 
 
-def text_compared_columns(conn: psycopg.Connection, table: Table) -> tuple[str, ...]:
-    """Columns whose type has no default btree ordering (json, xml, point, box…): compared as text."""
+def text_hashed_columns(conns: list[psycopg.Connection], table: Table) -> tuple[str, ...]:
+    """Columns of user types, or of a type with no extended hash function on either side."""
     out = []
     for c in table.columns:
-        try:
-            with conn.transaction():
-                conn.execute(sql.SQL("SELECT v FROM (SELECT NULL::{} AS v) s ORDER BY v").format(sql.SQL(c.type_sql)))
-        except psycopg.errors.UndefinedFunction:
+        if c.type_oid >= FIRST_USER_OID or not all(_probe(conn, sql.SQL("SELECT hash_record_extended(ROW(NULL::{}), 0)"
+                                                                        ).format(sql.SQL(c.type_sql))) for conn in conns):
             out.append(c.name)
     return tuple(out)
+
+
+def _probe(conn: psycopg.Connection, query: sql.Composable) -> bool:
+    """Does the server resolve this (an operator or function for a type)? Evaluated on NULLs only."""
+    try:
+        with conn.transaction():
+            conn.execute(query)
+        return True
+    except psycopg.errors.UndefinedFunction:
+        return False
+
+
+def text_compared_columns(conn: psycopg.Connection, table: Table) -> tuple[str, ...]:
+    """Columns whose type has no default btree ordering (json, xml, point, box…): compared as text."""
+    query = "SELECT v FROM (SELECT NULL::{} AS v) s ORDER BY v"
+    return tuple(c.name for c in table.columns if not _probe(conn, sql.SQL(query).format(sql.SQL(c.type_sql))))

@@ -88,7 +88,7 @@ def request(target_url: str, workflow: str, tables: list[str] | None, options: d
 
 
 def execute_or_wait(target_url: str, workflow: str, vdiff_id: int, make_runner, *,
-                    stop: threading.Event, poll: float = 0.2) -> store.VDiff:
+                    stop: threading.Event, poll: float = 0.05) -> store.VDiff:
     """Until the vdiff is completed or failed: leave it to a running driver, else execute it here.
 
     If the driver goes away mid-way, this process takes over from the last finished range.
