@@ -1,23 +1,21 @@
 """The source's change capture: publication, logical slot (pgoutput), reading changes, advancing the slot.
 
-Changes are read with `pg_logical_slot_peek_binary_changes`: peeking does not consume, so a batch that
-dies before the target commits is simply read again. The slot moves only in `advance_slot`, called after
-the target has durably committed the position (guarantee 7) — the one place a slot is advanced.
+Changes are streamed by replication.py (START_REPLICATION). The slot moves only to a position the target has durably
+committed (guarantee 7): by the stream's confirm(), or by `advance_slot` when a task died between the
+target's commit and its confirm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
-from ..errors import TerminalError, UsageError
+from ..errors import RetryableError, TerminalError, UsageError
 from ..position import format_lsn, parse_lsn
 from .catalog import Table
-
-PEEK_FETCH_ROWS = 2000  # rows per round trip from the server-side cursor: memory stays bounded
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,19 @@ def check_slot(conn: psycopg.Connection, name: str, position: int, workflow: str
     return info
 
 
+def release_slot(conn: psycopg.Connection, name: str, info: SlotInfo, timeout: float = 10.0) -> None:
+    """End a reader still attached to the slot: a walsender whose play task was killed (one driver runs a
+    workflow at a time, so the slot's reader is a leftover). `conn` must be in autocommit."""
+    if not info.active_pid:
+        return
+    conn.execute("SELECT pg_terminate_backend(%s)", (info.active_pid,))
+    deadline = time.monotonic() + timeout
+    while (current := slot_info(conn, name)) is not None and current.active_pid:
+        if time.monotonic() > deadline:
+            raise RetryableError(f"replication slot {name} is still in use by pid {current.active_pid}; will retry")
+        time.sleep(0.02)
+
+
 def advance_slot(conn: psycopg.Connection, name: str, position: int) -> None:
     """Confirm the slot up to `position`: only ever with a position the target has committed."""
     info = slot_info(conn, name)
@@ -106,27 +117,6 @@ def wal_flush_position(conn: psycopg.Connection):
     """(flushed WAL position, source clock): decoding can read everything before it."""
     lsn, now = conn.execute("SELECT pg_current_wal_flush_lsn()::text, clock_timestamp()").fetchone()
     return parse_lsn(lsn), now
-
-
-def peek(conn: psycopg.Connection, slot: str, publication: str, upto: int, nchanges: int
-         ) -> Iterator[tuple[int, bytes]]:
-    """(lsn, pgoutput message) up to `upto`, stopping at the first transaction boundary past `nchanges`.
-
-    Runs in the caller's transaction through a server-side cursor, so a transaction of millions of rows
-    streams through in bounded memory (the server spills its result to disk).
-    """
-    cur = conn.cursor(name="sluicegate_peek")
-    cur.itersize = PEEK_FETCH_ROWS
-    cur.execute(
-        """SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(
-               %s, %s::pg_lsn, %s, 'proto_version', '1', 'publication_names', %s)""",
-        (slot, format_lsn(upto), nchanges or None, publication),
-    )
-    try:
-        for lsn, data in cur:
-            yield parse_lsn(lsn), bytes(data)
-    finally:
-        cur.close()
 
 
 def drop_capture(conn: psycopg.Connection, slot: str, publication: str) -> list[str]:

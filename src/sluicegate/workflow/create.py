@@ -6,7 +6,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError
-from ..postgres import capture, catalog
+from ..postgres import capture, catalog, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from . import state as st
@@ -27,6 +27,7 @@ def create_movetables(name: str, source_url: str, target_url: str, tables: list[
             described = catalog.resolve_tables(src, tables)
             if not superuser:
                 _check_table_rights(src, described)
+            replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
         except psycopg.Error as exc:  # e.g. permission denied reading a table: say which side
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         with connect(target_url, role="target") as dst:

@@ -34,7 +34,7 @@ class Settings:
     cycle_rows: int = 2_000_000  # rows per copy cycle (one snapshot)
     chunk_rows: int = 250_000  # rows per Spark copy task
     batch_changes: int = 20_000  # pgoutput messages per replay batch
-    slice_seconds: float = 10.0  # how long a replicate task runs before the driver re-reads state
+    slice_seconds: float = 10.0  # how long a play task (one replication stream) runs before the driver re-reads state
     idle_poll: float = 0.1
 
     @classmethod

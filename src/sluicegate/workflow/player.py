@@ -1,19 +1,19 @@
 """Replaying changes from the slot into the target — VReplication's vplayer, used for catchup,
 fast-forward and replicate alike. Runs inside a Spark task; the driver only hands it a PlayTask.
 
-Each batch: read the source's flushed WAL position L, peek the slot up to L (bounded by `batch_changes`,
-cut at transaction boundaries), apply every transaction that commits at or after the stream's position,
-and commit the data together with the new position in one target transaction — after checking, under a
-row lock, that the position is still the one this batch started from (exactly-once). Only then is the
-slot advanced. A transaction's commit record starts at or after the position iff it is not yet applied.
+A task holds one replication stream (postgres/replication.py) from the stream's position. Each batch:
+read messages until a transaction boundary after `batch_changes` messages or `batch_seconds`, or until the
+source is idle; apply every transaction that commits at or after the stream's position, and commit the
+data together with the new position in one target transaction — after checking, under a row lock, that
+the position is still the one this batch started from (exactly-once). Only then is the slot confirmed.
+A transaction's commit record starts at or after the position iff it is not yet applied; when the source
+is idle, the position moves to what the server says it has sent (heartbeats).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
-import psycopg
 
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
@@ -22,6 +22,7 @@ from ..postgres.assembler import Change, TruncateChange, assemble
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
+from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
@@ -44,6 +45,7 @@ class PlayTask:
     batch_changes: int = 20_000
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
+    batch_seconds: float = 0.2  # a batch ends at the next transaction boundary after this long: lag stays low
     yield_to_vdiff: bool = False  # return as soon as a vdiff is pending (the driver serves vdiffs)
 
 
@@ -60,64 +62,66 @@ class PlayResult:
 def play(task: PlayTask) -> PlayResult:
     result = PlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds
-    with connect(task.source_url, role="source") as src, \
-            connect(task.source_url, role="source", autocommit=True) as src_ctl, \
+    with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
         info = capture.check_slot(src_ctl, task.slot, task.position, task.workflow)
+        capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and advance
+            capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
         relations: dict = {}
         last_write = 0.0
         # A replicate slice hands the stream back to the driver as soon as a vdiff is requested.
         watch_vdiffs = task.until == "slice" and task.yield_to_vdiff and vdiff_store.has_table(dst)
-        while True:
-            if task.until == "position":
-                if result.position >= task.stop_at:
+        try:
+            stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
+        except RetryableError:
+            capture.check_slot(src_ctl, task.slot, result.position, task.workflow)  # gone? say so
+            raise
+        with stream:
+            while True:
+                if task.until == "position":
+                    if result.position >= task.stop_at:
+                        result.caught_up = True
+                        return result
+                    _wait_flushed(src_ctl, task.stop_at)
+                flushed, source_now = capture.wal_flush_position(src_ctl)
+                state, position = st.lock_stream(dst, task.stream_id)
+                if state != task.expect_state or position != result.position:
+                    dst.rollback()
+                    result.interrupted = f"stream is {state} at {position}"
+                    return result
+                if watch_vdiffs and vdiff_store.waiting(dst, task.workflow):
+                    dst.rollback()
+                    result.interrupted = "a vdiff is waiting"
+                    return result
+                try:
+                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed)
+                except RetryableError:
+                    # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
+                    capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
+                    raise
+                result.batches += 1
+                result.transactions += batch.transactions
+                result.rows += batch.rows
+                new_position = batch.position
+                caught_up = not batch.limited and stream.sent_upto >= flushed
+                now = time.monotonic()
+                if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
+                    st.save_position(dst, task.stream_id, new_position,
+                                     caught_up_at=source_now if caught_up else None,
+                                     transaction_time=batch.commit_time)
+                    fault_point("replicate.before_commit")
+                    dst.commit()
+                    last_write = now
+                    stream.confirm(new_position)
+                else:
+                    dst.rollback()
+                result.position = new_position
+                if task.until == "caught_up" and not batch.limited:
                     result.caught_up = True
                     return result
-                _wait_flushed(src_ctl, task.stop_at)
-                upto, source_now = task.stop_at, None
-            else:
-                upto, source_now = capture.wal_flush_position(src)
-            state, position = st.lock_stream(dst, task.stream_id)
-            if state != task.expect_state or position != result.position:
-                dst.rollback()
-                result.interrupted = f"stream is {state} at {position}"
-                return result
-            if watch_vdiffs and vdiff_store.waiting(dst, task.workflow):
-                dst.rollback()
-                result.interrupted = "a vdiff is waiting"
-                return result
-            try:
-                batch = _apply_batch(task, src, dst, relations, result.position, upto)
-            except (psycopg.errors.UndefinedObject, psycopg.errors.ObjectNotInPrerequisiteState):
-                # The slot vanished or was invalidated mid-batch: say so with the way out, never skip.
-                capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
-                raise
-            result.batches += 1
-            result.transactions += batch.transactions
-            result.rows += batch.rows
-            new_position = batch.position
-            now = time.monotonic()
-            if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
-                st.save_position(dst, task.stream_id, new_position,
-                                 caught_up_at=None if batch.limited else source_now,
-                                 transaction_time=batch.commit_time)
-                fault_point("replicate.before_commit")
-                dst.commit()
-                last_write = now
-                capture.advance_slot(src_ctl, task.slot, new_position)
-            else:
-                dst.rollback()
-            src.rollback()
-            result.position = new_position
-            if task.until == "caught_up" and not batch.limited:
-                result.caught_up = True
-                return result
-            if time.monotonic() >= deadline:
-                return result
-            if task.until == "slice" and not batch.limited and not batch.transactions:
-                time.sleep(task.idle_poll)  # idle: poll the slot again shortly
+                if time.monotonic() >= deadline:
+                    return result
 
 
 @dataclass
@@ -129,23 +133,16 @@ class _Batch:
     commit_time: object = None
 
 
-def _apply_batch(task: PlayTask, src, dst, relations: dict, position: int, upto: int) -> _Batch:
+def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, position: int, flushed: int) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     applier = PostgresApplier(dst, tables)
     batch = _Batch(position)
-    messages = 0
     skipping = False
     last_end = None
     reached_stop = False
-
-    def counted(raw):
-        nonlocal messages
-        for item in raw:
-            messages += 1
-            yield item
-
-    for ev in assemble(counted(capture.peek(src, task.slot, task.publication, upto, task.batch_changes)),
-                       relations):
+    # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
+    raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
+    for ev in assemble(raw, relations):
         if isinstance(ev, Change):
             if not skipping:
                 applier.change(ev)
@@ -164,13 +161,15 @@ def _apply_batch(task: PlayTask, src, dst, relations: dict, position: int, upto:
         elif isinstance(ev, TruncateChange) and not skipping:
             applier.truncate(ev.relations)
     applier.flush()
-    batch.limited = not reached_stop and messages >= task.batch_changes
-    if batch.limited:
-        batch.position = max(position, last_end or position)
-    elif task.stop_at is not None:
+    # More is waiting when the batch ended on its size or time; "idle" means the source had nothing more.
+    batch.limited = not reached_stop and stream.ended_by in ("count", "time")
+    sent = stream.sent_upto  # every transaction committing before it has been read
+    if reached_stop or (task.stop_at is not None and sent >= task.stop_at):
         batch.position = task.stop_at
+    elif batch.limited:
+        batch.position = max(position, last_end or position)
     else:
-        batch.position = max(position, upto, last_end or 0)
+        batch.position = max(position, last_end or 0, min(sent, task.stop_at or sent))
     return batch
 
 

@@ -1,0 +1,154 @@
+"""The one module that touches the replication socket: a pgoutput stream from a logical slot.
+
+START_REPLICATION keeps one walsender decoding forward for the life of a play task, instead of
+re-decoding from the slot's restart_lsn at every batch as `pg_logical_slot_peek_binary_changes` must.
+psycopg 3 has no replication protocol (PLATFORM.md), so this uses psycopg2's LogicalReplicationConnection;
+everything it yields is plain (lsn, pgoutput bytes), decoded elsewhere by the pure decoder.
+
+Positions: the server's `wal_end` (from keepalives) means every transaction that committed before it has
+been sent; `confirm()` reports the position the target has durably committed (guarantee 7) — the
+streaming twin of capture.advance_slot.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from collections.abc import Iterator
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extras
+
+from ..errors import RetryableError, UsageError
+from ..position import format_lsn
+from .connect import describe, redact
+
+BEGIN, COMMIT = ord("B"), ord("C")
+_END_LSN = struct.Struct(">Q")
+
+
+class ChangeStream:
+    """pgoutput messages of `slot` for `publication`, from `start` on. Use as a context manager."""
+
+    def __init__(self, url: str, slot: str, publication: str, start: int):
+        self.url, self.slot, self.publication = url, slot, publication
+        self.confirmed = start
+        self.in_transaction = False
+        self.ended_by = ""
+        self.boundary = start
+        try:
+            self.conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                         connect_timeout=10)
+        except psycopg2.OperationalError as exc:
+            raise _connect_error(url, exc) from None
+        try:
+            self.cur = self.conn.cursor()
+            self.cur.start_replication(
+                slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=5,
+                options={"proto_version": "1", "publication_names": publication},
+            )
+        except psycopg2.errors.ObjectInUse:
+            self.close()
+            raise RetryableError(f"replication slot {slot} is still in use by an earlier reader; will retry") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def messages(self, nchanges: int, idle: float, max_seconds: float, until: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Messages as they come, ending at a transaction boundary: once everything committed before `until`
+        was read ("reached"), after `nchanges` messages ("count"), after `max_seconds` ("time"), or when none
+        came for `idle` seconds ("idle"); `self.ended_by` says which. A transaction is never cut: a big one
+        streams through whole (the applier stages it)."""
+        start = last = time.monotonic()
+        count = 0
+        self.ended_by = ""
+        while True:
+            if not self.in_transaction and until and self.sent_upto >= until and (
+                    count or time.monotonic() - start >= idle):  # nothing new yet: wait `idle` for it
+                self.ended_by = "reached"
+                return
+            if not self.in_transaction and count:
+                if count >= nchanges:
+                    self.ended_by = "count"
+                    return
+                if time.monotonic() - start >= max_seconds:
+                    self.ended_by = "time"
+                    return
+            try:
+                msg = self.cur.read_message()
+            except psycopg2.Error as exc:
+                text = str(exc).strip()
+                raise RetryableError(f"replication connection to {describe(self.url)} lost: "
+                                     f"{redact(text.splitlines()[0] if text else 'closed')}") from None
+            if msg is not None:
+                payload = msg.payload
+                kind = payload[0]
+                if kind == BEGIN:
+                    self.in_transaction = True
+                elif kind == COMMIT:
+                    self.in_transaction = False
+                    # Commit: flags, commit_lsn, end_lsn, time. Everything committing before end_lsn is read.
+                    self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 10)[0])
+                count += 1
+                yield msg.data_start, bytes(payload)
+                last = time.monotonic()
+                continue
+            wait = idle - (time.monotonic() - last)
+            if wait <= 0 and not self.in_transaction:
+                self.ended_by = "idle"
+                return
+            select.select([self.conn], [], [], max(wait, 0.01))
+
+    @property
+    def sent_upto(self) -> int:
+        """Every transaction committing before this position has been read: the end of the last commit read,
+        or the server's keepalive wal_end when it says more (psycopg2 also sets wal_end from data messages,
+        to their start, which never passes the last commit's end)."""
+        if self.in_transaction:
+            return 0
+        return max(self.boundary, int(self.cur.wal_end or 0))
+
+    def confirm(self, position: int) -> None:
+        """Tell the server the target has durably applied everything before `position`."""
+        if position > self.confirmed:
+            self.cur.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            self.confirmed = position
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+    def __enter__(self) -> ChangeStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_replication_access(url: str) -> None:
+    """A replication connection works (pg_hba.conf entry, REPLICATION role, max_wal_senders), or say how."""
+    try:
+        conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                connect_timeout=10)
+    except psycopg2.OperationalError as exc:
+        raise _connect_error(url, exc) from None
+    conn.close()
+
+
+def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
+    text = redact(" ".join(str(exc).split()))
+    where = describe(url)
+    if "pg_hba.conf" in text and "replication" in text:
+        return UsageError(
+            f"source {where} refuses replication connections: add a `host replication <user> <client address> "
+            f"scram-sha-256` line to pg_hba.conf and reload ({text})"
+        )
+    if "must be superuser or replication role" in text or "permission denied to start WAL sender" in text:
+        return UsageError(f"source {where}: the user needs the REPLICATION attribute: ALTER ROLE <user> REPLICATION")
+    if "number of requested standby connections exceeds max_wal_senders" in text or "max_wal_senders" in text:
+        return UsageError(f"source {where}: max_wal_senders is exhausted: raise it and restart the server ({text})")
+    return RetryableError(f"cannot open a replication connection to {where}: {text}")
