@@ -88,7 +88,7 @@ class PostgresApplier:
                 keep, new = self._resolve_unchanged(t, key, new)
             t.rows[key] = ("U", new, keep)
         self.pending_rows += 1
-        self.pending_bytes += sum(len(v) for v in (ch.new or ch.old) if type(v) is str)
+        self.pending_bytes += ch.size
         if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
             self.flush()
 

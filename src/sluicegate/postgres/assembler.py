@@ -20,6 +20,7 @@ class Change:
     old: tuple | None  # key-only ('K') or full ('O') old row: deletes, and updates that change the key
     new: tuple | None
     lsn: int
+    size: int = 0  # bytes of the pgoutput message: what the applier counts to bound a chunk's memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +55,11 @@ def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | 
                 raise DecodeError(f"row change at {lsn} outside a transaction")
             rel = _relation(rels, msg.relation_oid, lsn)
             if isinstance(msg, Insert):
-                yield Change("I", rel, None, msg.new, lsn)
+                yield Change("I", rel, None, msg.new, lsn, len(data))
             elif isinstance(msg, Update):
-                yield Change("U", rel, msg.old, msg.new, lsn)
+                yield Change("U", rel, msg.old, msg.new, lsn, len(data))
             else:
-                yield Change("D", rel, msg.old, None, lsn)
+                yield Change("D", rel, msg.old, None, lsn, len(data))
         elif isinstance(msg, Truncate):
             if begin is None:
                 raise DecodeError(f"truncate at {lsn} outside a transaction")

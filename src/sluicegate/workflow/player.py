@@ -104,7 +104,7 @@ def play(task: PlayTask) -> PlayResult:
                 result.transactions += batch.transactions
                 result.rows += batch.rows
                 new_position = batch.position
-                caught_up = not batch.limited and stream.sent_upto >= flushed
+                caught_up = not batch.limited and task.stop_at is None
                 now = time.monotonic()
                 if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
                     st.save_position(dst, task.stream_id, new_position,
@@ -161,8 +161,9 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, pos
         elif isinstance(ev, TruncateChange) and not skipping:
             applier.truncate(ev.relations)
     applier.flush()
-    # More is waiting when the batch ended on its size or time; "idle" means the source had nothing more.
-    batch.limited = not reached_stop and stream.ended_by in ("count", "time")
+    # Caught up only when the server says it has sent everything before `until`: a quiet socket may just
+    # mean the walsender is still decoding a big transaction.
+    batch.limited = not reached_stop and stream.ended_by != "reached"
     sent = stream.sent_upto  # every transaction committing before it has been read
     if reached_stop or (task.stop_at is not None and sent >= task.stop_at):
         batch.position = task.stop_at
