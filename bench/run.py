@@ -186,7 +186,8 @@ class Bench:
     def copy_sluicegate(self) -> dict:
         url = self.target.url("sg")
         t0 = time.monotonic()
-        create_movetables(WF, self.source.url(DB), url, TABLES, [], {})
+        options = {k: getattr(self.args, k) for k in ("cycle_rows", "chunk_rows") if getattr(self.args, k, None)}
+        create_movetables(WF, self.source.url(DB), url, TABLES, [], options)
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
         with open(self.wf_log, "w") as out:
@@ -428,6 +429,8 @@ def main() -> int:
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma-separated, any of: {', '.join(sorted(SKIPPABLE))}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
+    parser.add_argument("--cycle-rows", type=int, help="Sluicegate's rows per copy cycle (default: its own)")
+    parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()

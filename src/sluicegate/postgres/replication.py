@@ -52,6 +52,10 @@ class ChangeStream:
         except psycopg2.errors.ObjectInUse:
             self.close()
             raise RetryableError(f"replication slot {slot} is still in use by an earlier reader; will retry") from None
+        except psycopg2.Error as exc:  # e.g. the slot was dropped or invalidated: the caller checks the slot
+            self.close()
+            text = " ".join(str(exc).split())
+            raise RetryableError(f"cannot stream from replication slot {slot}: {redact(text)}") from None
         except BaseException:
             self.close()
             raise
