@@ -230,7 +230,7 @@ def workflow_delete(name, target):
 @click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True,
               help="Differing rows to show per table.")
 @click.option("--range-rows", type=click.IntRange(1000), default=None,
-              help="Rows per comparison task (default: two tasks per Spark slot, 50k to 1M rows).")
+              help="Rows per comparison task (default: one task per Spark slot, 50k to 1M rows).")
 @click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
 def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master):
     """Compare the workflow's target with its source at one consistent point.
