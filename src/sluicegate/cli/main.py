@@ -250,7 +250,7 @@ def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_maste
         sys.exit(2)
     except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise
-    except Exception as exc:  # a bug: still one line, and the error exit status
+    except Exception as exc:  # noqa: BLE001 - a bug: still one line, and the error exit status
         _fail(f"unexpected {type(exc).__name__}: {first_line(exc)}", code=2)
     sys.exit(code)
 

@@ -75,7 +75,7 @@ class _EngineThread(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.engine.run()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by the demo's main thread
             self.error = exc
 
 
@@ -148,7 +148,7 @@ class _Demo:
             t0 = time.monotonic()
             try:
                 self.spark = get_spark()
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
                 self.spark_error = exc
             self.spark_started = time.monotonic() - t0
 
@@ -357,7 +357,7 @@ class _Demo:
             try:
                 dropped = delete_workflow(WORKFLOW, self.target_url)
                 self.say(f"deleted workflow {WORKFLOW}" + (f" ({', '.join(dropped)})" if dropped else ""))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the servers go away next anyway
                 self.say(f"[yellow]could not delete workflow {WORKFLOW}: {escape(first_line(exc))}")
         for side in ("source", "target"):
             server = getattr(self, side)
@@ -366,7 +366,7 @@ class _Demo:
                     server.stop()
                     if side in self.pids:
                         self.say(f"stopped {side} PostgreSQL (pid {self.pids[side]})")
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - try the other one; kill as a last resort
                     self.say(f"[yellow]stopping {side} PostgreSQL failed ({escape(first_line(exc))}); "
                              f"killing it")
                     self._quietly(server.kill)
@@ -404,5 +404,5 @@ class _Demo:
     def _quietly(self, fn: Callable[[], object]) -> None:
         try:
             fn()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - cleanup goes on
             self.say(f"[yellow]{getattr(fn, '__qualname__', fn)} failed: {escape(first_line(exc))}")

@@ -184,7 +184,7 @@ class VDiffRun:
                 finally:
                     prepared.point.close()
             store.set_state(self.lock_conn, self.vdiff_id, store.COMPLETED, None)
-        except Exception as exc:
+        except Exception as exc:  # recorded for the waiting command, then re-raised
             self.fail(exc)
             raise
         finally:
@@ -199,7 +199,7 @@ class VDiffRun:
             else:
                 text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
                 store.set_state(conn, self.vdiff_id, store.ERROR, text)
-        except Exception:
+        except Exception:  # the target may be what failed
             log.debug("could not record the vdiff's failure", exc_info=True)
         finally:
             self.release()

@@ -46,7 +46,7 @@ class DriverVDiffs:
             return
         try:
             prepared = run.prepare(wf, stream, self.engine.play)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failed vdiff is reported on the vdiff, not the workflow
             log.warning("vdiff %s failed: %s", vdiff_id, exc)
             run.fail(exc)
             return
@@ -58,7 +58,7 @@ class DriverVDiffs:
     def _compare(run: VDiffRun, prepared) -> None:
         try:
             run.compare(prepared)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - already recorded on the vdiff by compare()
             log.warning("vdiff %s failed: %s", run.vdiff_id, exc)
 
     def close(self, timeout: float = 30.0) -> None:

@@ -71,7 +71,7 @@ class Engine:
                 failures = 0
             except UsageError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure is classified below
                 if self.stop.is_set():
                     return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
                 if not is_retryable(exc) and not _spark_failure(exc):
@@ -200,7 +200,7 @@ class Engine:
         if self.lock_conn is not None:
             try:
                 self.lock_conn.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - already broken
                 pass
             self.lock_conn = None
 
@@ -214,7 +214,7 @@ class Engine:
                         st.set_state(conn, s.id, state, message)
                     else:
                         st.set_message(conn, s.id, message)
-        except Exception:
+        except Exception:  # noqa: BLE001
             log.debug("could not record %r on the target", message)
 
     def close(self) -> None:
