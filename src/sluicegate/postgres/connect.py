@@ -14,7 +14,10 @@ from ..errors import ConnectError
 
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres "
-    "-c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8 -c lc_monetary=C"
+    "-c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8 -c lc_monetary=C "
+    # Like pg_dump: a snapshot holder sits idle in its transaction while Spark tasks read, and a copy's COPY
+    # runs as long as the table is big; a server default meant for applications must not cut them off.
+    "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
 )
 
 
