@@ -57,3 +57,11 @@ def is_retryable(err: BaseException) -> bool:
                         psycopg.errors.ObjectInUse, psycopg.errors.QueryCanceled)):
         return True
     return isinstance(err, (ConnectionError, TimeoutError, EOFError))
+
+
+def did_you_mean(name: str, choices: list[str], *, cutoff: float = 0.6) -> str:
+    """': did you mean 'x'?' for the closest of `choices`, or '' — the tail of an unknown-name error."""
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=cutoff)
+    return f": did you mean {close[0]!r}?" if close else ""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from functools import cached_property
 
 import psycopg
 from psycopg import sql
 
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
 
 FIRST_USER_OID = 16384  # OIDs below this are built in, and equal on every server
 
@@ -116,9 +115,7 @@ def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Ta
                 hits = [t for t in hits if t[0] == "public"] or hits
             if len(hits) != 1:
                 candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
-                close = difflib.get_close_matches(raw, candidates, n=1, cutoff=0.5)
-                hint = f": did you mean {close[0]!r}?" if close else ""
-                raise UsageError(f"unknown source table {raw!r}{hint}")
+                raise UsageError(f"unknown source table {raw!r}{did_you_mean(raw, candidates, cutoff=0.5)}")
             if hits[0] not in chosen:
                 chosen.append(hits[0])
     return [describe_table(conn, s, n) for s, n in chosen]

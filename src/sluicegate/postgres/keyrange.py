@@ -17,6 +17,23 @@ def key_columns(table: Table, alias: str | None = None) -> sql.Composable:
     return cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
 
 
+def key_texts(table: Table) -> sql.Composable:
+    """The key's values as text, aliased `_sg_k0, _sg_k1…`: an output column named like a key column would
+    make ORDER BY sort by its text form instead of the column's order."""
+    return sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
+                              for i, k in enumerate(table.key))
+
+
+def key_text_names(table: Table) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(f"_sg_k{i}") for i in range(len(table.key)))
+
+
+def key_order(table: Table, direction: str = "") -> sql.Composable:
+    """`k1, k2` (or `k1 DESC, k2 DESC`): the key's own order."""
+    suffix = sql.SQL(f" {direction}" if direction in ("ASC", "DESC") else "")
+    return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(k), suffix) for k in table.key)
+
+
 def key_value(table: Table, values: list[str]) -> sql.Composable:
     cols = {c.name: c for c in table.columns}
     lits = []

@@ -106,15 +106,12 @@ def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, hashed_as_text:
 
 
 def _split_keys(conn: psycopg.Connection, table: Table, lo, hi, step: int) -> list[list[str]]:
-    keys = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
-                              for i, k in enumerate(table.key))
-    order = sql.SQL(", ").join(map(sql.Identifier, table.key))
-    names = sql.SQL(", ").join(sql.Identifier(f"_sg_k{i}") for i in range(len(table.key)))
     rows = conn.execute(sql.SQL(
         """SELECT {names} FROM (SELECT {keys}, row_number() OVER (ORDER BY {order}) AS _sg_rn FROM {table}
                                 WHERE {range}) s
            WHERE mod(_sg_rn, {step}) = 0 ORDER BY _sg_rn""").format(
-        names=names, keys=keys, order=order, table=table.ident, range=keyrange.in_range(table, lo, hi),
+        names=keyrange.key_text_names(table), keys=keyrange.key_texts(table), order=keyrange.key_order(table),
+        table=table.ident, range=keyrange.in_range(table, lo, hi),
         step=sql.Literal(step))).fetchall()
     return [list(r) for r in rows]
 

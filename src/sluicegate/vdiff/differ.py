@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from ..errors import RetryableError, SluicegateError, TerminalError, UsageError
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean
 from ..position import format_lsn
 from ..postgres import keyrange
 from ..postgres.catalog import Table
@@ -66,10 +66,7 @@ def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
     for name in names:
         match = [q for q in known if name in (q, q.split(".", 1)[1])]
         if not match:
-            import difflib
-
-            close = difflib.get_close_matches(name, known + [q.split(".", 1)[1] for q in known], n=1)
-            hint = f": did you mean {close[0]!r}?" if close else f"; it has {', '.join(known)}"
+            hint = did_you_mean(name, known + [q.split(".", 1)[1] for q in known]) or f"; it has {', '.join(known)}"
             raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")
         chosen += [q for q in match if q not in chosen]
     return chosen
@@ -256,12 +253,10 @@ def plan_ranges(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] |
     if count <= 1:
         return [(lastpk, None)]
     percent = min(100.0, 100.0 * SAMPLED_KEYS_PER_RANGE * count / max(estimate, 1))
-    keys = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
-                              for i, k in enumerate(table.key))
-    order = sql.SQL(", ").join(map(sql.Identifier, table.key))
     sample = [list(r) for r in snap_conn.execute(
         sql.SQL("SELECT {} FROM {} TABLESAMPLE SYSTEM ({}) WHERE {} ORDER BY {}").format(
-            keys, table.ident, sql.Literal(percent), keyrange.in_range(table, lastpk, None), order)
+            keyrange.key_texts(table), table.ident, sql.Literal(percent), keyrange.in_range(table, lastpk, None),
+            keyrange.key_order(table))
     ).fetchall()]
     bounds = []
     for i in range(1, count):

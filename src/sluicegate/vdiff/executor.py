@@ -11,7 +11,7 @@ import psycopg
 from ..postgres.connect import connect
 from ..workflow import state as st
 from . import store
-from .differ import VDiffRun
+from .differ import VDiffRun, check_comparable, select_tables
 
 log = logging.getLogger("sluicegate")
 
@@ -68,8 +68,6 @@ class DriverVDiffs:
 
 def request(target_url: str, workflow: str, tables: list[str] | None, options: dict, *, resume: bool) -> int:
     """Create a vdiff of `workflow` (or make its latest unfinished one pending again): its id."""
-    from .differ import check_comparable, select_tables
-
     with connect(target_url, role="target") as conn:
         st.ensure_schema(conn)
         wf = st.load_workflow(conn, workflow)

@@ -46,11 +46,7 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
     Each bound is the chunk_rows-th key above the previous one (`ORDER BY key OFFSET n-1 LIMIT 1`, an
     index-only walk); only the table's last, shorter chunk is counted.
     """
-    # aliased: an output column named like the key would make ORDER BY sort by its text form
-    keys = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_sg_k{i}"))
-                              for i, k in enumerate(table.key))
-    order = sql.SQL(", ").join(map(sql.Identifier, table.key))
-    order_desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in table.key)
+    keys, order, order_desc = keyrange.key_texts(table), keyrange.key_order(table), keyrange.key_order(table, "DESC")
     ranges: list[tuple[list[str] | None, list[str]]] = []
     lo, total, done = lastpk, 0, False
     while total < cycle_rows:

@@ -15,7 +15,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
 from ..position import format_lsn, parse_lsn
 from ..postgres.catalog import Table
 
@@ -173,10 +173,7 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     ).fetchone()
     if row is None:
         names = [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
-        import difflib
-
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f": did you mean {close[0]!r}?" if close else (f"; existing: {', '.join(names)}" if names else "")
+        hint = did_you_mean(name, names) or (f"; existing: {', '.join(names)}" if names else "")
         raise UsageError(f"no workflow {name!r} on this target{hint}")
     wf = Workflow(row[0], row[1], row[2], row[3], [])
     for s in conn.execute(
