@@ -31,6 +31,7 @@ class TargetTable:
     table: Table
     mode: str = "all"
     lastpk: list[str] | None = None
+    source: tuple[str, str] | None = None  # (schema, name) of the source table, when a rule renames it
     index: int = 0
     rows: dict = field(default_factory=dict)  # key -> (op, values, keep): this chunk's net effect
     has_keep: bool = False
@@ -44,7 +45,7 @@ class PostgresApplier:
         self.by_name = {}
         for i, t in enumerate(tables):
             t.index = i
-            self.by_name[(t.table.schema, t.table.name)] = t
+            self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.pending_rows = self.pending_bytes = 0
         self.checked: set[int] = set()
@@ -91,6 +92,33 @@ class PostgresApplier:
         self.pending_bytes += ch.size
         if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
             self.flush()
+
+    def put(self, t: TargetTable, op: str, key: tuple, values: tuple, keep: list[int] | None = None) -> None:
+        """A row already in the target's shape (a rule's output): 'U' upserts it, 'D' deletes its key.
+        `keep`: columns whose value the change did not carry (unchanged TOAST), kept as the target has them."""
+        if keep:
+            prev = t.rows.get(key)
+            if prev is not None and prev[0] == "U":  # an earlier change in this chunk has the value
+                merged, still = list(values), []
+                for i in keep:
+                    if prev[2] is None or i not in prev[2]:
+                        merged[i] = prev[1][i]
+                    else:
+                        still.append(i)
+                values, keep = tuple(merged), still or None
+            if keep:
+                t.has_keep = True
+        t.rows[key] = (op, values, keep)
+        self.pending_rows += 1
+        self.pending_bytes += sum(len(v) for v in values if v is not None) + 16
+        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
+            self.flush()
+
+    def truncate_tables(self, targets: list[TargetTable]) -> None:
+        if not targets:
+            return
+        self.flush()
+        self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
 
     def _resolve_unchanged(self, t: TargetTable, key, new: tuple):
         """Unchanged TOAST values come from this chunk's earlier change of the row, else stay as on target."""
@@ -150,11 +178,7 @@ class PostgresApplier:
         ).fetchone()[0]
 
     def truncate(self, relations: tuple[Relation, ...]) -> None:
-        targets = [t for t in (self._target(r) for r in relations) if t is not None]
-        if not targets:
-            return
-        self.flush()
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
+        self.truncate_tables([t for t in (self._target(r) for r in relations) if t is not None])
 
     # -- apply ----------------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -185,11 +209,22 @@ class PostgresApplier:
             cur.execute(plan["delete"])
             if plan["update"] is not None:
                 cur.execute(plan["update_keep"] if t.has_keep else plan["update"])
+            if t.has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
+                self._orphan_error(t)
             cur.execute(plan["insert"])
             self.applied_rows += len(t.rows)
             cur.execute(plan["clear"])
         t.rows.clear()
         t.has_keep = False
+
+    def _orphan_error(self, t: TargetTable) -> None:
+        schema, name = t.source or (t.table.schema, t.table.name)
+        alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(schema, name))
+        raise TerminalError(
+            f"an update of {schema}.{name} left a large (TOASTed) value unchanged, which the change does not "
+            f"carry, for a row the target does not have yet (it moved into a rule's filter, or changed its key): "
+            f"run {alter.as_string(self.conn)} on the source so changes carry every value, then re-create the workflow"
+        )
 
     def _plan_for(self, t: TargetTable) -> dict:
         """Statements for one table, composed once per applier (cf. Vitess's table plans)."""
@@ -223,6 +258,11 @@ class PostgresApplier:
             ).format(table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
                      stage, flt, table.ident, match),
             "clear": sql.SQL("TRUNCATE {}").format(stage),
+            # rows that keep a value the target does not have: the insert would write NULL in its place
+            "orphans": sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM {} AS s WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL{} "
+                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
+            ).format(stage, flt, table.ident, match),
             "update": None,
         }
         if non_key:

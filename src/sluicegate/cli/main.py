@@ -65,27 +65,75 @@ def movetables() -> None:
     """Move tables from a source database to a target database."""
 
 
+RULE = click.option("--rule", "rules", multiple=True, metavar="'TARGET: SELECT … FROM source …'",
+                    help="A Spark SQL rule: project, rename, compute and filter one source table into TARGET "
+                         "(repeatable; a TARGET with * matches tables by name).")
+RULES_FILE = click.option("--rules-file", type=click.Path(exists=True, dir_okay=False), default=None,
+                          help="A YAML file with a list of rules under `rules:`.")
+COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
+              click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")]
+
+
+def _options(cycle_rows, chunk_rows) -> dict:
+    return {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+
+
+def _all_rules(rules, rules_file) -> list[str]:
+    from ..rules.spec import load_rules_file
+
+    return list(rules) + (load_rules_file(rules_file) if rules_file else [])
+
+
+def _copy_sizes(fn):
+    for option in reversed(COPY_SIZES):
+        fn = option(fn)
+    return fn
+
+
 @movetables.command("create")
 @click.option("--workflow", "name", required=True, help="Name of the new workflow.")
 @click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
 @TARGET
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
-@click.option("--rule", "rules", multiple=True, help="'TABLE: SELECT ...' (not supported yet).")
-@click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
-@click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
+@RULE
+@RULES_FILE
+@_copy_sizes
 @friendly
-def movetables_create(name, source, target, tables, rules, cycle_rows, chunk_rows):
+def movetables_create(name, source, target, tables, rules, rules_file, cycle_rows, chunk_rows):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     from ..workflow.create import create_movetables
 
-    options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+    options = _options(cycle_rows, chunk_rows)
+    rules = _all_rules(rules, rules_file)
     names = None
     if tables is not None:
         names = [t for t in tables.split(",") if t.strip()]
         if not names:  # an empty $TABLES must not silently mean "every table"
             raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
                              "to move every table of schema public")
-    created = create_movetables(name, source, target, names, list(rules), options)
+    created = create_movetables(name, source, target, names, rules, options)
+    click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
+               f"run it with: sluicegate workflow run {name}")
+
+
+@cli.group()
+def materialize() -> None:
+    """Keep filtered, transformed copies of source tables (rules) up to date on a target."""
+
+
+@materialize.command("create")
+@click.option("--workflow", "name", required=True, help="Name of the new workflow.")
+@click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
+@TARGET
+@RULE
+@RULES_FILE
+@_copy_sizes
+@friendly
+def materialize_create(name, source, target, rules, rules_file, cycle_rows, chunk_rows):
+    """Check every rule with Spark's analyzer, then create the target tables and the workflow."""
+    from ..workflow.create import create_materialize
+
+    created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows))
     click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
                f"run it with: sluicegate workflow run {name}")
 

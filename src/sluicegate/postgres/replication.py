@@ -23,7 +23,7 @@ import psycopg2.extras
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
-from .connect import describe, redact
+from .connect import SESSION_OPTIONS, describe, redact
 
 BEGIN, COMMIT = ord("B"), ord("C")
 _END_LSN = struct.Struct(">Q")
@@ -39,8 +39,11 @@ class ChangeStream:
         self.ended_by = ""
         self.boundary = start
         try:
+            # The walsender formats pgoutput's text values with its session settings: the same ones as
+            # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
             self.conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                         connect_timeout=10)
+                                         connect_timeout=10, options=SESSION_OPTIONS,
+                                         application_name="sluicegate")
         except psycopg2.OperationalError as exc:
             raise _connect_error(url, exc) from None
         try:

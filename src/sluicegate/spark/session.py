@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -38,17 +40,62 @@ def get_spark(master: str | None = None, app_name: str = "sluicegate"):
     _ensure_java()
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("SLUICEGATE_SPARK_MASTER", "local[*]"))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
-    )
+    settings = {
+        "spark.master": master or os.environ.get("SLUICEGATE_SPARK_MASTER", "local[*]"),
+        "spark.app.name": app_name,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+    }
+    _launch_jvm(settings)
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _quiet_query_errors()
     return spark
+
+
+# What the JVM prints on stderr at every start, whatever the log configuration says.
+_STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level to", "To adjust logging level use")
+
+
+def _launch_jvm(settings: dict) -> None:
+    """Start Spark's JVM with its stderr piped through a filter: a command's own output (a one-line error)
+    stays readable; everything but the start-up banner still reaches stderr."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False)
+    for key, value in settings.items():
+        conf.set(key, value)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.stderr is not None:
+        threading.Thread(target=_forward, args=(proc.stderr,), name="spark-stderr", daemon=True).start()
+
+
+def _forward(stream) -> None:
+    for line in iter(stream.readline, b""):
+        if not line.decode(errors="replace").startswith(_STARTUP_NOISE):
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+
+
+def _quiet_query_errors() -> None:
+    """PySpark logs every failed query's stack trace as JSON on stderr before raising it; Sluicegate reports
+    such errors itself (a rule naming an unknown column is a one-line usage error)."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True

@@ -60,7 +60,11 @@ def check_comparable(wf: st.Workflow) -> None:
 def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
     """The workflow's qualified table names, or those of `names` (qualified or bare)."""
     known = [t.table.qualified for t in wf.streams[0].tables]
+    ruled = [t.table.qualified for t in wf.streams[0].tables if t.rule is not None]
     if not names:
+        if ruled:
+            raise UsageError(f"vdiff does not compare tables written through a rule yet ({', '.join(ruled)}); "
+                             f"name the others with --tables")
         return known
     chosen = []
     for name in names:
@@ -69,6 +73,9 @@ def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
             hint = did_you_mean(name, known + [q.split(".", 1)[1] for q in known]) or f"; it has {', '.join(known)}"
             raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")
         chosen += [q for q in match if q not in chosen]
+    if set(chosen) & set(ruled):
+        raise UsageError(f"vdiff does not compare tables written through a rule yet: "
+                         f"{', '.join(q for q in chosen if q in ruled)}")
     return chosen
 
 

@@ -109,3 +109,129 @@ def copy_range(task: CopyRange) -> int:
         dst.commit()
         src.rollback()
     return rows
+
+
+# -- a table with a rule: the copy is a Spark DataFrame job --------------------------------------------------
+@dataclass(frozen=True)
+class RuleRead:
+    """What each read task needs: the cycle's ranges (by index), in the snapshot."""
+
+    source_url: str
+    table: dict
+    snapshot: str
+    ranges: list[tuple[list[str] | None, list[str]]]
+
+
+@dataclass(frozen=True)
+class RuleWrite:
+    target_url: str
+    rule: dict  # CompiledRule.to_json()
+    source: dict
+
+
+def copy_cycle_with_rule(runner, source_url: str, target_url: str, table: Table, snapshot: str,
+                         ranges: list) -> int:
+    """Read the cycle's key ranges as text columns (one Spark partition each), run the rule's SELECT over
+    them in Spark, write each partition's output with COPY into the target. Returns rows written."""
+    from functools import partial
+
+    rule = runner.rule
+    read = RuleRead(source_url, table.to_json(), snapshot, ranges)
+    write = RuleWrite(target_url, rule.to_json(), rule.source.to_json())
+    ids = runner.session.range(0, len(ranges), 1, numPartitions=len(ranges))
+    raw = ids.mapInArrow(partial(read_ranges, read), runner.schema)
+    out = runner.transform(raw).mapInArrow(partial(write_rows, write), "rows long")
+    return sum(r[0] for r in out.collect())
+
+
+def read_ranges(task: RuleRead, batches):
+    """Runs in a Spark task: each range index it is given, read in the snapshot as CSV, as string columns."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from ..rules.compile import RAW
+
+    table = Table.from_json(task.table)
+    names = [RAW.format(i) for i in range(len(table.columns))]
+    cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
+    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
+                                   quoted_strings_can_be_null=False, null_values=[""])
+    parse = pacsv.ParseOptions(newlines_in_values=True)
+    with connect(task.source_url, role="source") as src:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        src.read_only = True
+        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+        for batch in batches:
+            for idx in batch.column(0).to_pylist():
+                lo, hi = task.ranges[idx]
+                select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(
+                    cols, table.ident, keyrange.in_range(table, lo, hi))
+                with src.cursor() as cur, cur.copy(select) as copy:
+                    stream = pa.PythonFile(_CopyStream(copy), mode="r")
+                    reader = pacsv.open_csv(stream, read_options=pacsv.ReadOptions(column_names=names,
+                                                                                    block_size=4 << 20),
+                                            parse_options=parse, convert_options=convert)
+                    yield from reader
+        src.rollback()
+
+
+def write_rows(task: RuleWrite, batches):
+    """Runs in a Spark task: the rule's output for one partition, as CSV into the target, one transaction."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from ..rules.compile import CompiledRule
+    from ..rules.evaluate import target_columns
+
+    rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
+    target = rule.target
+    names = [c.name for c in target.columns]
+    cols = sql.SQL(", ").join(map(sql.Identifier, names))
+    options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+    rows = 0
+    with connect(task.target_url, role="target") as dst:
+        with dst.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                target.ident, cols)) as copy:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                buf = io.BytesIO()
+                pacsv.write_csv(pa.table(target_columns(rule, batch), names=names), buf, options)
+                copy.write(buf.getvalue())
+                rows += batch.num_rows
+        fault_point("copy.before_commit")
+        dst.commit()
+    yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+
+class _CopyStream:
+    """A psycopg COPY TO STDOUT as a readable file, for pyarrow's streaming CSV reader."""
+
+    def __init__(self, copy):
+        self._chunks = iter(copy)
+        self._buf = b""
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        parts, have = [self._buf], len(self._buf)
+        while size < 0 or have < size:
+            try:
+                chunk = bytes(next(self._chunks))
+            except StopIteration:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        if size < 0 or len(data) <= size:
+            self._buf = b""
+            return data
+        self._buf = data[size:]
+        return data[:size]
+
+    def close(self) -> None:
+        self.closed = True

@@ -9,22 +9,38 @@ from ..errors import UsageError
 from ..postgres import capture, catalog, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
+from ..rules.compile import CompiledRule
+from ..rules.spec import RuleSpec, parse_rules
 from . import state as st
 
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,
                       rules: list[str], options: dict) -> list[str]:
     """Returns the qualified names of the moved tables. Creates nothing if anything is wrong."""
+    return _create("MoveTables", name, source_url, target_url, tables, rules, options)
+
+
+def create_materialize(name: str, source_url: str, target_url: str, rules: list[str], options: dict) -> list[str]:
+    """A workflow of rules only: each rule's source table, filtered and transformed, into its target table."""
+    if not rules:
+        raise UsageError("materialize needs at least one --rule 'TARGET: SELECT … FROM source_table …'")
+    return _create("Materialize", name, source_url, target_url, None, rules, options)
+
+
+def _create(kind: str, name: str, source_url: str, target_url: str, tables: list[str] | None, rules: list[str],
+            options: dict) -> list[str]:
     if not name or len(name) > 100:
         raise UsageError("a workflow name is 1 to 100 characters")
-    if rules:
-        raise UsageError("--rule is not supported yet: move whole tables with --tables")
+    specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
     # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
     with connect(source_url, role="source", autocommit=True) as src:
         try:
             capture.check_source(src)
             superuser = _check_source_role(src)
-            described = catalog.resolve_tables(src, tables)
+            described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
+            compiled = _compile_rules(src, specs, described, kind) if specs else {}
+            if kind == "Materialize":
+                described = [rule.source for rule in compiled.values()]
             if not superuser:
                 _check_table_rights(src, described)
             replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
@@ -32,14 +48,58 @@ def create_movetables(name: str, source_url: str, target_url: str, tables: list[
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         with connect(target_url, role="target") as dst:
             try:
-                _create_on_target(src, dst, name, source_url, described, options)
+                _create_on_target(src, dst, kind, name, source_url, described, compiled, options)
             except psycopg.Error as exc:  # the transaction rolled back: nothing was created
                 raise UsageError(f"target {describe(target_url)}: {first_line(exc)}") from None
-    return [t.qualified for t in described]
+    return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]
 
 
-def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, name: str, source_url: str,
-                      described: list[Table], options: dict) -> None:
+def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str) -> dict:
+    """Qualified source name -> CompiledRule, each checked by Spark's analyzer against its source table."""
+    from ..rules.compile import compile_rule, from_name
+    from ..spark.session import get_spark
+
+    spark = get_spark()
+    compiled: dict[str, CompiledRule] = {}
+    targets: dict[str, str] = {}
+    for spec in specs:
+        view = from_name(spark, spec)
+        if spec.is_pattern:
+            if view != spec.target:
+                raise UsageError(f"rule {spec.label} matches tables by pattern: its FROM names the same pattern, "
+                                 f"in backquotes (FROM `{spec.target}`)")
+            if moved:
+                sources = [t for t in moved if spec.matches(t.schema, t.name)]
+            else:
+                sources = [catalog.describe_table(src, s, n) for s, n in catalog.list_tables(src) if spec.matches(s, n)]
+            if not sources:
+                raise UsageError(f"rule {spec.label} matches no source table")
+            pairs = [(t, t.schema, t.name) for t in sources]
+        else:
+            if "." in view:
+                raise UsageError(f"rule {spec.label}: name the source table without its schema in FROM "
+                                 f"({view.rsplit('.', 1)[-1]}); a table outside schema public is found by name")
+            source = catalog.resolve_tables(src, [view])[0]
+            if kind == "MoveTables" and source.qualified not in {t.qualified for t in moved}:
+                raise UsageError(f"rule {spec.label} reads {source.qualified}, which this workflow does not move: "
+                                 f"add it to --tables")
+            schema, rel = catalog.split_name(spec.target)
+            pairs = [(source, schema or source.schema, rel)]
+        for source, schema, rel in pairs:
+            if source.qualified in compiled:
+                raise UsageError(f"source table {source.qualified} has two rules ({compiled[source.qualified].rule.split(':')[0]!r} "
+                                 f"and {spec.label}): one rule per source table")
+            rule = compile_rule(spark, spec, source, view, schema, rel)
+            if rule.target.qualified in targets:
+                raise UsageError(f"rules {targets[rule.target.qualified]!r} and {spec.label} both write "
+                                 f"{rule.target.qualified}: one source table per target table")
+            targets[rule.target.qualified] = spec.target
+            compiled[source.qualified] = rule
+    return compiled
+
+
+def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: str, name: str, source_url: str,
+                      described: list[Table], compiled: dict, options: dict) -> None:
     """Every check first, then target tables and state, all in one target transaction."""
     if dst.info.server_version < 140000:
         raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
@@ -47,15 +107,17 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, name: st
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         _check_no_leftovers(src, name)
-        for t in described:
+        for source in described:
+            t = compiled[source.qualified].target if source.qualified in compiled else source
             if not catalog.prepare_target(dst, t):
                 has_rows = dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]
                 if has_rows:
                     raise UsageError(
-                        f"target table {t.qualified} already has rows: MoveTables fills empty tables; "
+                        f"target table {t.qualified} already has rows: {kind} fills empty tables; "
                         f"empty it (TRUNCATE) or drop it first"
                     )
-        st.create_workflow(dst, name, "MoveTables", source_url, options, described)
+        st.create_workflow(dst, name, kind, source_url, options, described,
+                           {q: rule.to_json() for q, rule in compiled.items()})
 
 
 def _check_source_role(src: psycopg.Connection) -> bool:

@@ -20,6 +20,8 @@ from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import take_snapshot
+from ..rules.compile import CompiledRule
+from ..rules.evaluate import RuleRunner
 from ..vdiff.executor import DriverVDiffs
 from . import copier
 from . import state as st
@@ -53,6 +55,7 @@ class Engine:
         self.max_backoff = max_backoff
         self.lock_conn: psycopg.Connection | None = None
         self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
+        self._runners: dict = {}
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
@@ -139,11 +142,17 @@ class Engine:
                 if self.stop.is_set():
                     return
             plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows)
+            rule = self._rule_runners(stream).get((table.schema, table.name))
             with connect(self.target_url, role="target") as dst:
-                copier.clear_above(dst, table, current.lastpk)
-            tasks = [copier.CopyRange(wf.source_url, self.target_url, table.to_json(), snap.name, lo, hi)
-                     for lo, hi in plan.ranges]
-            rows = sum(self.runner.map(copier.copy_range, tasks, f"copy {table.qualified}"))
+                copier.clear_above(dst, rule.rule.target if rule else table, current.lastpk)
+            if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
+                self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
+                rows = copier.copy_cycle_with_rule(rule, wf.source_url, self.target_url, table, snap.name,
+                                                   plan.ranges) if plan.ranges else 0
+            else:
+                tasks = [copier.CopyRange(wf.source_url, self.target_url, table.to_json(), snap.name, lo, hi)
+                         for lo, hi in plan.ranges]
+                rows = sum(self.runner.map(copier.copy_range, tasks, f"copy {table.qualified}"))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
@@ -170,7 +179,22 @@ class Engine:
             stop_at=stop_at, max_seconds=settings.slice_seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None,
         )
+        rules = self._rule_runners(stream)
+        if rules:  # a rule runs on the driver's Spark session: so does this stream's player
+            return play(task, rules, self.stop)
         return self.runner.map(play, [task], f"{until} {wf.name}")[0]
+
+    def _rule_runners(self, stream: st.Stream) -> dict:
+        """(schema, name) of a source table -> its RuleRunner, made once per run."""
+        runners = {}
+        for t in stream.tables:
+            if t.rule is None:
+                continue
+            name = (t.table.schema, t.table.name)
+            if name not in self._runners:
+                self._runners[name] = RuleRunner(self.runner.spark, CompiledRule.from_json(t.rule, t.table))
+            runners[name] = self._runners[name]
+        return runners
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def _load(self) -> st.Workflow:

@@ -23,6 +23,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
 from ..postgres.replication import ChangeStream
+from ..rules.replicator import RuleReplicator
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
@@ -59,7 +60,9 @@ class PlayResult:
     interrupted: str = ""  # why it returned early: the stream's state or position moved
 
 
-def play(task: PlayTask) -> PlayResult:
+def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
+    """`rules`: source (schema, name) -> RuleRunner, when the task runs on the driver (rules need its Spark);
+    `stop`: an event that ends the task between batches."""
     result = PlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
@@ -94,8 +97,12 @@ def play(task: PlayTask) -> PlayResult:
                     dst.rollback()
                     result.interrupted = "a vdiff is waiting"
                     return result
+                if stop is not None and stop.is_set():
+                    dst.rollback()
+                    result.interrupted = "stopping"
+                    return result
                 try:
-                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed)
+                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed, rules)
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
                     capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
@@ -133,9 +140,18 @@ class _Batch:
     commit_time: object = None
 
 
-def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, position: int, flushed: int) -> _Batch:
+def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, position: int, flushed: int,
+                 rules: dict | None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
+    ruled = {}
+    for t in tables:
+        runner = (rules or {}).get((t.table.schema, t.table.name))
+        if runner is not None:  # the applier writes the rule's target table; the replicator feeds it
+            t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
+            ruled[t.source] = (runner, t)
     applier = PostgresApplier(dst, tables)
+    if ruled:
+        applier = RuleReplicator(applier, ruled)
     batch = _Batch(position)
     skipping = False
     last_end = None

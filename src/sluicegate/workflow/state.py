@@ -90,6 +90,7 @@ class TableState:
     lastpk: list[str] | None
     rows_copied: int
     done: bool
+    rule: dict | None = None  # CompiledRule.to_json(): the table is written through a rule
 
     @property
     def mode(self) -> str:
@@ -146,8 +147,9 @@ def check_new_name(conn: psycopg.Connection, name: str) -> None:
 
 
 def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
-                    tables: list[Table]) -> None:
-    """Insert the workflow, its stream and copy_state in the caller's transaction."""
+                    tables: list[Table], rules: dict[str, dict] | None = None) -> None:
+    """Insert the workflow, its stream and copy_state in the caller's transaction. `rules`: compiled rule
+    (json) by qualified source table name, kept in copy_state beside the table's description."""
     check_new_name(conn, name)
     conn.execute(
         "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
@@ -158,10 +160,14 @@ def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: 
            VALUES (%s, %s, %s, %s) RETURNING id""",
         (name, object_name("sg", name), object_name("sg", name), INIT),
     ).fetchone()[0]
+    rules = rules or {}
     for i, t in enumerate(tables):
+        spec = t.to_json()
+        if t.qualified in rules:
+            spec["rule"] = rules[t.qualified]
         conn.execute(
             "INSERT INTO sluicegate.copy_state (stream_id, table_name, ordinal, spec) VALUES (%s, %s, %s, %s)",
-            (stream_id, t.qualified, i, json.dumps(t.to_json())),
+            (stream_id, t.qualified, i, json.dumps(spec)),
         )
 
 
@@ -187,7 +193,7 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
                WHERE stream_id = %s ORDER BY ordinal""",
             (stream.id,),
         ):
-            stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done))
+            stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done, spec.get("rule")))
         wf.streams.append(stream)
     return wf
 

@@ -1,0 +1,222 @@
+"""Checking a rule against its source table with Spark's own analyzer, before anything starts.
+
+Spark resolves the SELECT over an empty, typed view of the source table, so an unknown column, a type
+error or a function that does not exist fails here with Spark's message (and its suggestions). Then the
+analyzed plan must be a projection and a filter over that one table — the shape that can run the same in a
+bulk copy and in a stream of single-row changes — deterministic, and keep the source's key unchanged
+(renaming it is fine): the key is how a later update or delete finds its row on the target.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..postgres.catalog import Column, Table
+from . import types
+from .spec import RuleSpec, wrap_select
+
+RAW = "__sg_raw_{}"  # the source's text of column i, beside the typed columns a rule reads
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    """A validated rule for one source table: what to run, and how its output lands in the target table."""
+
+    rule: str  # the rule as written, for messages
+    source: Table
+    target: Table
+    select: str  # the user's SELECT
+    view: str  # the name its FROM uses: the typed source rows are registered under it
+    outputs: tuple[tuple[str, object], ...]  # per target column: ("raw", source column index) | ("expr", name)
+    needs: tuple[int, ...]  # source columns that computed columns or the filter read
+
+    @property
+    def runtime_select(self) -> str:
+        """The SELECT with the source's text of every column first (by position), then the rule's columns."""
+        return wrap_select(self.select, [RAW.format(i) for i in range(len(self.source.columns))])
+
+    def typed_view_sql(self, raw_view: str) -> str:
+        cols = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(self.source.columns)]
+        raws = [RAW.format(i) for i in range(len(self.source.columns))]
+        return f"SELECT {', '.join(cols + raws)} FROM {quote(raw_view)}"
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "target": self.target.to_json(), "select": self.select, "view": self.view,
+                "outputs": [list(o) for o in self.outputs], "needs": list(self.needs)}
+
+    @classmethod
+    def from_json(cls, d: dict, source: Table) -> CompiledRule:
+        return cls(d["rule"], source, Table.from_json(d["target"]), d["select"], d["view"],
+                   tuple((k, v) for k, v in d["outputs"]), tuple(d["needs"]))
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def raw_schema(source: Table):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([StructField(RAW.format(i), StringType()) for i in range(len(source.columns))])
+
+
+def rule_session(spark):
+    """A session of its own per rule: its view names cannot collide with another rule's; times in UTC."""
+    session = spark.newSession()
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    return session
+
+
+def from_name(spark, spec: RuleSpec) -> str:
+    """The one table the rule's FROM names (unqualified)."""
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(spec.select)
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's ParseException
+        raise UsageError(f"rule {spec.label}: {_first_line(exc)}") from None
+    names = []
+    for leaf in _seq(plan.collectLeaves()):
+        if leaf.nodeName() == "UnresolvedRelation":
+            names.append(list(_seq(leaf.multipartIdentifier())))
+    if len(names) != 1:
+        raise UsageError(f"rule {spec.label}: a rule reads exactly one source table in its FROM "
+                         f"(found {len(names)})")
+    return ".".join(names[0])
+
+
+def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema: str, target_name: str) -> CompiledRule:
+    session = rule_session(spark)
+    empty = session.createDataFrame([], raw_schema(source))
+    empty.createOrReplaceTempView("__sg_raw")
+    # The view a rule reads: typed columns only (raw ones are added at run time), so `*` means the table.
+    typed = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(source.columns)]
+    session.sql(f"SELECT {', '.join(typed)} FROM __sg_raw").createOrReplaceTempView(quote(view))
+    try:
+        df = session.sql(spec.select)
+        plan = df._jdf.queryExecution().analyzed()
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException, through py4j or PySpark
+        raise UsageError(f"rule {spec.label}: {_first_line(exc)}") from None
+    project, condition = _shape(spec, plan)
+    outputs, needs, columns = [], set(), []
+    names = [c.name for c in source.columns]
+    fields = {f.name: f for f in df.schema.fields}
+    seen: set[str] = set()
+    for e in _seq(project.projectList()):
+        out = e.name()
+        if out in seen:
+            raise UsageError(f"rule {spec.label}: two columns are named {out!r}: give each a distinct alias")
+        if out.startswith("__sg_"):
+            raise UsageError(f"rule {spec.label}: column names starting with __sg_ are Sluicegate's own: rename {out!r}")
+        seen.add(out)
+        ref = _plain_reference(e)
+        if ref is not None and ref in names:
+            i = names.index(ref)
+            src_col = source.columns[i]
+            outputs.append(("raw", i))
+            columns.append(Column(out, src_col.type_sql, src_col.type_oid, src_col.not_null, src_col.collation))
+            continue
+        if not e.deterministic():
+            raise UsageError(f"rule {spec.label}: column {out!r} is not deterministic ({_sql(e)}): the copy and "
+                             f"the stream would compute different values; use a deterministic expression")
+        spark_type = fields[out].dataType.simpleString()
+        pg = types.pg_type(spark_type)
+        if pg is None:
+            raise UsageError(f"rule {spec.label}: column {out!r} has Spark type {spark_type}, which has no "
+                             f"PostgreSQL column type here: CAST it (to STRING, say)")
+        needs.update(names.index(r) for r in _references(e) if r in names)
+        outputs.append(("expr", out))
+        columns.append(Column(out, pg, 0, False, None))
+    if condition is not None:
+        if not condition.deterministic():
+            raise UsageError(f"rule {spec.label}: its WHERE is not deterministic ({_sql(condition)}): the copy "
+                             f"and the stream would keep different rows")
+        needs.update(names.index(r) for r in _references(condition) if r in names)
+    key = []
+    for k in source.key:
+        i = names.index(k)
+        hits = [columns[j].name for j, o in enumerate(outputs) if o == ("raw", i)]
+        if not hits:
+            raise UsageError(f"rule {spec.label}: the SELECT must keep key column {k!r} of {source.qualified} "
+                             f"unchanged (renaming it is fine): the target finds rows by it")
+        key.append(hits[0])
+    columns = [Column(c.name, c.type_sql, c.type_oid, c.not_null or c.name in key, c.collation) for c in columns]
+    target = Table(target_schema, target_name, tuple(columns), tuple(key), source.enums, source.estimated_rows)
+    return CompiledRule(spec.to_text(), source, target, spec.select, view, tuple(outputs), tuple(sorted(needs)))
+
+
+# -- the analyzed plan, through py4j ----------------------------------------------------------------------
+_REFUSED = {
+    "Aggregate": "aggregations (GROUP BY, count(), sum()…) are not supported in a streaming copy",
+    "Distinct": "DISTINCT is not supported in a streaming copy", "Deduplicate": "DISTINCT is not supported in a streaming copy",
+    "Window": "window functions are not supported in a streaming copy",
+    "Sort": "ORDER BY has no meaning for a table copy: leave it out",
+    "GlobalLimit": "LIMIT is not supported in a streaming copy", "LocalLimit": "LIMIT is not supported in a streaming copy",
+    "Join": "a rule reads one table: joins are not supported",
+    "Union": "a rule reads one table: UNION is not supported",
+    "Generate": "explode() and other generators change the row count: not supported",
+}
+
+
+def _shape(spec: RuleSpec, plan):
+    """(Project, filter condition or None) of `SELECT … FROM view [WHERE …]`, or a clear refusal."""
+    node, project, condition = plan, None, None
+    while True:
+        name = node.nodeName()
+        if name in _REFUSED:
+            raise UsageError(f"rule {spec.label}: {_REFUSED[name]}")
+        if name == "Project" and project is None and condition is None:
+            project = node
+        elif name == "Filter" and condition is None and project is not None:
+            condition = node.condition()
+            if _has_subquery(condition):
+                raise UsageError(f"rule {spec.label}: subqueries in WHERE are not supported: a rule reads one table")
+        elif name in ("SubqueryAlias", "View"):
+            return project, condition
+        else:
+            raise UsageError(f"rule {spec.label}: only SELECT columns FROM table [WHERE condition] is supported "
+                             f"(the plan has {name})")
+        children = list(_seq(node.children()))
+        if len(children) != 1:
+            raise UsageError(f"rule {spec.label}: a rule reads one table")
+        node = children[0]
+
+
+def _has_subquery(e) -> bool:
+    if "Subquery" in e.getClass().getSimpleName() or e.getClass().getSimpleName() in ("ListQuery", "Exists"):
+        return True
+    return any(_has_subquery(c) for c in _seq(e.children()))
+
+
+def _plain_reference(e) -> str | None:
+    """The source column an output passes through unchanged (`col` or `col AS other`), else None."""
+    kind = e.getClass().getSimpleName()
+    if kind == "AttributeReference":
+        return e.name()
+    if kind == "Alias" and e.child().getClass().getSimpleName() == "AttributeReference":
+        return e.child().name()
+    return None
+
+
+def _references(e) -> list[str]:
+    return [a.name() for a in _seq(e.references().toSeq())]
+
+
+def _sql(e) -> str:
+    try:
+        return e.sql()
+    except Exception:  # noqa: BLE001 - not every expression renders as SQL
+        return e.toString()
+
+
+def _seq(scala_seq):
+    it = scala_seq.iterator()
+    while it.hasNext():
+        yield it.next()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "getMessage", None)
+    msg = text() if callable(text) else str(exc)
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+    return re.sub(r"\s*SQLSTATE: \w+;?.*$", "", lines[0]) if lines else type(exc).__name__

@@ -1,0 +1,161 @@
+"""Rules, Materialize: a Spark SQL projection/filter/rename applied the same in the copy and in replicate."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+
+import psycopg
+import pytest
+
+from sluicegate.errors import UsageError
+from sluicegate.workflow.create import create_materialize, create_movetables
+
+from ..conftest import EngineThread, wait_for
+from .helpers import caught_up, stream_row
+
+pytestmark = pytest.mark.spark
+
+RULE = ("items_eu: SELECT id AS item_id, upper(name) AS uname, price * qty AS total, region, descr, created "
+        "FROM items WHERE region = 'eu' AND qty > 0")
+# The same rule in PostgreSQL's SQL: what the target must hold, row for row (text forms).
+EXPECTED = ("SELECT id, upper(name), price * qty, region, descr, created FROM items "
+            "WHERE region = 'eu' AND qty > 0 ORDER BY id")
+
+
+BIG = "(SELECT string_agg(md5({} || '.' || i), '') FROM generate_series(1, 200) i)"  # stored out of line
+
+
+def _source(pair, rows: int) -> None:
+    pair.src("""CREATE TABLE items (id bigint PRIMARY KEY, name text, region text, price numeric(10,2), qty int,
+                                   descr text, created timestamptz)""")
+    # every change carries the whole old row, so a row moving into the filter brings its TOASTed descr
+    pair.src("ALTER TABLE items REPLICA IDENTITY FULL")
+    pair.src(f"""INSERT INTO items SELECT g, 'item ' || g, (ARRAY['eu','us','apac'])[1 + g % 3],
+                   (g % 1000) / 8.0, g % 5, CASE WHEN g % 50 = 0 THEN {BIG.format('g')} ELSE 'd' || g END,
+                   '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 minute'
+                 FROM generate_series(1, {rows}) g""")
+
+
+def _target_rows(pair) -> list[tuple]:
+    return pair.dst("SELECT item_id, uname, total, region, descr, created FROM items_eu ORDER BY item_id")
+
+
+class _Mover(threading.Thread):
+    """Updates that move rows into and out of the filter, key moves, deletes and inserts, continuously."""
+
+    def __init__(self, url: str, max_id: int):
+        super().__init__(daemon=True)
+        self.url, self.max_id, self.rng = url, max_id, random.Random(11)
+        self.stop_event, self.commits, self.error = threading.Event(), 0, None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url) as c:
+                next_id = self.max_id + 1
+                while not self.stop_event.is_set():
+                    k = self.rng.randint(1, next_id)
+                    op = self.rng.random()
+                    if op < 0.3:
+                        c.execute("UPDATE items SET region = CASE region WHEN 'eu' THEN 'us' ELSE 'eu' END WHERE id = %s", (k,))
+                    elif op < 0.5:
+                        c.execute("UPDATE items SET qty = (qty + 1) %% 3, price = price + 1 WHERE id = %s", (k,))
+                    elif op < 0.6:
+                        c.execute("UPDATE items SET name = name || '!' WHERE id BETWEEN %s AND %s", (k, k + 20))
+                    elif op < 0.7:
+                        c.execute("DELETE FROM items WHERE id = %s", (k,))
+                    elif op < 0.85:
+                        c.execute("INSERT INTO items VALUES (%s, 'new', 'eu', 2.5, 1, repeat('z', 3000), now())",
+                                  (next_id,))
+                        next_id += 1
+                    else:
+                        c.execute("UPDATE items SET id = %s WHERE id = %s", (next_id, k))
+                        next_id += 1
+                    c.commit()
+                    self.commits += 1
+                    self.stop_event.wait(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_materialize_projects_filters_renames_through_copy_and_replicate(pair, spark):
+    _source(pair, 6000)
+    created = create_materialize("mat", pair.source, pair.target, [RULE], {"cycle_rows": 2500, "chunk_rows": 900})
+    assert created == ["public.items_eu"]
+    cols = pair.dst("""SELECT column_name, data_type FROM information_schema.columns
+                       WHERE table_name = 'items_eu' ORDER BY ordinal_position""")
+    assert cols == [("item_id", "bigint"), ("uname", "text"), ("total", "numeric"), ("region", "text"),
+                    ("descr", "text"), ("created", "timestamp with time zone")]
+    assert pair.dst("""SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
+                       AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'items_eu'::regclass AND i.indisprimary""") \
+        == [("item_id",)]
+    mover = _Mover(pair.source, 6000)
+    mover.start()
+    try:
+        with EngineThread(spark, pair.target, "mat"):
+            wait_for(lambda: stream_row(pair, "mat")["state"] == "Running" or mover.error, what="Running",
+                     describe=lambda: stream_row(pair, "mat"))
+            wait_for(lambda: mover.commits > 300 or mover.error, what="writes while Running",
+                     describe=lambda: (mover.commits, mover.error, stream_row(pair, "mat")))
+            mover.stop_event.set()
+            mover.join()
+            assert mover.error is None
+            pair.src("UPDATE items SET region = 'eu', qty = 1 WHERE id % 50 = 0")  # TOASTed rows move in
+            pair.src("UPDATE items SET qty = 0 WHERE id % 49 = 0")  # and some move out
+            wait_for(lambda: caught_up(pair, "mat"), what="caught up", describe=lambda: stream_row(pair, "mat"))
+            expected = pair.src(EXPECTED)
+            assert len(expected) > 500
+            assert _target_rows(pair) == expected
+    finally:
+        mover.stop_event.set()
+
+
+def test_update_moving_a_row_into_the_filter_without_its_toasted_value_stops_with_the_way_out(pair, spark):
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, region text, descr text)")
+    pair.src(f"INSERT INTO items VALUES (1, 'us', {BIG.format(1)}), (2, 'eu', 'short')")
+    toast = pair.src("SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'items'")[0][0]
+    assert pair.src(f"SELECT count(*) FROM {toast}")[0][0] > 0  # descr of row 1 is stored out of line
+    create_materialize("m2", pair.source, pair.target,
+                       ["eu_items: SELECT id, descr FROM items WHERE region = 'eu'"], {})
+    with EngineThread(spark, pair.target, "m2") as run:
+        wait_for(lambda: caught_up(pair, "m2"), what="caught up")
+        pair.src("UPDATE items SET region = 'eu' WHERE id = 1")  # descr is TOASTed and not in the change
+        wait_for(lambda: stream_row(pair, "m2")["state"] == "Error", what="Error")
+        run.thread.join(timeout=60)
+    message = stream_row(pair, "m2")["message"]
+    assert "REPLICA IDENTITY FULL" in message and "public.items" in message
+    assert pair.dst("SELECT id FROM eu_items ORDER BY id") == [(2,)]  # nothing half-applied
+
+
+BAD_RULES = [
+    ("x: SELECT id, nme FROM items", "rule 'x'", "nme"),
+    ("x: SELECT name FROM items", "rule 'x'", "key column 'id'"),
+    ("x: SELECT id, rand() AS r FROM items", "rule 'x'", "'r' is not deterministic"),
+    ("x: SELECT region, count(*) AS n FROM items GROUP BY region", "rule 'x'", "aggregations"),
+    ("x: SELECT id FROM itemz", "itemz", "did you mean 'items'"),
+    ("x: SELECT id FROM items WHERE rand() > 0.5", "rule 'x'", "WHERE is not deterministic"),
+    ("x SELECT id FROM items", "not 'TABLE: SELECT", "x SELECT"),
+]
+
+
+def test_bad_rules_are_refused_before_anything_is_created(pair, spark):
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, name text, region text)")
+    pair.src("CREATE TABLE other (id int PRIMARY KEY)")
+    for rule, *fragments in BAD_RULES:
+        with pytest.raises(UsageError) as err:
+            create_materialize("bad", pair.source, pair.target, [rule], {})
+        for fragment in fragments:
+            assert fragment in str(err.value), (rule, str(err.value))
+        assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="does not move"):
+        create_movetables("bad", pair.source, pair.target, ["items"], ["x: SELECT id FROM other"], {})
+    assert pair.dst("SELECT to_regclass('sluicegate.workflows')")[0][0] is None  # nothing was created
+    assert pair.dst("SELECT to_regclass('public.x')")[0][0] is None
+    # the command line: one line on stderr, exit 1
+    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "materialize", "create", "--workflow", "bad",
+                          "--source", pair.source, "--target", pair.target, "--rule", BAD_RULES[0][0]],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "nme" in out.stderr and "rule 'x'" in out.stderr, out.stderr
