@@ -120,6 +120,10 @@ class PostgresApplier:
         self.flush()
         self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
 
+    def delete_where(self, t: TargetTable, condition: sql.Composable) -> None:
+        self.flush()
+        self.conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(t.table.ident, condition))
+
     def _resolve_unchanged(self, t: TargetTable, key, new: tuple):
         """Unchanged TOAST values come from this chunk's earlier change of the row, else stay as on target."""
         prev = t.rows.get(key)

@@ -139,6 +139,36 @@ def materialize_create(name, source, target, rules, rules_file, cycle_rows, chun
 
 
 @cli.group()
+def reshard() -> None:
+    """Move a keyspace's rows from N source shards to M target shards by key ranges."""
+
+
+@reshard.command("create")
+@click.option("--workflow", "name", required=True, help="Name of the new workflow.")
+@click.option("--source-shard", "source_shards", multiple=True, required=True, metavar="RANGE=URL",
+              help="A source shard: its key range in Vitess notation (-80, 80-) and its libpq URL (repeatable).")
+@click.option("--target-shard", "target_shards", multiple=True, required=True, metavar="RANGE=URL",
+              help="A target shard, likewise (repeatable); the shards of each side cover the keyspace once.")
+@click.option("--tables", default=None, help="Comma-separated tables (default: all of schema public).")
+@click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
+              help="The column whose hash places a row in a shard (default: the table's first key column).")
+@RULE
+@RULES_FILE
+@_copy_sizes
+@friendly
+def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules, rules_file, cycle_rows, chunk_rows):
+    """Check every shard and rule, then create tables and state on every target shard."""
+    from ..workflow.reshard import create_reshard, parse_shard_keys, parse_shards
+
+    names = [t for t in tables.split(",") if t.strip()] if tables is not None else None
+    created = create_reshard(name, parse_shards("source", list(source_shards)), parse_shards("target", list(target_shards)),
+                             names, parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
+                             _options(cycle_rows, chunk_rows))
+    click.echo(f"created workflow {name} on {len(created)} target shards ({'; '.join(created)}); "
+               f"run it with: sluicegate workflow run {name} --target <any target shard URL>")
+
+
+@cli.group()
 def workflow() -> None:
     """Run and manage workflows."""
 
@@ -158,7 +188,7 @@ def workflow_run(name, target, spark_master, no_progress):
     from ..workflow.engine import Engine
 
     with connect(target, role="target") as conn:
-        st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
+        kind = st.load_workflow(conn, name).kind  # fail fast on a typo, before Spark starts
     stop = threading.Event()
     spark = get_spark(spark_master)
     runner = SparkRunner(spark)
@@ -171,6 +201,9 @@ def workflow_run(name, target, spark_master, no_progress):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if kind == "Reshard":
+        _run_reshard(name, target, runner, stop)
+        return
     console = Console(stderr=True)
     view = None
     if not no_progress and console.is_terminal:
@@ -192,6 +225,16 @@ def workflow_run(name, target, spark_master, no_progress):
     click.echo(f"workflow {name}: {final}", err=True)
 
 
+def _run_reshard(name, target, runner, stop) -> None:
+    from ..workflow.reshard import run_all
+
+    finals = run_all(name, target, runner, stop)
+    failed = [f"stream {sid} (target shard {shard}): {state}" for shard, sid, state in finals if state.startswith("Error")]
+    if failed:
+        raise SluicegateError(f"workflow {name}: {'; '.join(failed)}; see `sluicegate workflow status {name}`")
+    click.echo(f"workflow {name}: {', '.join(sorted({state for _, _, state in finals}))}", err=True)
+
+
 @workflow.command("status")
 @click.argument("name")
 @TARGET
@@ -199,12 +242,10 @@ def workflow_run(name, target, spark_master, no_progress):
 @friendly
 def workflow_status_cmd(name, target, as_json):
     """Show a workflow's state, position, lag and per-table copy progress."""
-    from ..postgres.connect import connect
-    from ..workflow import state as st
-    from ..workflow.status import workflow_status
+    from ..workflow.reshard import load_all
+    from ..workflow.status import merge_status, workflow_status
 
-    with connect(target, role="target") as conn:
-        status = workflow_status(st.load_workflow(conn, name))
+    status = merge_status([(shard, workflow_status(wf)) for shard, _, wf in load_all(name, target)])
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
@@ -214,6 +255,15 @@ def workflow_status_cmd(name, target, as_json):
 
 
 def _set_state(name: str, target: str, verb: str) -> str:
+    from ..workflow.reshard import load_all
+
+    shards = load_all(name, target)
+    for _, url, _ in shards:
+        state = _set_shard_state(name, url, verb)
+    return state
+
+
+def _set_shard_state(name: str, target: str, verb: str) -> str:
     from ..postgres.connect import connect
     from ..workflow import state as st
 
@@ -264,8 +314,11 @@ def workflow_delete(name, target):
     The target tables and their rows stay.
     """
     from ..workflow.create import delete_workflow
+    from ..workflow.reshard import load_all
 
-    dropped = delete_workflow(name, target)
+    dropped = []
+    for _, url, _ in load_all(name, target):
+        dropped += delete_workflow(name, url)
     click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
 
 

@@ -11,7 +11,9 @@ def print_status(console: Console, status: dict) -> None:
                   + (f"  {status['message']}" if status["message"] else ""))
     for s in status["streams"]:
         lag = f"{s['lag_seconds']:.2f}s" if s["lag_seconds"] is not None else "-"
-        console.print(f"stream {s['id']} from {s['source']}: {s['state']} at {s['position'] or '-'}, lag {lag}")
+        shards = (f" (source shard {s['source_shard']} -> target shard {s['target_shard']})"
+                  if "target_shard" in s else "")
+        console.print(f"stream {s['id']} from {s['source']}{shards}: {s['state']} at {s['position'] or '-'}, lag {lag}")
         grid = Table(show_edge=False)
         for col in ("table", "state", "rows copied", "of about"):
             grid.add_column(col, justify="right" if "rows" in col or "about" in col else "left")

@@ -18,6 +18,7 @@ from . import types
 from .spec import RuleSpec, wrap_select
 
 RAW = "__sg_raw_{}"  # the source's text of column i, beside the typed columns a rule reads
+OUT = "__sg_out_{}"  # the same, first in a rule's output
 
 
 @dataclass(frozen=True)
@@ -31,25 +32,51 @@ class CompiledRule:
     view: str  # the name its FROM uses: the typed source rows are registered under it
     outputs: tuple[tuple[str, object], ...]  # per target column: ("raw", source column index) | ("expr", name)
     needs: tuple[int, ...]  # source columns that computed columns or the filter read
+    keyrange: tuple[int, str, str] | None = None  # a shard's rows only: (sharding column, lo, hi), see sharding/
+
+    def with_keyrange(self, column: int, lo: str, hi: str) -> CompiledRule:
+        from dataclasses import replace
+
+        return replace(self, keyrange=(column, lo, hi), needs=tuple(sorted({*self.needs, column})))
+
+    def target_keyrange(self):
+        """SQL for "this target row is in the rule's key range" (None without one): what one stream of
+        several writing the same target table may clear as its own."""
+        if self.keyrange is None:
+            return None
+        from ..sharding.keyrange import KeyRange
+
+        column, lo, hi = self.keyrange
+        name = next(self.target.columns[j].name for j, o in enumerate(self.outputs) if o == ("raw", column))
+        return KeyRange(lo, hi).pg_filter(name)
 
     @property
     def runtime_select(self) -> str:
         """The SELECT with the source's text of every column first (by position), then the rule's columns."""
-        return wrap_select(self.select, [RAW.format(i) for i in range(len(self.source.columns))])
+        # aliased: a `SELECT *` in the rule brings the view's raw columns too, and names must stay unique
+        return wrap_select(self.select, [f"{RAW.format(i)} AS {OUT.format(i)}" for i in range(len(self.source.columns))])
 
     def typed_view_sql(self, raw_view: str) -> str:
         cols = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(self.source.columns)]
         raws = [RAW.format(i) for i in range(len(self.source.columns))]
-        return f"SELECT {', '.join(cols + raws)} FROM {quote(raw_view)}"
+        where = ""
+        if self.keyrange is not None:  # on the source's text of the sharding column, as PostgreSQL would hash it
+            from ..sharding.keyrange import KeyRange
+
+            column, lo, hi = self.keyrange
+            where = f" WHERE {KeyRange(lo, hi).spark_filter(RAW.format(column))}"
+        return f"SELECT {', '.join(cols + raws)} FROM {quote(raw_view)}{where}"
 
     def to_json(self) -> dict:
         return {"rule": self.rule, "target": self.target.to_json(), "select": self.select, "view": self.view,
-                "outputs": [list(o) for o in self.outputs], "needs": list(self.needs)}
+                "outputs": [list(o) for o in self.outputs], "needs": list(self.needs),
+                "keyrange": list(self.keyrange) if self.keyrange else None}
 
     @classmethod
     def from_json(cls, d: dict, source: Table) -> CompiledRule:
         return cls(d["rule"], source, Table.from_json(d["target"]), d["select"], d["view"],
-                   tuple((k, v) for k, v in d["outputs"]), tuple(d["needs"]))
+                   tuple((k, v) for k, v in d["outputs"]), tuple(d["needs"]),
+                   tuple(d["keyrange"]) if d.get("keyrange") else None)
 
 
 def quote(name: str) -> str:

@@ -61,7 +61,11 @@ class RuleReplicator:
         self.flush_rules()
         for r in ruled:
             r.staged.clear()
-        self.applier.truncate_tables([r.target for r in ruled if r.target.mode != "skip"])
+        whole = [r.target for r in ruled if r.target.mode != "skip" and r.rule.keyrange is None]
+        self.applier.truncate_tables(whole)
+        for r in ruled:  # a shard's stream shares the target table with other streams: only its own rows go
+            if r.target.mode != "skip" and r.rule.keyrange is not None:
+                self.applier.delete_where(r.target, r.rule.target_keyrange())
         if others:
             self.applier.truncate(others)
 

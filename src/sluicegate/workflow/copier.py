@@ -76,15 +76,15 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
     return CyclePlan(ranges, lo, total, done)
 
 
-def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | None) -> int:
-    """Delete target rows above lastpk: leftovers of a cycle that did not finish."""
-    if lastpk is None:
-        cur = target.execute(sql.SQL("DELETE FROM {}").format(table.ident))
-    else:
-        cur = target.execute(
-            sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, keyrange.compare(table, ">", lastpk))
-        )
-    return cur.rowcount
+def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | None,
+                mine: sql.Composable | None = None) -> int:
+    """Delete target rows above lastpk: leftovers of a cycle that did not finish. `mine`: only rows this
+    stream writes (a Reshard's target table is filled by one stream per source shard)."""
+    where = [keyrange.compare(table, ">", lastpk)] if lastpk is not None else []
+    if mine is not None:
+        where.append(mine)
+    cond = sql.SQL(" AND ").join(where) if where else sql.SQL("true")
+    return target.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, cond)).rowcount
 
 
 def copy_range(task: CopyRange) -> int:

@@ -162,10 +162,10 @@ def _check_table_rights(src: psycopg.Connection, tables: list[Table]) -> None:
             )
 
 
-def _check_no_leftovers(src: psycopg.Connection, name: str) -> None:
+def _check_no_leftovers(src: psycopg.Connection, name: str, slot: str | None = None) -> None:
     """The workflow's slot and publication names derive from its name alone: one that exists belongs to a
     same-named workflow of another target (or was left behind), and must not be shared or adopted."""
-    slot = publication = st.object_name("sg", name)
+    slot = publication = slot or st.object_name("sg", name)
     row = src.execute("SELECT database FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
     if row:
         raise UsageError(
@@ -186,8 +186,8 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
     with connect(target_url, role="target") as dst:
         wf = st.load_workflow(dst, name)
     dropped: list[str] = []
-    with connect(wf.source_url, role="source", autocommit=True) as src:
-        for s in wf.streams:
+    for s in wf.streams:
+        with connect(s.source_url, role="source", autocommit=True) as src:
             dropped += capture.drop_capture(src, s.slot_name, s.publication)
     with connect(target_url, role="target") as dst:
         st.delete_workflow(dst, name)

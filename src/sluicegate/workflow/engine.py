@@ -47,9 +47,11 @@ class Settings:
 
 class Engine:
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
-                 max_backoff: float = 30.0, serve_vdiffs: bool = True):
+                 max_backoff: float = 30.0, serve_vdiffs: bool = True, stream_id: int | None = None):
+        """`stream_id`: run that one stream of the workflow (a Reshard runs an Engine per stream)."""
         self.target_url = target_url
         self.workflow = workflow
+        self.stream_id = stream_id
         self.runner = runner
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
@@ -65,7 +67,7 @@ class Engine:
             try:
                 self._hold_run_lock()
                 wf = self._load()
-                stream = wf.streams[0]
+                stream = self._stream(wf)
                 if stream.state in (st.STOPPED, st.ERROR):
                     return stream.state
                 self.step(wf, stream)
@@ -101,7 +103,7 @@ class Engine:
 
     # -- phases ---------------------------------------------------------------------------------------
     def init_stream(self, wf: st.Workflow, stream: st.Stream) -> None:
-        with connect(wf.source_url, role="source", autocommit=True) as src:
+        with connect(stream.source_url, role="source", autocommit=True) as src:
             capture.check_source(src)
             capture.ensure_publication(src, stream.publication, [t.table for t in stream.tables])
             start = capture.ensure_slot(src, stream.slot_name)
@@ -131,7 +133,7 @@ class Engine:
             return
         fault_point("catchup.done")
         table = current.table
-        with take_snapshot(wf.source_url, table) as snap:
+        with take_snapshot(stream.source_url, table) as snap:
             # Fast-forward: everything up to the snapshot's position, for rows already copied.
             while stream.position < snap.position:
                 fault_point("fastforward.start")
@@ -144,13 +146,16 @@ class Engine:
             plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows)
             rule = self._rule_runners(stream).get((table.schema, table.name))
             with connect(self.target_url, role="target") as dst:
-                copier.clear_above(dst, rule.rule.target if rule else table, current.lastpk)
+                if rule is None:
+                    copier.clear_above(dst, table, current.lastpk)
+                else:
+                    copier.clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
                 self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
-                rows = copier.copy_cycle_with_rule(rule, wf.source_url, self.target_url, table, snap.name,
+                rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, table, snap.name,
                                                    plan.ranges) if plan.ranges else 0
             else:
-                tasks = [copier.CopyRange(wf.source_url, self.target_url, table.to_json(), snap.name, lo, hi)
+                tasks = [copier.CopyRange(stream.source_url, self.target_url, table.to_json(), snap.name, lo, hi)
                          for lo, hi in plan.ranges]
                 rows = sum(self.runner.map(copier.copy_range, tasks, f"copy {table.qualified}"))
             fault_point("copy.before_progress")
@@ -174,7 +179,7 @@ class Engine:
         """One play task (player.py) from where `stream` stands; at most one slice of time."""
         settings = Settings.from_options(wf.options)
         task = PlayTask(
-            wf.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
+            stream.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
             stop_at=stop_at, max_seconds=settings.slice_seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None,
@@ -204,6 +209,14 @@ class Engine:
             raise TerminalError(f"workflow {self.workflow} has no streams")
         return wf
 
+    def _stream(self, wf: st.Workflow) -> st.Stream:
+        if self.stream_id is None:
+            return wf.streams[0]
+        for s in wf.streams:
+            if s.id == self.stream_id:
+                return s
+        raise TerminalError(f"stream {self.stream_id} of workflow {self.workflow} no longer exists")
+
     def _hold_run_lock(self) -> None:
         """One driver per workflow: a session advisory lock on the target, held while running."""
         if self.lock_conn is not None and not self.lock_conn.closed:
@@ -213,8 +226,9 @@ class Engine:
             except psycopg.Error:
                 self._drop_lock_conn()
         conn = connect(self.target_url, role="target", autocommit=True)
-        got = conn.execute("SELECT pg_try_advisory_lock(hashtext('sluicegate'), hashtext(%s))",
-                           (self.workflow,)).fetchone()[0]
+        # A Reshard's streams each have their own driver thread: one lock per stream then.
+        key = self.workflow if self.stream_id is None else f"{self.workflow}/stream {self.stream_id}"
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtext('sluicegate'), hashtext(%s))", (key,)).fetchone()[0]
         if not got:
             conn.close()
             raise UsageError(f"workflow {self.workflow!r} is already being run by another `sluicegate workflow run`")
@@ -234,6 +248,8 @@ class Engine:
             with connect(self.target_url, role="target", connect_timeout=3) as conn:
                 wf = st.load_workflow(conn, self.workflow)
                 for s in wf.streams:
+                    if self.stream_id is not None and s.id != self.stream_id:
+                        continue
                     if state:
                         st.set_state(conn, s.id, state, message)
                     else:

@@ -81,6 +81,8 @@ CREATE TABLE IF NOT EXISTS sluicegate.vdiff_ranges (
     samples jsonb NOT NULL DEFAULT '[]',
     PRIMARY KEY (vdiff_id, table_name, generation, idx)
 );
+-- Reshard: a stream per source shard, each with its own source (NULL: the workflow's source_url).
+ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_url text;
 """
 
 
@@ -104,6 +106,8 @@ class TableState:
 class Stream:
     id: int
     workflow: str
+    source_shard: str
+    source_url: str | None
     slot_name: str
     publication: str
     state: str
@@ -150,15 +154,25 @@ def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: 
                     tables: list[Table], rules: dict[str, dict] | None = None) -> None:
     """Insert the workflow, its stream and copy_state in the caller's transaction. `rules`: compiled rule
     (json) by qualified source table name, kept in copy_state beside the table's description."""
+    insert_workflow(conn, name, kind, source_url, options)
+    add_stream(conn, name, "0", None, object_name("sg", name), tables, rules)
+
+
+def insert_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict) -> None:
     check_new_name(conn, name)
     conn.execute(
         "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
         (name, kind, source_url, json.dumps(options)),
     )
+
+
+def add_stream(conn: psycopg.Connection, workflow: str, source_shard: str, source_url: str | None, slot: str,
+               tables: list[Table], rules: dict[str, dict] | None = None) -> None:
+    """A stream of the workflow: its slot (and publication, same name) on its source, its tables."""
     stream_id = conn.execute(
-        """INSERT INTO sluicegate.streams (workflow, slot_name, publication, state)
-           VALUES (%s, %s, %s, %s) RETURNING id""",
-        (name, object_name("sg", name), object_name("sg", name), INIT),
+        """INSERT INTO sluicegate.streams (workflow, source_shard, source_url, slot_name, publication, state)
+           VALUES (%s, %s, %s, %s, %s, %s) RETURNING id""",
+        (workflow, source_shard, source_url, slot, slot, INIT),
     ).fetchone()[0]
     rules = rules or {}
     for i, t in enumerate(tables):
@@ -183,11 +197,12 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
         raise UsageError(f"no workflow {name!r} on this target{hint}")
     wf = Workflow(row[0], row[1], row[2], row[3], [])
     for s in conn.execute(
-        """SELECT id, workflow, slot_name, publication, state, message, position::text, caught_up_at,
-                  transaction_time, updated_at FROM sluicegate.streams WHERE workflow = %s ORDER BY id""",
-        (name,),
+        """SELECT id, workflow, source_shard, COALESCE(source_url, %s), slot_name, publication, state, message,
+                  position::text, caught_up_at, transaction_time, updated_at
+           FROM sluicegate.streams WHERE workflow = %s ORDER BY id""",
+        (wf.source_url, name),
     ).fetchall():
-        stream = Stream(*s[:6], parse_lsn(s[6]) if s[6] else None, *s[7:])
+        stream = Stream(*s[:8], parse_lsn(s[8]) if s[8] else None, *s[9:])
         for spec, lastpk, rows, done in conn.execute(
             """SELECT spec, lastpk, rows_copied, done FROM sluicegate.copy_state
                WHERE stream_id = %s ORDER BY ordinal""",

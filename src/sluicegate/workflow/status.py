@@ -28,7 +28,8 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None) -> dict:
             })
         streams.append({
             "id": s.id,
-            "source": redact(wf.source_url),
+            "source": redact(s.source_url),
+            "source_shard": s.source_shard,
             "state": s.state,
             "message": s.message,
             "position": format_lsn(s.position) if s.position is not None else None,
@@ -42,3 +43,19 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None) -> dict:
     state = st.ERROR if st.ERROR in states else (states.pop() if len(states) == 1 else "Mixed")
     message = next((s["message"] for s in streams if s["message"]), "")
     return {"workflow": wf.name, "kind": wf.kind, "state": state, "message": message, "streams": streams}
+
+
+def merge_status(parts: list[tuple[str, dict]]) -> dict:
+    """One status over every target shard's (a Reshard); a single part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0][1]
+    streams = []
+    for shard, status in parts:
+        streams += [{**s, "target_shard": shard} for s in status["streams"]]
+    states = {s["state"] for s in streams}
+    state = st.ERROR if st.ERROR in states else (states.pop() if len(states) == 1 else "Mixed")
+    message = next((f"stream {s['id']} (target shard {s['target_shard']}): {s['message']}"
+                    for s in streams if s["message"]), "")
+    first = parts[0][1]
+    return {"workflow": first["workflow"], "kind": first["kind"], "state": state, "message": message,
+            "streams": streams}

@@ -1,0 +1,216 @@
+"""Reshard: N source shards -> M target shards by key ranges over a hash of a sharding column.
+
+Like VReplication, a stream runs per (source shard, target shard) whose key ranges overlap; each stream's
+tables go through a rule that keeps only the rows of the target shard's range (intersected with the source
+shard's, so a stray row on a source cannot land twice), on top of any user rule. Every target shard holds
+its own streams' state, so data and position commit together in the database that receives the data. The
+workflow row on each target shard lists the whole keyspace: `workflow run|status|stop|start|delete W
+--target URL` with any target shard's URL acts on all of them. Streams run as threads of one driver, each
+an Engine, sharing one Spark application.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+
+import psycopg
+from psycopg import sql
+
+from ..errors import UsageError
+from ..postgres import capture, catalog, replication
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, describe, first_line
+from ..rules.compile import compile_rule, quote
+from ..rules.spec import RuleSpec, parse_rules
+from ..sharding.keyrange import KeyRange, check_partition
+from . import state as st
+from .create import _check_no_leftovers, _check_source_role, _check_table_rights, _compile_rules
+
+KIND = "Reshard"
+
+
+def parse_shards(kind: str, items: list[str]) -> dict[str, str]:
+    """['-80=postgresql://…', …] -> {'-80': url}, checked to cover the keyspace exactly once."""
+    shards: dict[str, str] = {}
+    for item in items:
+        name, eq, url = item.partition("=")
+        if not eq or not name.strip() or not url.strip():
+            raise UsageError(f"--{kind}-shard {item.split('=')[0]!r}: expected NAME=URL, NAME a key range like -80")
+        shards[str(KeyRange.parse(name))] = url.strip()
+    check_partition(kind, list(shards))
+    return shards
+
+
+def parse_shard_keys(items: list[str]) -> dict[str, str]:
+    keys = {}
+    for item in items:
+        table, eq, column = item.partition("=")
+        if not eq or not table.strip() or not column.strip():
+            raise UsageError(f"--shard-key {item!r}: expected TABLE=COLUMN")
+        keys[table.strip()] = column.strip()
+    return keys
+
+
+def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict[str, str],
+                   tables: list[str] | None, shard_keys: dict[str, str], rules: list[str], options: dict) -> list[str]:
+    """Validate every shard and rule, then create tables and state on every target shard (all or none)."""
+    if not name or len(name) > 100:
+        raise UsageError("a workflow name is 1 to 100 characters")
+    specs = parse_rules(rules)
+    first = next(iter(source_shards))
+    with ExitStack() as stack:
+        sources = {}
+        for shard, url in source_shards.items():
+            conn = stack.enter_context(connect(url, role="source", autocommit=True))
+            try:
+                capture.check_source(conn)
+                superuser = _check_source_role(conn)
+            except psycopg.Error as exc:
+                raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
+            sources[shard] = (conn, superuser)
+        described = catalog.resolve_tables(sources[first][0], tables)
+        for shard, (conn, superuser) in sources.items():
+            _check_same_tables(shard, conn, described, first)
+            if not superuser:
+                _check_table_rights(conn, described)
+            replication.check_replication_access(source_shards[shard])
+        columns = _sharding_columns(described, shard_keys)
+        compiled = _compile_rules(sources[first][0], specs, described, "MoveTables") if specs else {}
+        compiled = {t.qualified: compiled.get(t.qualified) or _identity(t) for t in described}
+        for t, c in zip(described, columns):  # each stream clears only its own rows: it must find them
+            if ("raw", c) not in compiled[t.qualified].outputs:
+                raise UsageError(f"the rule for {t.qualified} must keep its sharding column "
+                                 f"{t.columns[c].name!r} (as is; it may be renamed)")
+        plan = _streams(name, source_shards, target_shards)
+        for slot, shard, _, _ in (p for streams in plan.values() for p in streams):
+            _check_no_leftovers(sources[shard][0], name, slot)
+        keyspace = {"source_shards": source_shards, "target_shards": target_shards,
+                    "shard_keys": {t.qualified: t.columns[c].name for t, c in zip(described, columns)}}
+        targets = {}
+        for shard, url in target_shards.items():
+            conn = stack.enter_context(connect(url, role="target"))
+            try:
+                _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
+            except psycopg.Error as exc:
+                raise UsageError(f"target shard {shard} ({describe(url)}): {first_line(exc)}") from None
+            targets[shard] = conn
+        for shard, conn in targets.items():
+            for slot, source_shard, source_url, keyrange in plan[shard]:
+                rules_json = {t.qualified: compiled[t.qualified].with_keyrange(c, keyrange.lo, keyrange.hi).to_json()
+                              for t, c in zip(described, columns)}
+                st.add_stream(conn, name, source_shard, source_url, slot, described, rules_json)
+        for conn in targets.values():  # every check passed on every shard: now commit them all
+            conn.commit()
+    return [f"{s}: {', '.join(compiled[t.qualified].target.qualified for t in described)}" for s in target_shards]
+
+
+def _identity(t: Table):
+    from ..spark.session import get_spark
+
+    spec = RuleSpec(t.name, f"SELECT * FROM {quote(t.name)}")
+    return compile_rule(get_spark(), spec, t, t.name, t.schema, t.name)
+
+
+def _streams(name: str, source_shards: dict[str, str], target_shards: dict[str, str]) -> dict[str, list]:
+    """Per target shard: (slot, source shard, source URL, key range of the rows it takes) per overlapping source."""
+    plan: dict[str, list] = {}
+    for tname in target_shards:
+        t = KeyRange.parse(tname)
+        plan[tname] = [(st.object_name("sg", f"{name}/{sname}/{tname}"), sname, surl, t.intersect(KeyRange.parse(sname)))
+                       for sname, surl in source_shards.items() if t.overlaps(KeyRange.parse(sname))]
+    return plan
+
+
+def _check_same_tables(shard: str, conn: psycopg.Connection, described: list[Table], first: str) -> None:
+    for t in described:
+        try:
+            other = catalog.describe_table(conn, t.schema, t.name)
+        except TypeError:  # describe_table found no such table
+            other = None
+        shape = [(c.name, c.type_sql, c.not_null, c.collation) for c in t.columns]  # OIDs differ by server
+        if other is None or [(c.name, c.type_sql, c.not_null, c.collation) for c in other.columns] != shape \
+                or other.key != t.key:
+            raise UsageError(f"table {t.qualified} on source shard {shard} differs from the one on shard {first} "
+                             f"(or is missing): the shards of a keyspace have the same schema")
+
+
+def _sharding_columns(described: list[Table], shard_keys: dict[str, str]) -> list[int]:
+    names = {t.qualified for t in described} | {t.name for t in described}
+    for table in shard_keys:
+        if table not in names:
+            raise UsageError(f"--shard-key names table {table!r}, which this workflow does not move")
+    out = []
+    for t in described:
+        column = shard_keys.get(t.qualified) or shard_keys.get(t.name) or t.key[0]
+        if column not in t.column_names:
+            raise UsageError(f"--shard-key {t.name}={column}: {t.qualified} has no column {column!r}")
+        c = t.columns[t.column_names.index(column)]
+        if not c.not_null:
+            raise UsageError(f"sharding column {column!r} of {t.qualified} may be NULL, and a NULL has no shard: "
+                             f"pick a NOT NULL column (the key is one)")
+        out.append(t.column_names.index(column))
+    return out
+
+
+def _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace) -> None:
+    if conn.info.server_version < 140000:
+        raise UsageError(f"target shard {shard} runs PostgreSQL {conn.info.server_version // 10000}; Sluicegate "
+                         f"needs 14 or newer")
+    st.ensure_schema(conn)
+    st.check_new_name(conn, name)
+    for source in described:
+        t = compiled[source.qualified].target
+        if not catalog.prepare_target(conn, t):
+            if conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
+                raise UsageError(f"table {t.qualified} on target shard {shard} already has rows: Reshard fills "
+                                 f"empty tables; empty it (TRUNCATE) or drop it first")
+    first_source = next(iter(keyspace["source_shards"].values()))
+    st.insert_workflow(conn, name, KIND, first_source, {**options, "keyspace": keyspace, "target_shard": shard})
+
+
+# -- acting on every target shard ---------------------------------------------------------------------------
+def target_shards(wf: st.Workflow, target_url: str) -> dict[str, str]:
+    """Target shard name -> URL for a Reshard; {'': target_url} for any other workflow."""
+    if wf.kind != KIND:
+        return {"": target_url}
+    return dict(wf.options["keyspace"]["target_shards"])
+
+
+def load_all(name: str, target_url: str) -> list[tuple[str, str, st.Workflow]]:
+    """(shard, URL, workflow as that target shard holds it) for every target shard of the workflow."""
+    with connect(target_url, role="target") as conn:
+        wf = st.load_workflow(conn, name)
+    out = []
+    for shard, url in target_shards(wf, target_url).items():
+        if url == target_url:
+            out.append((shard, url, wf))
+            continue
+        with connect(url, role="target") as conn:
+            out.append((shard, url, st.load_workflow(conn, name)))
+    return out
+
+
+def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[tuple[str, int, str]]:
+    """Run every stream of every target shard, one Engine per stream in a thread, until stopped or each is
+    Stopped/Error. Returns (target shard, stream id, final state) per stream."""
+    from .engine import Engine
+
+    engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, serve_vdiffs=False))
+               for shard, url, wf in load_all(name, target_url) for s in wf.streams]
+    results: dict[int, str] = {}
+
+    def run(stream_id, engine):
+        try:
+            results[stream_id] = engine.run()
+        except Exception as exc:  # noqa: BLE001 - reported with the others
+            results[stream_id] = f"{st.ERROR}: {exc}"
+        finally:
+            engine.close()
+
+    threads = [threading.Thread(target=run, args=(sid, e), name=f"stream-{sid}", daemon=True) for _, sid, e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [(shard, sid, results.get(sid, "stopping")) for shard, sid, _ in engines]
