@@ -109,6 +109,11 @@ def _driver(target: str, log, fault: str | None = None, fault_dir=None) -> subpr
                             start_new_session=True)
 
 
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
 def _status(target: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "status", "rs", "--target", target,
                           "--json"], capture_output=True, text=True, timeout=60)
@@ -181,6 +186,23 @@ def test_reshard_2_to_3_with_live_writes_and_kill_9_during_copy(keyspace, spark,
     finally:
         for w in writers:
             w.stop_event.set()
+    # vdiff per target shard (the workflow stopped: each stream is brought to its own point)
+    assert _cli("workflow", "stop", "rs", "--target", any_target).returncode == 0
+    out = _cli("vdiff", "rs", "--target", any_target, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["equal"] and [s["target_shard"] for s in report["shards"]] == TARGETS
+    assert set(report["shards"][1]["tables"]) == {"public.accounts <- -80", "public.accounts <- 80-",
+                                                  "public.events <- -80", "public.events <- 80-"}
+    one = _sql(ks["targets"]["aa-"], "SELECT id FROM accounts ORDER BY id LIMIT 1")[0][0]
+    _sql(ks["targets"]["aa-"], "UPDATE accounts SET balance = -1 WHERE id = %s", (one,))
+    out = _cli("vdiff", "rs", "--target", any_target, "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    shards = {s["target_shard"]: s for s in json.loads(out.stdout)["shards"]}
+    assert shards["-55"]["equal"] and shards["55-aa"]["equal"] and not shards["aa-"]["equal"]
+    assert shards["aa-"]["tables"]["public.accounts <- 80-"]["mismatched"] == 1
+    _sql(ks["targets"]["aa-"], "UPDATE accounts SET balance = %s WHERE id = %s",
+         (_sql(ks["sources"]["80-"], "SELECT balance FROM accounts WHERE id = %s", (one,))[0][0], one))
     for table, (column, query) in TABLES.items():
         source_rows = [r for url in ks["sources"].values() for r in _sql(url, query)]
         assert len({r[0] for r in source_rows}) == len(source_rows)

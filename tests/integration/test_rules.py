@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -37,6 +38,11 @@ def _source(pair, rows: int) -> None:
                    (g % 1000) / 8.0, g % 5, CASE WHEN g % 50 = 0 THEN {BIG.format('g')} ELSE 'd' || g END,
                    '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 minute'
                  FROM generate_series(1, {rows}) g""")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
 
 
 def _target_rows(pair) -> list[tuple]:
@@ -108,6 +114,21 @@ def test_materialize_projects_filters_renames_through_copy_and_replicate(pair, s
             expected = pair.src(EXPECTED)
             assert len(expected) > 500
             assert _target_rows(pair) == expected
+            # vdiff runs the source's rows through the rule (in the running driver) and compares them
+            out = _cli("vdiff", "mat", "--target", pair.target, "--json", "--range-rows", "1500")
+            assert out.returncode == 0, out.stdout + out.stderr
+            report = json.loads(out.stdout)
+            table = report["tables"]["public.items"]
+            assert report["equal"] and table["rows_compared"] == len(expected) and table["ranges"] >= 4
+            keys = [r[0] for r in expected]
+            pair.dst("UPDATE items_eu SET uname = 'tampered' WHERE item_id = %s", (keys[3],))
+            pair.dst("DELETE FROM items_eu WHERE item_id = %s", (keys[-1],))
+            pair.dst("INSERT INTO items_eu (item_id, uname) VALUES (-1, 'extra')")
+            out = _cli("vdiff", "mat", "--target", pair.target, "--json")
+            assert out.returncode == 1, out.stdout + out.stderr
+            table = json.loads(out.stdout)["tables"]["public.items"]
+            assert (table["missing"], table["extra"], table["mismatched"]) == (1, 1, 1)
+            assert sorted(s["key"][0] for s in table["samples"]) == sorted(["-1", str(keys[3]), str(keys[-1])])
     finally:
         mover.stop_event.set()
 

@@ -360,10 +360,12 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
     from ..postgres.connect import connect
     from ..vdiff import report as rep
     from ..vdiff.executor import execute_or_wait, request
+    from ..workflow.reshard import load_all
 
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     options = {"sample": sample, **({"range_rows": range_rows} if range_rows else {})}
-    vdiff_id = request(target, name, names, options, resume=resume)
+    shards = load_all(name, target)  # a Reshard: every target shard against the rows it should hold
+    requests = [(shard, url, request(url, name, names, options, resume=resume)) for shard, url, _ in shards]
     stop = threading.Event()
     runners = []
 
@@ -371,7 +373,8 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
         from ..spark.runner import SparkRunner
         from ..spark.session import get_spark
 
-        runners.append(SparkRunner(get_spark(spark_master)))
+        if not runners:
+            runners.append(SparkRunner(get_spark(spark_master)))
         return runners[0]
 
     def on_signal(signum, frame):
@@ -381,17 +384,31 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    execute_or_wait(target, name, vdiff_id, make_runner, stop=stop)
-    with connect(target, role="target") as conn:
-        result = rep.build(conn, vdiff_id)
+    results = []
+    for shard, url, vdiff_id in requests:
+        execute_or_wait(url, name, vdiff_id, make_runner, stop=stop)
+        with connect(url, role="target") as conn:
+            results.append((shard, vdiff_id, rep.build(conn, vdiff_id)))
     if as_json:
-        click.echo(rep.to_json(result))
+        if len(results) == 1:
+            click.echo(rep.to_json(results[0][2]))
+        else:
+            click.echo(json.dumps({"workflow": name, "equal": all(r["equal"] for _, _, r in results),
+                                   "shards": [{"target_shard": shard, **json.loads(rep.to_json(r))}
+                                              for shard, _, r in results]}, indent=2))
     else:
-        rep.render(Console(highlight=False, soft_wrap=True), result)
-    if result["state"] != "completed":
-        click.echo(f"error: vdiff {vdiff_id} {result['state']}: {redact(result['message'])}", err=True)
+        console = Console(highlight=False, soft_wrap=True)
+        for shard, _, result in results:
+            if shard:
+                console.print(f"[bold]target shard {shard}[/]")
+            rep.render(console, result)
+    failed = [(shard, vdiff_id, r) for shard, vdiff_id, r in results if r["state"] != "completed"]
+    for shard, vdiff_id, r in failed:
+        where = f" (target shard {shard})" if shard else ""
+        click.echo(f"error: vdiff {vdiff_id}{where} {r['state']}: {redact(r['message'])}", err=True)
+    if failed:
         return 2
-    return 0 if result["equal"] else 1
+    return 0 if all(r["equal"] for _, _, r in results) else 1
 
 
 @cli.command()

@@ -118,7 +118,15 @@ class ChangeStream:
         return max(self.boundary, int(self.cur.wal_end or 0))
 
     def confirm(self, position: int) -> None:
-        """Tell the server the target has durably applied everything before `position`."""
+        """Tell the server the target has durably applied everything before `position`.
+
+        psycopg2 moves its flush position to a keepalive's WAL end on its own once every message received was
+        confirmed, and sends that with the next feedback. Harmless for data (the server had sent nothing before
+        it), but a fast-forward stops at an exact position: while the server has said it is past `position`,
+        keep the slot where it is rather than let it pass the target.
+        """
+        if int(self.cur.wal_end or 0) > position:
+            return
         if position > self.confirmed:
             self.cur.send_feedback(write_lsn=position, flush_lsn=position, force=True)
             self.confirmed = position

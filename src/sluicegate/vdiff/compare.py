@@ -148,11 +148,9 @@ def _summary(conn: psycopg.Connection, table: Table, lo, hi, text_columns: tuple
 def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table, task: RangeTask, lo, hi,
                   sample_size: int):
     """Row by row: the source's rows of lo < key <= hi, copied into the target's session, joined by key."""
-    stage = sql.Identifier("_sg_vdiff_source")
+    stage = new_stage(dst, table)
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
-    dst.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DROP").format(stage, table.ident))
-    dst.execute(sql.SQL("TRUNCATE {}").format(stage))
     read = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
         cols, table.ident, keyrange.in_range(table, lo, hi), fmt)
     write = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(stage, cols, fmt)
@@ -160,10 +158,25 @@ def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table
         with rcur.copy(read) as reader, wcur.copy(write) as writer:
             for data in reader:
                 writer.write(data)
-    joined = _joined(table, stage, lo, hi)
+    return join_compare(dst, table, stage, lo, hi, task.text_columns, sample_size)
+
+
+def new_stage(dst: psycopg.Connection, table: Table) -> sql.Identifier:
+    """An empty temporary twin of the target table, in the target's snapshot transaction: the source side."""
+    stage = sql.Identifier("_sg_vdiff_source")
+    dst.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DROP").format(stage, table.ident))
+    dst.execute(sql.SQL("TRUNCATE {}").format(stage))
+    return stage
+
+
+def join_compare(dst: psycopg.Connection, table: Table, stage: sql.Identifier, lo, hi,
+                 text_columns: tuple[str, ...], sample_size: int, mine: sql.Composable | None = None):
+    """The source side (in `stage`) FULL JOINed by key to the target's rows of lo < key <= hi (and `mine`):
+    counts of compared/missing/extra/mismatched rows, and the first differing rows as samples."""
+    joined = _joined(table, stage, lo, hi, mine)
     side = sql.Identifier(SIDE)
     s_side, t_side = sql.SQL("s.{}").format(side), sql.SQL("t.{}").format(side)
-    differs = _differs(table, task.text_columns)
+    differs = _differs(table, text_columns)
     compared, missing, extra, mismatched = dst.execute(
         sql.SQL("""SELECT count(*), count(*) FILTER (WHERE {t} IS NULL), count(*) FILTER (WHERE {s} IS NULL),
                           count(*) FILTER (WHERE {s} AND {t} AND ({differs}))
@@ -188,13 +201,15 @@ def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table
     return {"compared": compared, "missing": missing, "extra": extra, "mismatched": mismatched}, samples
 
 
-def _joined(table: Table, stage: sql.Identifier, lo, hi) -> sql.Composable:
+def _joined(table: Table, stage: sql.Identifier, lo, hi, mine: sql.Composable | None = None) -> sql.Composable:
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
+    where = keyrange.in_range(table, lo, hi)
+    if mine is not None:
+        where = sql.SQL("{} AND {}").format(where, mine)
     on = sql.SQL(" AND ").join(sql.SQL("s.{k} = t.{k}").format(k=sql.Identifier(k)) for k in table.key)
     return sql.SQL("""(SELECT true AS {side}, {cols} FROM {stage}) s
                       FULL JOIN (SELECT true AS {side}, {cols} FROM {table} WHERE {range}) t ON {on}""").format(
-        side=sql.Identifier(SIDE), cols=cols, stage=stage, table=table.ident,
-        range=keyrange.in_range(table, lo, hi), on=on)
+        side=sql.Identifier(SIDE), cols=cols, stage=stage, table=table.ident, range=where, on=on)
 
 
 def _differs(table: Table, text_columns: tuple[str, ...]) -> sql.Composable:

@@ -31,7 +31,9 @@ from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import TableSnapshot, take_snapshot
 from ..workflow import state as st
 from . import store
+from ..rules.compile import CompiledRule
 from .compare import RangeTask, compare_range, text_compared_columns, text_hashed_columns
+from .rule_compare import RuleRanges, compare_rule_ranges
 
 log = logging.getLogger("sluicegate")
 
@@ -43,6 +45,11 @@ SYNC_ATTEMPTS = 5
 
 def check_comparable(wf: st.Workflow) -> None:
     """A vdiff compares finished copies: refuse a stream that is still copying or failed."""
+    if len(wf.streams) > 1 and any(s.state != st.STOPPED for s in wf.streams):
+        raise UsageError(
+            f"workflow {wf.name} has several streams into this target shard; a vdiff brings each to its own "
+            f"point, which needs them stopped: `sluicegate workflow stop {wf.name}`, vdiff, then `workflow start`"
+        )
     for s in wf.streams:
         if s.state in (st.INIT, st.COPYING):
             done = sum(t.done for t in s.tables)
@@ -57,36 +64,39 @@ def check_comparable(wf: st.Workflow) -> None:
             )
 
 
+def entries(wf: st.Workflow) -> dict[str, tuple[st.Stream, st.TableState]]:
+    """What a vdiff compares, by name: each stream's tables ('public.t', or 'public.t <- -80' per source
+    shard in a Reshard)."""
+    several = len(wf.streams) > 1 or wf.kind == "Reshard"
+    return {(f"{t.table.qualified} <- {s.source_shard}" if several else t.table.qualified): (s, t)
+            for s in wf.streams for t in s.tables}
+
+
 def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
     """The workflow's qualified table names, or those of `names` (qualified or bare)."""
-    known = [t.table.qualified for t in wf.streams[0].tables]
-    ruled = [t.table.qualified for t in wf.streams[0].tables if t.rule is not None]
+    known = list(entries(wf))
     if not names:
-        if ruled:
-            raise UsageError(f"vdiff does not compare tables written through a rule yet ({', '.join(ruled)}); "
-                             f"name the others with --tables")
         return known
     chosen = []
     for name in names:
-        match = [q for q in known if name in (q, q.split(".", 1)[1])]
+        match = [q for q in known if name in (q, q.split(".", 1)[1], q.split(" <- ")[0],
+                                              q.split(" <- ")[0].split(".", 1)[1])]
         if not match:
             hint = did_you_mean(name, known + [q.split(".", 1)[1] for q in known]) or f"; it has {', '.join(known)}"
             raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")
         chosen += [q for q in match if q not in chosen]
-    if set(chosen) & set(ruled):
-        raise UsageError(f"vdiff does not compare tables written through a rule yet: "
-                         f"{', '.join(q for q in chosen if q in ruled)}")
     return chosen
 
 
 @dataclass
 class _Point:
-    source: TableSnapshot
+    sources: dict[int, TableSnapshot]  # per stream: its source's snapshot at the stream's point
     target: psycopg.Connection  # holds the exported target snapshot
     target_snapshot: str
 
     def close(self) -> None:
-        self.source.close()
+        for source in self.sources.values():
+            source.close()
         try:
             self.target.rollback()
         finally:
@@ -97,6 +107,7 @@ class _Point:
 class Prepared:
     point: _Point
     tasks: list[RangeTask] = field(default_factory=list)
+    rule_jobs: list[RuleRanges] = field(default_factory=list)  # tables written through a rule
 
 
 class VDiffRun:
@@ -124,10 +135,10 @@ class VDiffRun:
             self.lock_conn.close()  # ends the session lock too
             self.lock_conn = None
 
-    def prepare(self, wf: st.Workflow, stream: st.Stream, play) -> Prepared | None:
+    def prepare(self, wf: st.Workflow, streams: list[st.Stream], play) -> Prepared | None:
         """The consistent point and the ranges still to compare; None when nothing is left."""
         vd = store.load(self.lock_conn, self.vdiff_id)
-        specs = {t.table.qualified: t.table for t in stream.tables}
+        specs = {name: e for name, e in entries(wf).items() if e[0].id in {s.id for s in streams}}
         missing = [n for n in vd.tables if n not in specs]
         if missing:
             raise UsageError(f"vdiff {vd.id}: {', '.join(missing)} no longer in workflow {wf.name}")
@@ -136,27 +147,41 @@ class VDiffRun:
         todo = [p for p in progress if not p.done]
         if not todo:
             return None
-        tables = [specs[p.table] for p in todo]
+        by_stream: dict[int, list[Table]] = {}
+        for p in todo:
+            stream, t = specs[p.table]
+            by_stream.setdefault(stream.id, []).append(t.table)
         started = time.monotonic()
-        point = self._sync(wf, stream, tables, play)
-        log.info("vdiff %s: consistent point %s after %.2fs", vd.id, format_lsn(point.source.position),
+        point = self._sync(wf, [s for s in streams if s.id in by_stream], by_stream, play)
+        first = next(iter(point.sources.values()))
+        log.info("vdiff %s: consistent point %s after %.2fs", vd.id, format_lsn(first.position),
                  time.monotonic() - started)
         try:
-            store.set_state(self.lock_conn, vd.id, store.RUNNING, None, source_position=point.source.position)
+            store.set_state(self.lock_conn, vd.id, store.RUNNING, None, source_position=first.position)
             fixed = vd.options.get("range_rows")
             sample = int(vd.options.get("sample", SAMPLE_SIZE))
             prepared = Prepared(point)
-            with connect(self.target_url, role="target") as probe, connect(wf.source_url, role="source") as sprobe:
-                for p, table in zip(todo, tables):
-                    estimate = self._estimate(point.source.conn, table)
+            with connect(self.target_url, role="target") as probe:
+                for p in todo:
+                    stream, t = specs[p.table]
+                    table, source = t.table, point.sources[stream.id]
+                    estimate = self._estimate(source.conn, table)
                     rows = int(fixed) if fixed else self._range_rows(estimate)
-                    ranges = plan_ranges(point.source.conn, table, p.lastpk, rows, estimate)
-                    store.add_ranges(self.lock_conn, vd.id, table.qualified, p.generation, ranges)
+                    ranges = plan_ranges(source.conn, table, p.lastpk, rows, estimate)
+                    store.add_ranges(self.lock_conn, vd.id, p.table, p.generation, ranges)
+                    if t.rule is not None:
+                        rule = CompiledRule.from_json(t.rule, table)
+                        prepared.rule_jobs.append(RuleRanges(
+                            stream.source_url, self.target_url, vd.id, p.table, t.rule, table.to_json(),
+                            p.generation, 0, ranges, source.name, point.target_snapshot,
+                            text_compared_columns(probe, rule.target), sample))
+                        continue
+                    with connect(stream.source_url, role="source") as sprobe:
+                        hash_text = text_hashed_columns([sprobe, probe], table)
                     text_cols = text_compared_columns(probe, table)
-                    hash_text = text_hashed_columns([sprobe, probe], table)
                     prepared.tasks += [
-                        RangeTask(wf.source_url, self.target_url, vd.id, table.to_json(), p.generation, i, lo, hi,
-                                  point.source.name, point.target_snapshot, text_cols, hash_text, sample)
+                        RangeTask(stream.source_url, self.target_url, vd.id, table.to_json(), p.generation, i, lo,
+                                  hi, source.name, point.target_snapshot, text_cols, hash_text, sample)
                         for i, (lo, hi) in enumerate(ranges)
                     ]
             log.info("vdiff %s: %d ranges planned after %.2fs", vd.id, len(prepared.tasks), time.monotonic() - started)
@@ -184,6 +209,10 @@ class VDiffRun:
                 try:
                     started = time.monotonic()
                     self.runner.map(compare_range, prepared.tasks, f"vdiff {self.vdiff_id}")
+                    for job in prepared.rule_jobs:  # through the rule, in Spark: a job per table
+                        if self.stop.is_set():
+                            raise RetryableError("interrupted")
+                        compare_rule_ranges(self.runner.spark, job)
                     log.info("vdiff %s: ranges compared in %.2fs", self.vdiff_id, time.monotonic() - started)
                 finally:
                     prepared.point.close()
@@ -208,34 +237,43 @@ class VDiffRun:
         finally:
             self.release()
 
-    def _sync(self, wf: st.Workflow, stream: st.Stream, tables: list[Table], play) -> _Point:
-        """Source snapshot at P, the stream applied exactly up to P, a target snapshot there."""
+    def _sync(self, wf: st.Workflow, streams: list[st.Stream], tables: dict[int, list[Table]], play) -> _Point:
+        """Per stream: a source snapshot at P, the stream applied exactly up to P; then one target snapshot
+        in which every stream stands at its P."""
         for _ in range(SYNC_ATTEMPTS):
-            source = take_snapshot(wf.source_url, tables)
+            sources: dict[int, TableSnapshot] = {}
             try:
-                state, position = stream.state, stream.position
-                while position < source.position and not self.stop.is_set():
-                    result = play(wf, stream, until="position", stop_at=source.position, expect=state)
-                    if result.interrupted:
-                        state, position = self._reload(wf.name, stream)
-                        if position > source.position:
-                            break  # someone else played past P: take a new point
-                    else:
-                        position = stream.position = result.position
+                moved = False
+                for stream in streams:
+                    source = sources[stream.id] = take_snapshot(stream.source_url, tables[stream.id])
+                    state, position = stream.state, stream.position
+                    while position < source.position and not self.stop.is_set():
+                        result = play(wf, stream, until="position", stop_at=source.position, expect=state)
+                        if result.interrupted:
+                            state, position = self._reload(wf.name, stream)
+                            if position > source.position:
+                                moved = True  # someone else played past P: take a new point
+                                break
+                        else:
+                            position = stream.position = result.position
+                    if moved:
+                        break
                 if self.stop.is_set():
                     raise RetryableError("interrupted while the stream caught up to the vdiff's point")
-                target = connect(self.target_url, role="target")
-                target.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                name = target.execute("SELECT pg_export_snapshot()").fetchone()[0]
-                _, at = st.read_stream(target, stream.id)
-                if at == source.position:
-                    return _Point(source, target, name)
-                target.close()
-                log.info("vdiff %s: stream at %s, not at the point; taking a new one", self.vdiff_id, at)
+                if not moved:
+                    target = connect(self.target_url, role="target")
+                    target.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    name = target.execute("SELECT pg_export_snapshot()").fetchone()[0]
+                    if all(st.read_stream(target, s.id)[1] == sources[s.id].position for s in streams):
+                        return _Point(sources, target, name)
+                    target.close()
+                log.info("vdiff %s: a stream is not at its point; taking a new one", self.vdiff_id)
             except BaseException:
-                source.close()
+                for source in sources.values():
+                    source.close()
                 raise
-            source.close()
+            for source in sources.values():
+                source.close()
         raise RetryableError(f"the stream of workflow {wf.name} kept moving past the vdiff's point: is another "
                              f"process playing it?")
 

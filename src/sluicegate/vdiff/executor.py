@@ -45,7 +45,7 @@ class DriverVDiffs:
         if not run.claim("the workflow's driver"):
             return
         try:
-            prepared = run.prepare(wf, stream, self.engine.play)
+            prepared = run.prepare(wf, [stream], self.engine.play)
         except Exception as exc:  # noqa: BLE001 - a failed vdiff is reported on the vdiff, not the workflow
             log.warning("vdiff %s failed: %s", vdiff_id, exc)
             run.fail(exc)
@@ -113,7 +113,7 @@ def execute_or_wait(target_url: str, workflow: str, vdiff_id: int, make_runner, 
                 try:
                     with connect(target_url, role="target") as conn:
                         wf = st.load_workflow(conn, workflow)
-                    prepared = run.prepare(wf, wf.streams[0], engine.play)
+                    prepared = run.prepare(wf, wf.streams, engine.play)
                 except BaseException as exc:
                     run.fail(exc)
                     raise

@@ -167,7 +167,10 @@ def read_ranges(task: RuleRead, batches):
                 select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(
                     cols, table.ident, keyrange.in_range(table, lo, hi))
                 with src.cursor() as cur, cur.copy(select) as copy:
-                    stream = pa.PythonFile(_CopyStream(copy), mode="r")
+                    source = _CopyStream(copy)
+                    if not source.peek():
+                        continue  # no rows in this range (pyarrow refuses an empty CSV)
+                    stream = pa.PythonFile(source, mode="r")
                     reader = pacsv.open_csv(stream, read_options=pacsv.ReadOptions(column_names=names,
                                                                                     block_size=4 << 20),
                                             parse_options=parse, convert_options=convert)
@@ -213,6 +216,15 @@ class _CopyStream:
         self._chunks = iter(copy)
         self._buf = b""
         self.closed = False
+
+    def peek(self) -> bool:
+        """Is there anything to read?"""
+        while not self._buf:
+            try:
+                self._buf = bytes(next(self._chunks))
+            except StopIteration:
+                return False
+        return True
 
     def readable(self) -> bool:
         return True

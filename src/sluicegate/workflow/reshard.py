@@ -174,7 +174,8 @@ def target_shards(wf: st.Workflow, target_url: str) -> dict[str, str]:
     """Target shard name -> URL for a Reshard; {'': target_url} for any other workflow."""
     if wf.kind != KIND:
         return {"": target_url}
-    return dict(wf.options["keyspace"]["target_shards"])
+    # in key order (jsonb keeps object keys in its own order: shortest first)
+    return dict(sorted(wf.options["keyspace"]["target_shards"].items(), key=lambda kv: KeyRange.parse(kv[0])))
 
 
 def load_all(name: str, target_url: str) -> list[tuple[str, str, st.Workflow]]:
