@@ -187,7 +187,7 @@ class Bench:
         url = self.target.url("sg")
         t0 = time.monotonic()
         options = {k: getattr(self.args, k) for k in ("cycle_rows", "chunk_rows") if getattr(self.args, k, None)}
-        create_movetables(WF, self.source.url(DB), url, TABLES, [], options)
+        create_movetables(WF, self.source.url(DB), url, TABLES, list(self.args.rule or []), options)
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
         with open(self.wf_log, "w") as out:
@@ -431,6 +431,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
     parser.add_argument("--cycle-rows", type=int, help="Sluicegate's rows per copy cycle (default: its own)")
     parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
+    parser.add_argument("--rule", action="append", help="copy and replicate through this Spark SQL rule (it must "
+                        "keep the table's name and rows, e.g. 'pgbench_accounts: SELECT *, abalance * 2 AS "
+                        "doubled FROM pgbench_accounts'): measures the rule path")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()

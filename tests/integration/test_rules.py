@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from sluicegate.errors import UsageError
+from sluicegate.rules.udfs import parse_udfs
 from sluicegate.workflow.create import create_materialize, create_movetables
 
 from ..conftest import EngineThread, wait_for
@@ -19,10 +20,11 @@ from .helpers import caught_up, stream_row
 
 pytestmark = pytest.mark.spark
 
-RULE = ("items_eu: SELECT id AS item_id, upper(name) AS uname, price * qty AS total, region, descr, created "
-        "FROM items WHERE region = 'eu' AND qty > 0")
+RULE = ("items_eu: SELECT id AS item_id, upper(name) AS uname, price * qty AS total, region, descr, created, "
+        "slug(name) AS slug FROM items WHERE region = 'eu' AND qty > 0")
+UDFS = {"slug": "tests.integration.rule_udfs:slug"}  # a Python function the rule calls
 # The same rule in PostgreSQL's SQL: what the target must hold, row for row (text forms).
-EXPECTED = ("SELECT id, upper(name), price * qty, region, descr, created FROM items "
+EXPECTED = ("SELECT id, upper(name), price * qty, region, descr, created, replace(lower(name), ' ', '-') FROM items "
             "WHERE region = 'eu' AND qty > 0 ORDER BY id")
 
 
@@ -46,7 +48,7 @@ def _cli(*args):
 
 
 def _target_rows(pair) -> list[tuple]:
-    return pair.dst("SELECT item_id, uname, total, region, descr, created FROM items_eu ORDER BY item_id")
+    return pair.dst("SELECT item_id, uname, total, region, descr, created, slug FROM items_eu ORDER BY item_id")
 
 
 class _Mover(threading.Thread):
@@ -88,12 +90,13 @@ class _Mover(threading.Thread):
 
 def test_materialize_projects_filters_renames_through_copy_and_replicate(pair, spark):
     _source(pair, 6000)
-    created = create_materialize("mat", pair.source, pair.target, [RULE], {"cycle_rows": 2500, "chunk_rows": 900})
+    created = create_materialize("mat", pair.source, pair.target, [RULE], {"cycle_rows": 2500, "chunk_rows": 900},
+                                 UDFS)
     assert created == ["public.items_eu"]
     cols = pair.dst("""SELECT column_name, data_type FROM information_schema.columns
                        WHERE table_name = 'items_eu' ORDER BY ordinal_position""")
     assert cols == [("item_id", "bigint"), ("uname", "text"), ("total", "numeric"), ("region", "text"),
-                    ("descr", "text"), ("created", "timestamp with time zone")]
+                    ("descr", "text"), ("created", "timestamp with time zone"), ("slug", "text")]
     assert pair.dst("""SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
                        AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'items_eu'::regclass AND i.indisprimary""") \
         == [("item_id",)]
@@ -152,6 +155,7 @@ def test_update_moving_a_row_into_the_filter_without_its_toasted_value_stops_wit
 
 BAD_RULES = [
     ("x: SELECT id, nme FROM items", "rule 'x'", "nme"),
+    ("x: SELECT id, nosuch(name) AS n FROM items", "rule 'x'", "nosuch"),
     ("x: SELECT name FROM items", "rule 'x'", "key column 'id'"),
     ("x: SELECT id, rand() AS r FROM items", "rule 'x'", "'r' is not deterministic"),
     ("x: SELECT region, count(*) AS n FROM items GROUP BY region", "rule 'x'", "aggregations"),
@@ -170,6 +174,10 @@ def test_bad_rules_are_refused_before_anything_is_created(pair, spark):
         for fragment in fragments:
             assert fragment in str(err.value), (rule, str(err.value))
         assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="cannot import nosuchmodule"):
+        parse_udfs(["slug=nosuchmodule:slug"])
+    with pytest.raises(UsageError, match="no function 'nope'"):
+        parse_udfs(["slug=tests.integration.rule_udfs:nope"])
     with pytest.raises(UsageError, match="does not move"):
         create_movetables("bad", pair.source, pair.target, ["items"], ["x: SELECT id FROM other"], {})
     assert pair.dst("SELECT to_regclass('sluicegate.workflows')")[0][0] is None  # nothing was created

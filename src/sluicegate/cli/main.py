@@ -68,6 +68,8 @@ def movetables() -> None:
 RULE = click.option("--rule", "rules", multiple=True, metavar="'TARGET: SELECT … FROM source …'",
                     help="A Spark SQL rule: project, rename, compute and filter one source table into TARGET "
                          "(repeatable; a TARGET with * matches tables by name).")
+UDF = click.option("--udf", "udfs", multiple=True, metavar="NAME=MODULE:FUNCTION[:TYPE]",
+                   help="A Python function rules may call as NAME (TYPE: its Spark return type, default string).")
 RULES_FILE = click.option("--rules-file", type=click.Path(exists=True, dir_okay=False), default=None,
                           help="A YAML file with a list of rules under `rules:`.")
 COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
@@ -97,10 +99,12 @@ def _copy_sizes(fn):
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
 @RULE
 @RULES_FILE
+@UDF
 @_copy_sizes
 @friendly
-def movetables_create(name, source, target, tables, rules, rules_file, cycle_rows, chunk_rows):
+def movetables_create(name, source, target, tables, rules, rules_file, udfs, cycle_rows, chunk_rows):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
+    from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
     options = _options(cycle_rows, chunk_rows)
@@ -111,7 +115,7 @@ def movetables_create(name, source, target, tables, rules, rules_file, cycle_row
         if not names:  # an empty $TABLES must not silently mean "every table"
             raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
                              "to move every table of schema public")
-    created = create_movetables(name, source, target, names, rules, options)
+    created = create_movetables(name, source, target, names, rules, options, parse_udfs(list(udfs)))
     click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
                f"run it with: sluicegate workflow run {name}")
 
@@ -127,13 +131,16 @@ def materialize() -> None:
 @TARGET
 @RULE
 @RULES_FILE
+@UDF
 @_copy_sizes
 @friendly
-def materialize_create(name, source, target, rules, rules_file, cycle_rows, chunk_rows):
+def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows, chunk_rows):
     """Check every rule with Spark's analyzer, then create the target tables and the workflow."""
+    from ..rules.udfs import parse_udfs
     from ..workflow.create import create_materialize
 
-    created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows))
+    created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows),
+                                 parse_udfs(list(udfs)))
     click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
                f"run it with: sluicegate workflow run {name}")
 
@@ -154,16 +161,19 @@ def reshard() -> None:
               help="The column whose hash places a row in a shard (default: the table's first key column).")
 @RULE
 @RULES_FILE
+@UDF
 @_copy_sizes
 @friendly
-def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules, rules_file, cycle_rows, chunk_rows):
+def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules, rules_file, udfs, cycle_rows,
+                   chunk_rows):
     """Check every shard and rule, then create tables and state on every target shard."""
+    from ..rules.udfs import parse_udfs
     from ..workflow.reshard import create_reshard, parse_shard_keys, parse_shards
 
     names = [t for t in tables.split(",") if t.strip()] if tables is not None else None
     created = create_reshard(name, parse_shards("source", list(source_shards)), parse_shards("target", list(target_shards)),
                              names, parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
-                             _options(cycle_rows, chunk_rows))
+                             _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)))
     click.echo(f"created workflow {name} on {len(created)} target shards ({'; '.join(created)}); "
                f"run it with: sluicegate workflow run {name} --target <any target shard URL>")
 

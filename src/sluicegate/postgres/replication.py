@@ -27,6 +27,7 @@ from .connect import SESSION_OPTIONS, describe, redact
 
 BEGIN, COMMIT = ord("B"), ord("C")
 _END_LSN = struct.Struct(">Q")
+NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedback of its own every 10 s
 
 
 class ChangeStream:
@@ -48,8 +49,10 @@ class ChangeStream:
             raise _connect_error(url, exc) from None
         try:
             self.cur = self.conn.cursor()
+            # No feedback of psycopg2's own (see confirm()): only positions the target has committed are sent.
+            # The server asks for a reply only after wal_sender_timeout/2 without one; confirm() answers sooner.
             self.cur.start_replication(
-                slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=5,
+                slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=NO_STATUS_FEEDBACK,
                 options={"proto_version": "1", "publication_names": publication},
             )
         except psycopg2.errors.ObjectInUse:
@@ -121,9 +124,10 @@ class ChangeStream:
         """Tell the server the target has durably applied everything before `position`.
 
         psycopg2 moves its flush position to a keepalive's WAL end on its own once every message received was
-        confirmed, and sends that with the next feedback. Harmless for data (the server had sent nothing before
-        it), but a fast-forward stops at an exact position: while the server has said it is past `position`,
-        keep the slot where it is rather than let it pass the target.
+        confirmed, and sends that with the next feedback (ours or its periodic one, which start() turns off).
+        Harmless for data (the server had sent nothing before it), but the slot would pass the target's
+        position, and a fast-forward stops at an exact one: while the server has said it is past `position`,
+        send nothing and keep the slot where it is.
         """
         if int(self.cur.wal_end or 0) > position:
             return

@@ -33,6 +33,7 @@ class CompiledRule:
     outputs: tuple[tuple[str, object], ...]  # per target column: ("raw", source column index) | ("expr", name)
     needs: tuple[int, ...]  # source columns that computed columns or the filter read
     keyrange: tuple[int, str, str] | None = None  # a shard's rows only: (sharding column, lo, hi), see sharding/
+    udfs: tuple[tuple[str, str], ...] = ()  # Python functions the rule may call (udfs.py)
 
     def with_keyrange(self, column: int, lo: str, hi: str) -> CompiledRule:
         from dataclasses import replace
@@ -70,13 +71,14 @@ class CompiledRule:
     def to_json(self) -> dict:
         return {"rule": self.rule, "target": self.target.to_json(), "select": self.select, "view": self.view,
                 "outputs": [list(o) for o in self.outputs], "needs": list(self.needs),
-                "keyrange": list(self.keyrange) if self.keyrange else None}
+                "keyrange": list(self.keyrange) if self.keyrange else None, "udfs": [list(u) for u in self.udfs]}
 
     @classmethod
     def from_json(cls, d: dict, source: Table) -> CompiledRule:
         return cls(d["rule"], source, Table.from_json(d["target"]), d["select"], d["view"],
                    tuple((k, v) for k, v in d["outputs"]), tuple(d["needs"]),
-                   tuple(d["keyrange"]) if d.get("keyrange") else None)
+                   tuple(d["keyrange"]) if d.get("keyrange") else None,
+                   tuple((n, r) for n, r in d.get("udfs", [])))
 
 
 def quote(name: str) -> str:
@@ -89,10 +91,13 @@ def raw_schema(source: Table):
     return StructType([StructField(RAW.format(i), StringType()) for i in range(len(source.columns))])
 
 
-def rule_session(spark):
+def rule_session(spark, udfs: dict | None = None):
     """A session of its own per rule: its view names cannot collide with another rule's; times in UTC."""
+    from . import udfs as python_udfs
+
     session = spark.newSession()
     session.conf.set("spark.sql.session.timeZone", "UTC")
+    python_udfs.register(session, udfs or {})
     return session
 
 
@@ -112,8 +117,9 @@ def from_name(spark, spec: RuleSpec) -> str:
     return ".".join(names[0])
 
 
-def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema: str, target_name: str) -> CompiledRule:
-    session = rule_session(spark)
+def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema: str, target_name: str,
+                 udfs: dict | None = None) -> CompiledRule:
+    session = rule_session(spark, udfs)
     empty = session.createDataFrame([], raw_schema(source))
     empty.createOrReplaceTempView("__sg_raw")
     # The view a rule reads: typed columns only (raw ones are added at run time), so `*` means the table.
@@ -169,7 +175,8 @@ def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema:
         key.append(hits[0])
     columns = [Column(c.name, c.type_sql, c.type_oid, c.not_null or c.name in key, c.collation) for c in columns]
     target = Table(target_schema, target_name, tuple(columns), tuple(key), source.enums, source.estimated_rows)
-    return CompiledRule(spec.to_text(), source, target, spec.select, view, tuple(outputs), tuple(sorted(needs)))
+    return CompiledRule(spec.to_text(), source, target, spec.select, view, tuple(outputs), tuple(sorted(needs)),
+                        udfs=tuple(sorted((udfs or {}).items())))
 
 
 # -- the analyzed plan, through py4j ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ class RuleRunner:
 
     def __init__(self, spark, rule: CompiledRule):
         self.rule = rule
-        self.session = rule_session(spark)
+        self.session = rule_session(spark, dict(rule.udfs))
         self.schema = raw_schema(rule.source)
         self._raw_name = "__sg_raw"
 

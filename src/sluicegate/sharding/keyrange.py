@@ -83,7 +83,7 @@ def check_partition(kind: str, names: list[str]) -> list[KeyRange]:
     edge = ""
     for r, name in ranges:
         if r.lo != edge:
-            what = "overlaps the one before it" if (not edge or r.lo < edge) and r.lo else "leaves a gap before it"
+            what = "leaves a gap before it" if r.lo > edge else "overlaps the one before it"
             raise UsageError(f"{kind} shards must cover the keyspace once: {name} {what}")
         if not r.hi:
             edge = None

@@ -15,20 +15,21 @@ from . import state as st
 
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,
-                      rules: list[str], options: dict) -> list[str]:
+                      rules: list[str], options: dict, udfs: dict | None = None) -> list[str]:
     """Returns the qualified names of the moved tables. Creates nothing if anything is wrong."""
-    return _create("MoveTables", name, source_url, target_url, tables, rules, options)
+    return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs)
 
 
-def create_materialize(name: str, source_url: str, target_url: str, rules: list[str], options: dict) -> list[str]:
+def create_materialize(name: str, source_url: str, target_url: str, rules: list[str], options: dict,
+                       udfs: dict | None = None) -> list[str]:
     """A workflow of rules only: each rule's source table, filtered and transformed, into its target table."""
     if not rules:
         raise UsageError("materialize needs at least one --rule 'TARGET: SELECT … FROM source_table …'")
-    return _create("Materialize", name, source_url, target_url, None, rules, options)
+    return _create("Materialize", name, source_url, target_url, None, rules, options, udfs)
 
 
 def _create(kind: str, name: str, source_url: str, target_url: str, tables: list[str] | None, rules: list[str],
-            options: dict) -> list[str]:
+            options: dict, udfs: dict | None) -> list[str]:
     if not name or len(name) > 100:
         raise UsageError("a workflow name is 1 to 100 characters")
     specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
@@ -38,7 +39,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             capture.check_source(src)
             superuser = _check_source_role(src)
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
-            compiled = _compile_rules(src, specs, described, kind) if specs else {}
+            compiled = _compile_rules(src, specs, described, kind, udfs) if specs else {}
             if kind == "Materialize":
                 described = [rule.source for rule in compiled.values()]
             if not superuser:
@@ -54,7 +55,8 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
     return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]
 
 
-def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str) -> dict:
+def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str,
+                   udfs: dict | None = None) -> dict:
     """Qualified source name -> CompiledRule, each checked by Spark's analyzer against its source table."""
     from ..rules.compile import compile_rule, from_name
     from ..spark.session import get_spark
@@ -89,7 +91,7 @@ def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[T
             if source.qualified in compiled:
                 raise UsageError(f"source table {source.qualified} has two rules ({compiled[source.qualified].rule.split(':')[0]!r} "
                                  f"and {spec.label}): one rule per source table")
-            rule = compile_rule(spark, spec, source, view, schema, rel)
+            rule = compile_rule(spark, spec, source, view, schema, rel, udfs)
             if rule.target.qualified in targets:
                 raise UsageError(f"rules {targets[rule.target.qualified]!r} and {spec.label} both write "
                                  f"{rule.target.qualified}: one source table per target table")

@@ -53,7 +53,8 @@ def parse_shard_keys(items: list[str]) -> dict[str, str]:
 
 
 def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict[str, str],
-                   tables: list[str] | None, shard_keys: dict[str, str], rules: list[str], options: dict) -> list[str]:
+                   tables: list[str] | None, shard_keys: dict[str, str], rules: list[str], options: dict,
+                   udfs: dict | None = None) -> list[str]:
     """Validate every shard and rule, then create tables and state on every target shard (all or none)."""
     if not name or len(name) > 100:
         raise UsageError("a workflow name is 1 to 100 characters")
@@ -76,7 +77,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
                 _check_table_rights(conn, described)
             replication.check_replication_access(source_shards[shard])
         columns = _sharding_columns(described, shard_keys)
-        compiled = _compile_rules(sources[first][0], specs, described, "MoveTables") if specs else {}
+        compiled = _compile_rules(sources[first][0], specs, described, "MoveTables", udfs) if specs else {}
         compiled = {t.qualified: compiled.get(t.qualified) or _identity(t) for t in described}
         for t, c in zip(described, columns):  # each stream clears only its own rows: it must find them
             if ("raw", c) not in compiled[t.qualified].outputs:
