@@ -58,7 +58,7 @@ def _load(url: str, shard: str) -> None:
             for i in accounts:
                 cp.write_row((i, f"owner {i}", i % 997))
         with c.cursor().copy("COPY events FROM STDIN") as cp:
-            for n, i in enumerate(accounts[:2000]):  # events live with their account: event ids are unique per shard
+            for i in accounts[:2000]:  # events live with their account: event ids are unique per shard
                 cp.write_row((i * 10 + 1, i, "open"))
 
 

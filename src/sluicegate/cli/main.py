@@ -86,8 +86,9 @@ def _all_rules(rules, rules_file) -> list[str]:
     return list(rules) + (load_rules_file(rules_file) if rules_file else [])
 
 
-def _copy_sizes(fn):
-    for option in reversed(COPY_SIZES):
+def _rule_options(fn):
+    """--rule, --rules-file, --udf and the copy sizes: what every create command takes."""
+    for option in reversed([RULE, RULES_FILE, UDF, *COPY_SIZES]):
         fn = option(fn)
     return fn
 
@@ -97,27 +98,30 @@ def _copy_sizes(fn):
 @click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
 @TARGET
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
-@RULE
-@RULES_FILE
-@UDF
-@_copy_sizes
+@_rule_options
 @friendly
 def movetables_create(name, source, target, tables, rules, rules_file, udfs, cycle_rows, chunk_rows):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
-    options = _options(cycle_rows, chunk_rows)
-    rules = _all_rules(rules, rules_file)
-    names = None
-    if tables is not None:
-        names = [t for t in tables.split(",") if t.strip()]
-        if not names:  # an empty $TABLES must not silently mean "every table"
-            raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
-                             "to move every table of schema public")
-    created = create_movetables(name, source, target, names, rules, options, parse_udfs(list(udfs)))
-    click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
-               f"run it with: sluicegate workflow run {name}")
+    created = create_movetables(name, source, target, _table_names(tables), _all_rules(rules, rules_file),
+                                _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)))
+    _created(name, f"{len(created)} tables ({', '.join(created)})")
+
+
+def _table_names(tables: str | None) -> list[str] | None:
+    if tables is None:
+        return None
+    names = [t for t in tables.split(",") if t.strip()]
+    if not names:  # an empty $TABLES must not silently mean "every table"
+        raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
+                         "to move every table of schema public")
+    return names
+
+
+def _created(name: str, what: str, target_hint: str = "") -> None:
+    click.echo(f"created workflow {name}: {what}; run it with: sluicegate workflow run {name}{target_hint}")
 
 
 @cli.group()
@@ -129,10 +133,7 @@ def materialize() -> None:
 @click.option("--workflow", "name", required=True, help="Name of the new workflow.")
 @click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
 @TARGET
-@RULE
-@RULES_FILE
-@UDF
-@_copy_sizes
+@_rule_options
 @friendly
 def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows, chunk_rows):
     """Check every rule with Spark's analyzer, then create the target tables and the workflow."""
@@ -141,8 +142,7 @@ def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows
 
     created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows),
                                  parse_udfs(list(udfs)))
-    click.echo(f"created workflow {name}: {len(created)} tables ({', '.join(created)}); "
-               f"run it with: sluicegate workflow run {name}")
+    _created(name, f"{len(created)} tables ({', '.join(created)})")
 
 
 @cli.group()
@@ -159,10 +159,7 @@ def reshard() -> None:
 @click.option("--tables", default=None, help="Comma-separated tables (default: all of schema public).")
 @click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
               help="The column whose hash places a row in a shard (default: the table's first key column).")
-@RULE
-@RULES_FILE
-@UDF
-@_copy_sizes
+@_rule_options
 @friendly
 def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules, rules_file, udfs, cycle_rows,
                    chunk_rows):
@@ -170,12 +167,10 @@ def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules
     from ..rules.udfs import parse_udfs
     from ..workflow.reshard import create_reshard, parse_shard_keys, parse_shards
 
-    names = [t for t in tables.split(",") if t.strip()] if tables is not None else None
     created = create_reshard(name, parse_shards("source", list(source_shards)), parse_shards("target", list(target_shards)),
-                             names, parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
+                             _table_names(tables), parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
                              _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)))
-    click.echo(f"created workflow {name} on {len(created)} target shards ({'; '.join(created)}); "
-               f"run it with: sluicegate workflow run {name} --target <any target shard URL>")
+    _created(name, f"{len(created)} target shards ({'; '.join(created)})", " --target <any target shard URL>")
 
 
 @cli.group()

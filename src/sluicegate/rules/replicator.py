@@ -104,7 +104,7 @@ class RuleReplicator:
                 keep = [c for c, (kind, ref) in enumerate(rule.outputs) if kind == "raw" and values[ref] is UNCHANGED]
                 self.applier.put(target, "U", key, tuple(row), keep or None)
                 kept.add(key)
-        for key, (op, _) in r.staged.items():
+        for key in r.staged:
             if key not in kept:  # deleted, or no longer selected by the rule: gone from the target
                 row = [None] * n_target
                 for pos, v in zip(key_positions, key):

@@ -29,9 +29,9 @@ from ..postgres import keyrange
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import TableSnapshot, take_snapshot
+from ..rules.compile import CompiledRule
 from ..workflow import state as st
 from . import store
-from ..rules.compile import CompiledRule
 from .compare import RangeTask, compare_range, text_compared_columns, text_hashed_columns
 from .rule_compare import RuleRanges, compare_rule_ranges
 

@@ -110,16 +110,18 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         _check_no_leftovers(src, name)
         for source in described:
-            t = compiled[source.qualified].target if source.qualified in compiled else source
-            if not catalog.prepare_target(dst, t):
-                has_rows = dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]
-                if has_rows:
-                    raise UsageError(
-                        f"target table {t.qualified} already has rows: {kind} fills empty tables; "
-                        f"empty it (TRUNCATE) or drop it first"
-                    )
+            prepare_empty_target(dst, compiled[source.qualified].target if source.qualified in compiled else source,
+                                 kind, "target table")
         st.create_workflow(dst, name, kind, source_url, options, described,
                            {q: rule.to_json() for q, rule in compiled.items()})
+
+
+def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str) -> None:
+    """Create the target table, or check an existing one is compatible and empty (a workflow fills it)."""
+    created = catalog.prepare_target(dst, t)
+    if not created and dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
+        raise UsageError(f"{where} {t.qualified} already has rows: {kind} fills empty tables; "
+                         f"empty it (TRUNCATE) or drop it first")
 
 
 def _check_source_role(src: psycopg.Connection) -> bool:

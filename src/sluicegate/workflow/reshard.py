@@ -15,7 +15,6 @@ import threading
 from contextlib import ExitStack
 
 import psycopg
-from psycopg import sql
 
 from ..errors import UsageError
 from ..postgres import capture, catalog, replication
@@ -25,7 +24,13 @@ from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
 from ..sharding.keyrange import KeyRange, check_partition
 from . import state as st
-from .create import _check_no_leftovers, _check_source_role, _check_table_rights, _compile_rules
+from .create import (
+    _check_no_leftovers,
+    _check_source_role,
+    _check_table_rights,
+    _compile_rules,
+    prepare_empty_target,
+)
 
 KIND = "Reshard"
 
@@ -161,11 +166,7 @@ def _prepare_target_shard(conn, name, shard, described, compiled, options, keysp
     st.ensure_schema(conn)
     st.check_new_name(conn, name)
     for source in described:
-        t = compiled[source.qualified].target
-        if not catalog.prepare_target(conn, t):
-            if conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
-                raise UsageError(f"table {t.qualified} on target shard {shard} already has rows: Reshard fills "
-                                 f"empty tables; empty it (TRUNCATE) or drop it first")
+        prepare_empty_target(conn, compiled[source.qualified].target, KIND, f"on target shard {shard}, table")
     first_source = next(iter(keyspace["source_shards"].values()))
     st.insert_workflow(conn, name, KIND, first_source, {**options, "keyspace": keyspace, "target_shard": shard})
 
