@@ -188,3 +188,21 @@ def test_bad_rules_are_refused_before_anything_is_created(pair, spark):
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "nme" in out.stderr and "rule 'x'" in out.stderr, out.stderr
+
+
+def test_a_pattern_rule_matches_tables_by_name_and_keeps_their_names(pair, spark):
+    for name in ("item_a", "item_b", "other"):
+        pair.src(f"CREATE TABLE {name} (id int PRIMARY KEY, region text)")
+        pair.src(f"INSERT INTO {name} VALUES (1, 'eu'), (2, 'us')")
+    created = create_materialize("pat", pair.source, pair.target,
+                                 ["item_*: SELECT id, upper(region) AS region FROM `item_*` WHERE region = 'eu'"], {})
+    assert created == ["public.item_a", "public.item_b"]
+    with EngineThread(spark, pair.target, "pat"):
+        wait_for(lambda: caught_up(pair, "pat"), what="caught up")
+        pair.src("UPDATE item_b SET region = 'eu' WHERE id = 2")
+        wait_for(lambda: pair.dst("SELECT count(*) FROM item_b")[0][0] == 2, what="the update moved a row in")
+    assert pair.dst("SELECT * FROM item_a") == [(1, "EU")]
+    assert pair.dst("SELECT * FROM item_b ORDER BY id") == [(1, "EU"), (2, "EU")]
+    assert pair.dst("SELECT to_regclass('public.other')")[0][0] is None
+    with pytest.raises(UsageError, match="FROM `item_\\*`"):
+        create_materialize("pat2", pair.source, pair.target, ["item_*: SELECT id FROM item_a"], {})
