@@ -34,6 +34,13 @@ class CompiledRule:
     needs: tuple[int, ...]  # source columns that computed columns or the filter read
     keyrange: tuple[int, str, str] | None = None  # a shard's rows only: (sharding column, lo, hi), see sharding/
     udfs: tuple[tuple[str, str], ...] = ()  # Python functions the rule may call (udfs.py)
+    filtered: bool = True  # the rule has a WHERE
+
+    @property
+    def moves_only(self) -> bool:
+        """Columns passed through (maybe renamed or dropped), no WHERE: nothing for Spark to compute per row
+        (a key range, if any, is md5 of the sharding column's text: the same in Python)."""
+        return not self.filtered and all(kind == "raw" for kind, _ in self.outputs)
 
     def with_keyrange(self, column: int, lo: str, hi: str) -> CompiledRule:
         from dataclasses import replace
@@ -71,14 +78,15 @@ class CompiledRule:
     def to_json(self) -> dict:
         return {"rule": self.rule, "target": self.target.to_json(), "select": self.select, "view": self.view,
                 "outputs": [list(o) for o in self.outputs], "needs": list(self.needs),
-                "keyrange": list(self.keyrange) if self.keyrange else None, "udfs": [list(u) for u in self.udfs]}
+                "keyrange": list(self.keyrange) if self.keyrange else None, "udfs": [list(u) for u in self.udfs],
+                "filtered": self.filtered}
 
     @classmethod
     def from_json(cls, d: dict, source: Table) -> CompiledRule:
         return cls(d["rule"], source, Table.from_json(d["target"]), d["select"], d["view"],
                    tuple((k, v) for k, v in d["outputs"]), tuple(d["needs"]),
                    tuple(d["keyrange"]) if d.get("keyrange") else None,
-                   tuple((n, r) for n, r in d.get("udfs", [])))
+                   tuple((n, r) for n, r in d.get("udfs", [])), d.get("filtered", True))
 
 
 def quote(name: str) -> str:
@@ -176,7 +184,7 @@ def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema:
     columns = [Column(c.name, c.type_sql, c.type_oid, c.not_null or c.name in key, c.collation) for c in columns]
     target = Table(target_schema, target_name, tuple(columns), tuple(key), source.enums, source.estimated_rows)
     return CompiledRule(spec.to_text(), source, target, spec.select, view, tuple(outputs), tuple(sorted(needs)),
-                        udfs=tuple(sorted((udfs or {}).items())))
+                        udfs=tuple(sorted((udfs or {}).items())), filtered=condition is not None)
 
 
 # -- the analyzed plan, through py4j ----------------------------------------------------------------------

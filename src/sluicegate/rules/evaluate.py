@@ -32,7 +32,16 @@ class RuleRunner:
         """The rule over a small batch of rows (all string columns, named like `raw_schema`)."""
         if raw.num_rows == 0:
             return raw
+        if self.rule.moves_only:  # e.g. a Reshard stream's own rule: no Spark job per batch
+            return raw if self.rule.keyrange is None else raw.filter(pa.array(self._in_range(raw)))
         return self.transform(self.session.createDataFrame(raw, schema=self.schema)).toArrow()
+
+    def _in_range(self, raw: pa.Table) -> list[bool]:
+        from ..sharding.keyrange import KeyRange, keyspace_id
+
+        column, lo, hi = self.rule.keyrange
+        r = KeyRange(lo, hi)
+        return [v is not None and r.contains(keyspace_id(v)) for v in raw.column(column).to_pylist()]
 
 
 def target_columns(rule: CompiledRule, result: pa.Table | pa.RecordBatch) -> list[pa.Array]:
