@@ -84,9 +84,13 @@ def check_slot(conn: psycopg.Connection, name: str, position: int, workflow: str
         raise TerminalError(f"replication slot {name} is gone from the source; {rebootstrap}")
     if info.wal_status == "lost" or info.restart_lsn is None:
         raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {rebootstrap}")
-    # A slot confirmed past the target's position is expected: the replication client acknowledges a
-    # keepalive's WAL end once every message it received was confirmed (psycopg2 does, see replication.py),
-    # and WAL the server had sent nothing for holds no change of the stream. Decoding resumes there.
+    # Sluicegate confirms only what the target committed (replication.py keeps psycopg2 from acknowledging
+    # keepalives on its own): a slot further on was read by someone else, and changes may be gone.
+    if info.confirmed_flush is not None and info.confirmed_flush > position:
+        raise TerminalError(
+            f"replication slot {name} was consumed up to {format_lsn(info.confirmed_flush)}, past the target's "
+            f"position {format_lsn(position)}; {rebootstrap}"
+        )
     return info
 
 
