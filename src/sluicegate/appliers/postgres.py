@@ -38,6 +38,16 @@ class TargetTable:
     _plan: dict | None = None
 
 
+def check_columns(rel: Relation, source: Table) -> None:
+    """The source table still has the columns the workflow was made with (a Relation message says)."""
+    names = tuple(c.name for c in rel.columns)
+    if names != source.column_names:
+        raise TerminalError(
+            f"columns of source table {source.qualified} changed to {list(names)} (expected "
+            f"{list(source.column_names)}): schema changes are not replicated yet; re-create the workflow"
+        )
+
+
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
                  chunk_bytes: int = 32 << 20):
@@ -58,12 +68,7 @@ class PostgresApplier:
         if t is None or t.mode == "skip":
             return None
         if rel.oid not in self.checked:
-            names = tuple(c.name for c in rel.columns)
-            if names != t.table.column_names:
-                raise TerminalError(
-                    f"columns of source table {t.table.qualified} changed to {list(names)} (expected "
-                    f"{list(t.table.column_names)}): schema changes are not replicated yet; re-create the workflow"
-                )
+            check_columns(rel, t.table)
             self.checked.add(rel.oid)
         return t
 

@@ -12,6 +12,8 @@ import pyarrow as pa
 from .compile import RAW, CompiledRule, quote, raw_schema, rule_session
 from .types import pg_text
 
+RAW_VIEW = "__sg_raw"  # the rows as the source's text, under the typed view the rule reads
+
 
 class RuleRunner:
     """One rule on the driver's Spark: `transform` a DataFrame (copy) or `apply` to Arrow rows (replicate)."""
@@ -20,12 +22,11 @@ class RuleRunner:
         self.rule = rule
         self.session = rule_session(spark, dict(rule.udfs))
         self.schema = raw_schema(rule.source)
-        self._raw_name = "__sg_raw"
 
     def transform(self, raw_df):
         """The rule over a DataFrame of raw text columns: raw columns first, then the rule's."""
-        raw_df.createOrReplaceTempView(self._raw_name)
-        self.session.sql(self.rule.typed_view_sql(self._raw_name)).createOrReplaceTempView(quote(self.rule.view))
+        raw_df.createOrReplaceTempView(RAW_VIEW)
+        self.session.sql(self.rule.typed_view_sql(RAW_VIEW)).createOrReplaceTempView(quote(self.rule.view))
         return self.session.sql(self.rule.runtime_select)
 
     def apply(self, raw: pa.Table) -> pa.Table:

@@ -9,7 +9,7 @@ or a delete), and a delete is a delete. The key passes through unchanged, so the
 
 from __future__ import annotations
 
-from ..appliers.postgres import PostgresApplier, TargetTable
+from ..appliers.postgres import PostgresApplier, TargetTable, check_columns
 from ..errors import TerminalError
 from ..postgres.assembler import Change
 from ..postgres.pgoutput import UNCHANGED, Relation
@@ -59,8 +59,6 @@ class RuleReplicator:
         ruled = [self.ruled[(rel.schema, rel.name)] for rel in relations if (rel.schema, rel.name) in self.ruled]
         others = tuple(rel for rel in relations if (rel.schema, rel.name) not in self.ruled)
         self.flush_rules()
-        for r in ruled:
-            r.staged.clear()
         whole = [r.target for r in ruled if r.target.mode != "skip" and r.rule.keyrange is None]
         self.applier.truncate_tables(whole)
         for r in ruled:  # a shard's stream shares the target table with other streams: only its own rows go
@@ -113,15 +111,9 @@ class RuleReplicator:
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _check(self, r: _Ruled, rel: Relation) -> None:
-        if rel.oid in r.checked:
-            return
-        names = tuple(c.name for c in rel.columns)
-        if names != r.rule.source.column_names:
-            raise TerminalError(
-                f"columns of source table {r.rule.source.qualified} changed to {list(names)} (expected "
-                f"{list(r.rule.source.column_names)}): schema changes are not replicated yet; re-create the workflow"
-            )
-        r.checked.add(rel.oid)
+        if rel.oid not in r.checked:
+            check_columns(rel, r.rule.source)
+            r.checked.add(rel.oid)
 
     @staticmethod
     def _resolve(r: _Ruled, key: tuple, old: tuple | None, new: tuple) -> tuple:

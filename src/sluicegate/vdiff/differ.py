@@ -173,7 +173,7 @@ class VDiffRun:
                         rule = CompiledRule.from_json(t.rule, table)
                         prepared.rule_jobs.append(RuleRanges(
                             stream.source_url, self.target_url, vd.id, p.table, t.rule, table.to_json(),
-                            p.generation, 0, ranges, source.name, point.target_snapshot,
+                            p.generation, ranges, source.name, point.target_snapshot,
                             text_compared_columns(probe, rule.target), sample))
                         continue
                     with connect(stream.source_url, role="source") as sprobe:

@@ -33,8 +33,7 @@ class RuleRanges:
     rule: dict  # CompiledRule.to_json()
     source: dict  # the source Table
     generation: int
-    first_idx: int  # ranges are numbered from here (those before were done by an earlier generation)
-    ranges: list
+    ranges: list  # numbered from 0 in their generation
     source_snapshot: str
     target_snapshot: str
     text_columns: tuple[str, ...]
@@ -76,7 +75,7 @@ def compare_partition(job: RuleRanges, batches):
         counts, samples = join_compare(dst, target, stage, lo, hi, job.text_columns, job.sample_size,
                                        rule.target_keyrange())
         dst.rollback()
-        fault_point(f"vdiff.range.{job.first_idx + i}")
-        store.finish_range(dst, job.vdiff_id, job.name, job.generation, job.first_idx + i, counts, samples)
+        fault_point(f"vdiff.range.{i}")
+        store.finish_range(dst, job.vdiff_id, job.name, job.generation, i, counts, samples)
         dst.commit()
     yield pa.RecordBatch.from_pydict({k: [counts[k]] for k in ("compared", "missing", "extra", "mismatched")})

@@ -129,14 +129,13 @@ class RuleWrite:
     source: dict
 
 
-def copy_cycle_with_rule(runner, source_url: str, target_url: str, table: Table, snapshot: str,
-                         ranges: list) -> int:
+def copy_cycle_with_rule(runner, source_url: str, target_url: str, snapshot: str, ranges: list) -> int:
     """Read the cycle's key ranges as text columns (one Spark partition each), run the rule's SELECT over
     them in Spark, write each partition's output with COPY into the target. Returns rows written."""
     from functools import partial
 
     rule = runner.rule
-    read = RuleRead(source_url, table.to_json(), snapshot, ranges)
+    read = RuleRead(source_url, rule.source.to_json(), snapshot, ranges)
     write = RuleWrite(target_url, rule.to_json(), rule.source.to_json())
     ids = runner.session.range(0, len(ranges), 1, numPartitions=len(ranges))
     raw = ids.mapInArrow(partial(read_ranges, read), runner.schema)

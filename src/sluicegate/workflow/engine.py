@@ -152,7 +152,7 @@ class Engine:
                     copier.clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
                 self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
-                rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, table, snap.name,
+                rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
                                                    plan.ranges) if plan.ranges else 0
             else:
                 tasks = [copier.CopyRange(stream.source_url, self.target_url, table.to_json(), snap.name, lo, hi)

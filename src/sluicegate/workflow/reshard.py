@@ -129,11 +129,9 @@ def _streams(name: str, source_shards: dict[str, str], target_shards: dict[str, 
 
 
 def _check_same_tables(shard: str, conn: psycopg.Connection, described: list[Table], first: str) -> None:
+    existing = set(catalog.list_tables(conn))
     for t in described:
-        try:
-            other = catalog.describe_table(conn, t.schema, t.name)
-        except TypeError:  # describe_table found no such table
-            other = None
+        other = catalog.describe_table(conn, t.schema, t.name) if (t.schema, t.name) in existing else None
         shape = [(c.name, c.type_sql, c.not_null, c.collation) for c in t.columns]  # OIDs differ by server
         if other is None or [(c.name, c.type_sql, c.not_null, c.collation) for c in other.columns] != shape \
                 or other.key != t.key:
