@@ -2,6 +2,11 @@
 
 Resolves each row change to its relation, checks the Begin/Commit framing, and yields a flat, streaming
 sequence (Begin, Change…, Truncate…, Commit), so a transaction of any size passes in bounded memory.
+
+With protocol 2 streaming, a large transaction also comes before its commit, in blocks: StreamStart,
+Change… (each with the xid of the (sub)transaction that made it), StreamStop, and finally StreamCommit or
+StreamAbort (of the whole transaction, or of one subtransaction: ROLLBACK TO SAVEPOINT). Blocks of
+different transactions may interleave with each other and with ordinary Begin…Commit transactions.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from . import pgoutput
-from .pgoutput import Begin, Commit, DecodeError, Delete, Insert, Relation, Truncate, Update
+from .pgoutput import (Begin, Commit, DecodeError, Delete, Insert, Relation, StreamAbort, StreamCommit, StreamStart,
+                       StreamStop, Truncate, Update)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,23 +27,70 @@ class Change:
     new: tuple | None
     lsn: int
     size: int = 0  # bytes of the pgoutput message: what the applier counts to bound a chunk's memory
+    xid: int = 0  # in a stream block: the (sub)transaction that made the change; 0 otherwise
 
 
 @dataclass(frozen=True, slots=True)
 class TruncateChange:
     relations: tuple[Relation, ...]
     lsn: int
+    options: int = 0  # bit 1 CASCADE, bit 2 RESTART IDENTITY
+    xid: int = 0
 
 
-Event = Begin | Commit | Change | TruncateChange
+Event = Begin | Commit | Change | TruncateChange | StreamStart | StreamStop | StreamCommit | StreamAbort
 
 
-def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | None = None) -> Iterator[Event]:
-    """(lsn, pgoutput bytes) -> events. `relations` caches Relation messages across calls."""
-    rels = relations if relations is not None else {}
+class Framing:
+    """Where a reader stands between calls of :func:`assemble` (a batch may end between stream blocks)."""
+
+    def __init__(self) -> None:
+        self.relations: dict[int, Relation] = {}
+        self.block: int = 0  # xid of the open stream block, 0 outside one
+
+
+def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | Framing | None = None
+             ) -> Iterator[Event]:
+    """(lsn, pgoutput bytes) -> events. `relations` caches Relation messages across calls; a Framing also
+    keeps the open stream block (protocol 2 streaming)."""
+    framing = relations if isinstance(relations, Framing) else None
+    rels = framing.relations if framing else (relations if relations is not None else {})
     begin: Begin | None = None
     for lsn, data in raw:
-        msg = pgoutput.decode(data)
+        xid = 0
+        if framing is not None and framing.block:
+            xid, msg = pgoutput.decode_streamed(data)
+        else:
+            msg = pgoutput.decode(data)
+        if isinstance(msg, (StreamStart, StreamStop, StreamCommit, StreamAbort)):
+            if framing is None:
+                raise DecodeError(f"stream message at {lsn} on a protocol-1 reader")
+            if begin is not None:
+                raise DecodeError(f"stream message at {lsn} inside transaction {begin.xid}")
+            if isinstance(msg, StreamStart):
+                if framing.block:
+                    raise DecodeError(f"Stream Start at {lsn} inside the block of {framing.block}")
+                framing.block = msg.xid
+            elif isinstance(msg, StreamStop):
+                if not framing.block:
+                    raise DecodeError(f"Stream Stop at {lsn} outside a stream block")
+                framing.block = 0
+            elif framing.block:
+                raise DecodeError(f"stream commit/abort at {lsn} inside the block of {framing.block}")
+            yield msg
+            continue
+        if framing is not None and framing.block:
+            # Inside a block: changes belong to the streamed transaction (xid names the subtransaction).
+            if isinstance(msg, Relation):
+                rels[msg.oid] = msg
+            elif isinstance(msg, (Insert, Update, Delete)):
+                yield _change(msg, _relation(rels, msg.relation_oid, lsn), lsn, len(data), xid)
+            elif isinstance(msg, Truncate):
+                yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn,
+                                     msg.options, xid)
+            elif isinstance(msg, (Begin, Commit)):
+                raise DecodeError(f"Begin/Commit at {lsn} inside the stream block of {framing.block}")
+            continue
         if isinstance(msg, Relation):
             rels[msg.oid] = msg
         elif isinstance(msg, Begin):
@@ -53,20 +106,22 @@ def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | 
         elif isinstance(msg, (Insert, Update, Delete)):
             if begin is None:
                 raise DecodeError(f"row change at {lsn} outside a transaction")
-            rel = _relation(rels, msg.relation_oid, lsn)
-            if isinstance(msg, Insert):
-                yield Change("I", rel, None, msg.new, lsn, len(data))
-            elif isinstance(msg, Update):
-                yield Change("U", rel, msg.old, msg.new, lsn, len(data))
-            else:
-                yield Change("D", rel, msg.old, None, lsn, len(data))
+            yield _change(msg, _relation(rels, msg.relation_oid, lsn), lsn, len(data), 0)
         elif isinstance(msg, Truncate):
             if begin is None:
                 raise DecodeError(f"truncate at {lsn} outside a transaction")
-            yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn)
+            yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn, msg.options)
         # Origin, Type and logical messages carry nothing a table applier needs.
     if begin is not None:
         raise DecodeError(f"transaction {begin.xid} was cut off before its Commit")
+
+
+def _change(msg: Insert | Update | Delete, rel: Relation, lsn: int, size: int, xid: int) -> Change:
+    if isinstance(msg, Insert):
+        return Change("I", rel, None, msg.new, lsn, size, xid)
+    if isinstance(msg, Update):
+        return Change("U", rel, msg.old, msg.new, lsn, size, xid)
+    return Change("D", rel, msg.old, None, lsn, size, xid)
 
 
 def _relation(rels: dict[int, Relation], oid: int, lsn: int) -> Relation:

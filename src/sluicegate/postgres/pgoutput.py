@@ -16,8 +16,8 @@ Protocol notes worth knowing (all observed on PostgreSQL 15):
 * The schema is sent as an empty string for pg_catalog; we restore the name, as PostgreSQL's own
   reader (logicalrep_read_namespace) does.
 * Text values are in the server encoding; we assume UTF-8 (anything else raises DecodeError).
-* In protocol >= 2 streamed transactions, messages inside a stream carry an extra leading xid;
-  this decoder handles the stream control messages but not that in-stream prefix.
+* In protocol >= 2, messages inside a stream block (between Stream Start and Stream Stop) carry the xid of
+  the (sub)transaction that made them right after the type byte: :func:`decode_streamed` reads it.
 """
 
 from __future__ import annotations
@@ -355,6 +355,21 @@ _DECODERS = {
     ord("I"): _insert, ord("U"): _update, ord("D"): _delete, ord("T"): _truncate, ord("M"): _message,
     ord("S"): _stream_start, ord("E"): _stream_stop, ord("c"): _stream_commit, ord("A"): _stream_abort,
 }
+
+
+_IN_STREAM = frozenset(b"RYIUDTM")  # message types that carry an xid inside a stream block
+
+
+def decode_streamed(data: bytes) -> tuple[int, Message | StreamMessage]:
+    """Decode one message of a stream block: (xid of the (sub)transaction, message); control messages
+    (Stream Start/Stop/Commit/Abort) have no prefix and come back with xid 0."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    if data and data[0] in _IN_STREAM:
+        if len(data) < 5:
+            raise DecodeError(f"truncated streamed pgoutput {chr(data[0])!r} message ({len(data)} bytes)")
+        return _U32(data, 1)[0], decode(data[:1] + data[5:])
+    return 0, decode(data)
 
 
 def decode(data: bytes) -> Message | StreamMessage:

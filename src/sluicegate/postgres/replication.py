@@ -26,6 +26,7 @@ from ..position import format_lsn
 from .connect import SESSION_OPTIONS, describe, redact
 
 BEGIN, COMMIT = ord("B"), ord("C")
+STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
 _END_LSN = struct.Struct(">Q")
 NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedback of its own every 10 s
 
@@ -33,7 +34,10 @@ NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedbac
 class ChangeStream:
     """pgoutput messages of `slot` for `publication`, from `start` on. Use as a context manager."""
 
-    def __init__(self, url: str, slot: str, publication: str, start: int):
+    def __init__(self, url: str, slot: str, publication: str, start: int, streaming: bool = False):
+        """`streaming`: pgoutput protocol 2 with in-progress transactions sent before their commit, in
+        blocks (Stream Start … Stream Stop) closed by Stream Commit or Stream Abort; read them with an
+        assembler Framing."""
         self.url, self.slot, self.publication = url, slot, publication
         self.confirmed = start
         self.in_transaction = False
@@ -53,7 +57,8 @@ class ChangeStream:
             # The server asks for a reply only after wal_sender_timeout/2 without one; confirm() answers sooner.
             self.cur.start_replication(
                 slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=NO_STATUS_FEEDBACK,
-                options={"proto_version": "1", "publication_names": publication},
+                options={"proto_version": "2" if streaming else "1", "publication_names": publication,
+                         **({"streaming": "on"} if streaming else {})},
             )
         except psycopg2.errors.ObjectInUse:
             self.close()
@@ -101,6 +106,12 @@ class ChangeStream:
                     self.in_transaction = False
                     # Commit: flags, commit_lsn, end_lsn, time. Everything committing before end_lsn is read.
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 10)[0])
+                elif kind == STREAM_START:  # a block is not cut either (its changes carry no framing of their own)
+                    self.in_transaction = True
+                elif kind == STREAM_STOP:
+                    self.in_transaction = False
+                elif kind == STREAM_COMMIT:  # xid, flags, commit_lsn, end_lsn, time
+                    self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 14)[0])
                 count += 1
                 yield msg.data_start, bytes(payload)
                 last = time.monotonic()

@@ -1,0 +1,224 @@
+"""Assembled pgoutput events -> Transaction messages, segmented at `transaction_message_threshold` bytes.
+
+Pure: events in, messages out, in bounded memory (one message under construction per open transaction).
+A statement is a run of changes of one type to one table by one (sub)transaction. When adding a row would
+take the message past the threshold, the message goes out (`end_segment` false) and the next one carries on
+with the same transaction id and the next `segment_id`; a statement cut that way continues there with the
+same `statement_id` and its own next `segment_id`. A message always holds at least one row, so a single row
+larger than the threshold still travels (alone).
+
+Protocol 2 streaming: at each Stream Stop the transaction's pending statements go out before its commit.
+A Stream Abort of the whole transaction becomes a ROLLBACK statement if anything was sent (else nothing is
+sent at all); the abort of a subtransaction (ROLLBACK TO SAVEPOINT) drops its unsent statements and, if some
+were sent, becomes a ROLLBACK_STATEMENT naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..postgres.assembler import Change, Event, TruncateChange
+from ..postgres.pgoutput import Begin, Commit, Relation, StreamAbort, StreamCommit, StreamStart, StreamStop
+from . import model as m
+
+DEFAULT_THRESHOLD = 1 << 20  # bytes; Drizzle's default transaction_message_threshold is 1 MiB
+MIN_THRESHOLD = 1024
+
+_FIXED = 64  # bound on a Transaction's own fields and a Statement's fields beside its header and rows
+
+
+def _framed(n: int) -> int:
+    """Bytes a length-delimited field of n bytes takes: tag, varint length, body."""
+    return 1 + (n.bit_length() + 6) // 7 + n if n else 2
+
+
+@dataclass
+class _Statement:
+    msg: m.Statement
+    key: tuple  # (kind, relation oid, subtransaction): a change with another key starts a new statement
+
+
+@dataclass
+class _Open:
+    """A transaction being turned into messages."""
+
+    xid: int
+    streamed: bool
+    start_time_us: int = 0
+    segment_id: int = 0  # of the last message sent
+    statements: list = field(default_factory=list)  # the message under construction
+    size: int = 0
+    current: _Statement | None = None
+    next_statement: int = 1
+    sent_subxids: set = field(default_factory=set)  # subtransactions with statements already sent
+
+
+class Segmenter:
+    """Feed assembled events (in order) to :meth:`feed`; it yields the Transaction messages they complete.
+
+    `position` is the resume point: the end of the last commit whose transaction went out whole.
+    `tables`, if given, is the set of (schema, name) to keep (the rest is left out).
+    """
+
+    def __init__(self, source_id: str = "", threshold: int = DEFAULT_THRESHOLD, position: int = 0,
+                 tables: set[tuple[str, str]] | None = None):
+        if threshold < MIN_THRESHOLD:
+            raise ValueError(f"transaction_message_threshold must be at least {MIN_THRESHOLD} bytes, got {threshold}")
+        self.source_id, self.threshold, self.position, self.tables = source_id, threshold, position, tables
+        self._open: dict[int, _Open] = {}
+        self._block: _Open | None = None  # the streamed transaction whose block is open
+        self._plain: _Open | None = None  # the Begin…Commit transaction being read
+        self._headers: dict[int, tuple[Relation, m.TableHeader, int]] = {}
+
+    # -- events -------------------------------------------------------------------------------------
+    def feed(self, ev: Event) -> Iterator[m.Transaction]:
+        if isinstance(ev, Change):
+            txn = self._current()
+            if self._keep(ev.relation):
+                yield from self._row(txn, ev)
+        elif isinstance(ev, TruncateChange):
+            txn = self._current()
+            kept = [r for r in ev.relations if self._keep(r)]
+            if kept:
+                yield from self._truncate(txn, ev, kept)
+        elif isinstance(ev, Begin):
+            self._plain = _Open(ev.xid, False, m.micros(ev.commit_time))
+        elif isinstance(ev, Commit):
+            txn, self._plain = self._plain, None
+            yield from self._commit(txn, ev.commit_lsn, ev.end_lsn, ev.commit_time)
+        elif isinstance(ev, StreamStart):
+            txn = self._open.get(ev.xid)
+            if txn is None:
+                txn = self._open[ev.xid] = _Open(ev.xid, True)
+            self._block = txn
+        elif isinstance(ev, StreamStop):
+            txn, self._block = self._block, None
+            if txn is not None and txn.statements:
+                self._close_statement(txn)
+                yield self._message(txn, end=False)
+        elif isinstance(ev, StreamCommit):
+            txn = self._open.pop(ev.xid, None) or _Open(ev.xid, True)
+            yield from self._commit(txn, ev.commit_lsn, ev.end_lsn, ev.commit_time)
+        elif isinstance(ev, StreamAbort):
+            yield from self._abort(ev)
+
+    def _current(self) -> _Open:
+        txn = self._block or self._plain
+        if txn is None:
+            raise ValueError("a change outside any transaction")
+        return txn
+
+    def _keep(self, rel: Relation) -> bool:
+        return self.tables is None or (rel.schema, rel.name) in self.tables
+
+    def _header(self, rel: Relation) -> tuple[m.TableHeader, int]:
+        known = self._headers.get(rel.oid)
+        if known is None or known[0] is not rel:
+            h = m.header(rel)
+            known = self._headers[rel.oid] = (rel, h, h.ByteSize())
+        return known[1], known[2]
+
+    # -- building -----------------------------------------------------------------------------------
+    def _row(self, txn: _Open, ch: Change) -> Iterator[m.Transaction]:
+        row = m.RowChange()
+        if ch.old is not None:
+            row.before.CopyFrom(m.record(ch.old))
+        if ch.new is not None:
+            row.after.CopyFrom(m.record(ch.new))
+        cost = _framed(row.ByteSize())
+        sub = ch.xid or txn.xid
+        key = (ch.kind, ch.relation.oid, sub)
+        if txn.current is not None and txn.current.key != key:
+            self._close_statement(txn)
+        if txn.current is None:
+            h, hsize = self._header(ch.relation)
+            if txn.statements and txn.size + _FIXED + hsize + cost > self.threshold:
+                yield self._message(txn, end=False)
+            st = m.Statement(type=m.ROW_TYPES[ch.kind], statement_id=txn.next_statement, segment_id=1,
+                             subtransaction_id=sub, start_position=ch.lsn)
+            st.table.CopyFrom(h)
+            txn.next_statement += 1
+            txn.current = _Statement(st, key)
+            txn.statements.append(st)
+            txn.size += _FIXED + hsize
+        elif txn.size + cost > self.threshold:
+            # The statement goes on in the next message, as its next segment.
+            cur = txn.current.msg
+            yield self._message(txn, end=False)
+            st = m.Statement(type=cur.type, statement_id=cur.statement_id, segment_id=cur.segment_id + 1,
+                             subtransaction_id=sub, start_position=cur.start_position)
+            st.table.CopyFrom(cur.table)
+            txn.current = _Statement(st, key)
+            txn.statements.append(st)
+            txn.size += _FIXED + _framed(st.table.ByteSize())
+        txn.current.msg.rows.append(row)
+        txn.size += cost
+
+    def _truncate(self, txn: _Open, ev: TruncateChange, rels: list[Relation]) -> Iterator[m.Transaction]:
+        self._close_statement(txn)
+        st = m.Statement(type=m.TRUNCATE, statement_id=txn.next_statement, segment_id=1, end_segment=True,
+                         subtransaction_id=ev.xid or txn.xid, start_position=ev.lsn,
+                         cascade=bool(ev.options & 1), restart_identity=bool(ev.options & 2))
+        st.truncated.extend(self._header(r)[0] for r in rels)
+        txn.next_statement += 1
+        size = _FIXED + st.ByteSize()
+        if txn.statements and txn.size + size > self.threshold:
+            yield self._message(txn, end=False)
+        txn.statements.append(st)
+        txn.size += size
+
+    def _close_statement(self, txn: _Open) -> None:
+        if txn.current is not None:
+            txn.current.msg.end_segment = True
+            txn.current = None
+
+    def _message(self, txn: _Open, end: bool, commit_lsn: int = 0, end_lsn: int = 0,
+                 end_time_us: int = 0) -> m.Transaction:
+        txn.segment_id += 1
+        ctx = m.TransactionContext(
+            source_id=self.source_id, transaction_id=txn.xid, position=end_lsn or self.position,
+            commit_position=commit_lsn, start_time_us=txn.start_time_us, end_time_us=end_time_us,
+            streamed=txn.streamed,
+        )
+        msg = m.Transaction(context=ctx, statements=txn.statements, segment_id=txn.segment_id, end_segment=end)
+        txn.sent_subxids.update(st.subtransaction_id for st in txn.statements)
+        txn.statements, txn.size = [], 0
+        return msg
+
+    def _commit(self, txn: _Open | None, commit_lsn: int, end_lsn: int, when) -> Iterator[m.Transaction]:
+        if txn is None:
+            raise ValueError(f"a commit at {commit_lsn} with no transaction open")
+        self._close_statement(txn)
+        if txn.statements or txn.segment_id:
+            if not txn.start_time_us:
+                txn.start_time_us = m.micros(when)
+            yield self._message(txn, end=True, commit_lsn=commit_lsn, end_lsn=end_lsn, end_time_us=m.micros(when))
+        self.position = max(self.position, end_lsn)
+
+    def _abort(self, ev: StreamAbort) -> Iterator[m.Transaction]:
+        txn = self._open.get(ev.xid)
+        if txn is None:
+            return
+        if ev.subxid == ev.xid or ev.subxid == 0:
+            del self._open[ev.xid]
+            if txn.segment_id:  # something went out: tell the reader to drop it all
+                txn.statements, txn.current = [], None
+                txn.statements.append(m.Statement(type=m.ROLLBACK, statement_id=txn.next_statement,
+                                                  segment_id=1, end_segment=True, subtransaction_id=ev.xid))
+                yield self._message(txn, end=True)
+            return
+        # ROLLBACK TO SAVEPOINT: what was not sent is simply dropped; what was sent is undone by the reader.
+        if txn.current is not None and txn.current.key[2] == ev.subxid:
+            txn.current = None
+        txn.statements = [st for st in txn.statements if st.subtransaction_id != ev.subxid]
+        txn.size = sum(_FIXED + st.ByteSize() for st in txn.statements)
+        if ev.subxid in txn.sent_subxids:
+            txn.sent_subxids.discard(ev.subxid)
+            st = m.Statement(type=m.ROLLBACK_STATEMENT, statement_id=txn.next_statement, segment_id=1,
+                             end_segment=True, subtransaction_id=ev.subxid)
+            txn.next_statement += 1
+            txn.statements.append(st)
+            txn.size += _FIXED
+            # Sent at once: the reader learns of the abort before any later change of the transaction.
+            yield self._message(txn, end=False)
