@@ -34,10 +34,12 @@ NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedbac
 class ChangeStream:
     """pgoutput messages of `slot` for `publication`, from `start` on. Use as a context manager."""
 
-    def __init__(self, url: str, slot: str, publication: str, start: int, streaming: bool = False):
+    def __init__(self, url: str, slot: str, publication: str, start: int, streaming: bool = False,
+                 decoding_work_mem: str | None = None):
         """`streaming`: pgoutput protocol 2 with in-progress transactions sent before their commit, in
         blocks (Stream Start … Stream Stop) closed by Stream Commit or Stream Abort; read them with an
-        assembler Framing."""
+        assembler Framing. A transaction is streamed once the walsender holds more than
+        `decoding_work_mem` (logical_decoding_work_mem, e.g. '64kB'; default: the server's) of changes."""
         self.url, self.slot, self.publication = url, slot, publication
         self.confirmed = start
         self.in_transaction = False
@@ -47,7 +49,9 @@ class ChangeStream:
             # The walsender formats pgoutput's text values with its session settings: the same ones as
             # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
             self.conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                         connect_timeout=10, options=SESSION_OPTIONS,
+                                         connect_timeout=10, options=SESSION_OPTIONS + (
+                                             f" -c logical_decoding_work_mem={decoding_work_mem}"
+                                             if decoding_work_mem else ""),
                                          application_name="sluicegate")
         except psycopg2.OperationalError as exc:
             raise _connect_error(url, exc) from None
