@@ -24,37 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fsluicegate/changes/change.proto\x12\rsluicegate.v1\"V\n\x05Value\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0e\n\x04null\x18\x02 \x01(\x08H\x00\x12\x13\n\tunchanged\x18\x03 \x01(\x08H\x00\x12\x10\n\x06\x62inary\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04kind\".\n\x06Record\x12$\n\x06values\x18\x01 \x03(\x0b\x32\x14.sluicegate.v1.Value\"E\n\x06\x43olumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08type_oid\x18\x02 \x01(\r\x12\x0e\n\x06typmod\x18\x03 \x01(\x05\x12\x0b\n\x03key\x18\x04 \x01(\x08\"m\n\x0bTableHeader\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x07\x63olumns\x18\x03 \x03(\x0b\x32\x15.sluicegate.v1.Column\x12\x18\n\x10replica_identity\x18\x04 \x01(\t\"X\n\tRowChange\x12%\n\x06\x62\x65\x66ore\x18\x01 \x01(\x0b\x32\x15.sluicegate.v1.Record\x12$\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x15.sluicegate.v1.Record\"\xe1\x03\n\tStatement\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.sluicegate.v1.Statement.Type\x12)\n\x05table\x18\x02 \x01(\x0b\x32\x1a.sluicegate.v1.TableHeader\x12&\n\x04rows\x18\x03 \x03(\x0b\x32\x18.sluicegate.v1.RowChange\x12\x14\n\x0cstatement_id\x18\x04 \x01(\r\x12\x12\n\nsegment_id\x18\x05 \x01(\r\x12\x13\n\x0b\x65nd_segment\x18\x06 \x01(\x08\x12\x19\n\x11subtransaction_id\x18\x07 \x01(\r\x12-\n\ttruncated\x18\x08 \x03(\x0b\x32\x1a.sluicegate.v1.TableHeader\x12\x0f\n\x07\x63\x61scade\x18\t \x01(\x08\x12\x18\n\x10restart_identity\x18\n \x01(\x08\x12\x16\n\x0estart_position\x18\x0b \x01(\x04\"\x87\x01\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06INSERT\x10\x01\x12\n\n\x06UPDATE\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\x0c\n\x08TRUNCATE\x10\x04\x12\x0c\n\x08ROLLBACK\x10\x05\x12\x16\n\x12ROLLBACK_STATEMENT\x10\x06\x12\x11\n\rSCHEMA_CHANGE\x10\x07\"\xb8\x01\n\x12TransactionContext\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x04\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ommit_position\x18\x04 \x01(\x04\x12\x15\n\rstart_time_us\x18\x05 \x01(\x03\x12\x13\n\x0b\x65nd_time_us\x18\x06 \x01(\x03\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x10\n\x08streamed\x18\x08 \x01(\x08\"\x98\x01\n\x0bTransaction\x12\x32\n\x07\x63ontext\x18\x01 \x01(\x0b\x32!.sluicegate.v1.TransactionContext\x12,\n\nstatements\x18\x02 \x03(\x0b\x32\x18.sluicegate.v1.Statement\x12\x12\n\nsegment_id\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_segment\x18\x04 \x01(\x08\"k\n\x0eVStreamRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x0e\n\x06tables\x18\x03 \x03(\t\x12\x11\n\tthreshold\x18\x04 \x01(\x04\x12\x11\n\tstreaming\x18\x05 \x01(\x08\".\n\tHeartbeat\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\"|\n\x0fVStreamResponse\x12\x31\n\x0btransaction\x18\x01 \x01(\x0b\x32\x1a.sluicegate.v1.TransactionH\x00\x12-\n\theartbeat\x18\x02 \x01(\x0b\x32\x18.sluicegate.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent2T\n\x07VStream\x12I\n\x06Stream\x12\x1d.sluicegate.v1.VStreamRequest\x1a\x1e.sluicegate.v1.VStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fsluicegate/changes/change.proto\x12\rsluicegate.v1\"\x9c\x01\n\x06Record\x12\x0e\n\x06values\x18\x01 \x03(\t\x12\r\n\x05nulls\x18\x02 \x03(\r\x12\x11\n\tunchanged\x18\x03 \x03(\r\x12\x31\n\x06\x62inary\x18\x04 \x03(\x0b\x32!.sluicegate.v1.Record.BinaryEntry\x1a-\n\x0b\x42inaryEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"E\n\x06\x43olumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08type_oid\x18\x02 \x01(\r\x12\x0e\n\x06typmod\x18\x03 \x01(\x05\x12\x0b\n\x03key\x18\x04 \x01(\x08\"m\n\x0bTableHeader\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x07\x63olumns\x18\x03 \x03(\x0b\x32\x15.sluicegate.v1.Column\x12\x18\n\x10replica_identity\x18\x04 \x01(\t\"X\n\tRowChange\x12%\n\x06\x62\x65\x66ore\x18\x01 \x01(\x0b\x32\x15.sluicegate.v1.Record\x12$\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x15.sluicegate.v1.Record\"\xe1\x03\n\tStatement\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.sluicegate.v1.Statement.Type\x12)\n\x05table\x18\x02 \x01(\x0b\x32\x1a.sluicegate.v1.TableHeader\x12&\n\x04rows\x18\x03 \x03(\x0b\x32\x18.sluicegate.v1.RowChange\x12\x14\n\x0cstatement_id\x18\x04 \x01(\r\x12\x12\n\nsegment_id\x18\x05 \x01(\r\x12\x13\n\x0b\x65nd_segment\x18\x06 \x01(\x08\x12\x19\n\x11subtransaction_id\x18\x07 \x01(\r\x12-\n\ttruncated\x18\x08 \x03(\x0b\x32\x1a.sluicegate.v1.TableHeader\x12\x0f\n\x07\x63\x61scade\x18\t \x01(\x08\x12\x18\n\x10restart_identity\x18\n \x01(\x08\x12\x16\n\x0estart_position\x18\x0b \x01(\x04\"\x87\x01\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06INSERT\x10\x01\x12\n\n\x06UPDATE\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\x0c\n\x08TRUNCATE\x10\x04\x12\x0c\n\x08ROLLBACK\x10\x05\x12\x16\n\x12ROLLBACK_STATEMENT\x10\x06\x12\x11\n\rSCHEMA_CHANGE\x10\x07\"\xb8\x01\n\x12TransactionContext\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\x04\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ommit_position\x18\x04 \x01(\x04\x12\x15\n\rstart_time_us\x18\x05 \x01(\x03\x12\x13\n\x0b\x65nd_time_us\x18\x06 \x01(\x03\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x10\n\x08streamed\x18\x08 \x01(\x08\"\x98\x01\n\x0bTransaction\x12\x32\n\x07\x63ontext\x18\x01 \x01(\x0b\x32!.sluicegate.v1.TransactionContext\x12,\n\nstatements\x18\x02 \x03(\x0b\x32\x18.sluicegate.v1.Statement\x12\x12\n\nsegment_id\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_segment\x18\x04 \x01(\x08\"k\n\x0eVStreamRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x0e\n\x06tables\x18\x03 \x03(\t\x12\x11\n\tthreshold\x18\x04 \x01(\x04\x12\x11\n\tstreaming\x18\x05 \x01(\x08\".\n\tHeartbeat\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\"|\n\x0fVStreamResponse\x12\x31\n\x0btransaction\x18\x01 \x01(\x0b\x32\x1a.sluicegate.v1.TransactionH\x00\x12-\n\theartbeat\x18\x02 \x01(\x0b\x32\x18.sluicegate.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent2T\n\x07VStream\x12I\n\x06Stream\x12\x1d.sluicegate.v1.VStreamRequest\x1a\x1e.sluicegate.v1.VStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluicegate.changes.change_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VALUE']._serialized_start=50
-  _globals['_VALUE']._serialized_end=136
-  _globals['_RECORD']._serialized_start=138
-  _globals['_RECORD']._serialized_end=184
-  _globals['_COLUMN']._serialized_start=186
-  _globals['_COLUMN']._serialized_end=255
-  _globals['_TABLEHEADER']._serialized_start=257
-  _globals['_TABLEHEADER']._serialized_end=366
-  _globals['_ROWCHANGE']._serialized_start=368
-  _globals['_ROWCHANGE']._serialized_end=456
-  _globals['_STATEMENT']._serialized_start=459
-  _globals['_STATEMENT']._serialized_end=940
-  _globals['_STATEMENT_TYPE']._serialized_start=805
-  _globals['_STATEMENT_TYPE']._serialized_end=940
-  _globals['_TRANSACTIONCONTEXT']._serialized_start=943
-  _globals['_TRANSACTIONCONTEXT']._serialized_end=1127
-  _globals['_TRANSACTION']._serialized_start=1130
-  _globals['_TRANSACTION']._serialized_end=1282
-  _globals['_VSTREAMREQUEST']._serialized_start=1284
-  _globals['_VSTREAMREQUEST']._serialized_end=1391
-  _globals['_HEARTBEAT']._serialized_start=1393
-  _globals['_HEARTBEAT']._serialized_end=1439
-  _globals['_VSTREAMRESPONSE']._serialized_start=1441
-  _globals['_VSTREAMRESPONSE']._serialized_end=1565
-  _globals['_VSTREAM']._serialized_start=1567
-  _globals['_VSTREAM']._serialized_end=1651
+  _globals['_RECORD_BINARYENTRY']._loaded_options = None
+  _globals['_RECORD_BINARYENTRY']._serialized_options = b'8\001'
+  _globals['_RECORD']._serialized_start=51
+  _globals['_RECORD']._serialized_end=207
+  _globals['_RECORD_BINARYENTRY']._serialized_start=162
+  _globals['_RECORD_BINARYENTRY']._serialized_end=207
+  _globals['_COLUMN']._serialized_start=209
+  _globals['_COLUMN']._serialized_end=278
+  _globals['_TABLEHEADER']._serialized_start=280
+  _globals['_TABLEHEADER']._serialized_end=389
+  _globals['_ROWCHANGE']._serialized_start=391
+  _globals['_ROWCHANGE']._serialized_end=479
+  _globals['_STATEMENT']._serialized_start=482
+  _globals['_STATEMENT']._serialized_end=963
+  _globals['_STATEMENT_TYPE']._serialized_start=828
+  _globals['_STATEMENT_TYPE']._serialized_end=963
+  _globals['_TRANSACTIONCONTEXT']._serialized_start=966
+  _globals['_TRANSACTIONCONTEXT']._serialized_end=1150
+  _globals['_TRANSACTION']._serialized_start=1153
+  _globals['_TRANSACTION']._serialized_end=1305
+  _globals['_VSTREAMREQUEST']._serialized_start=1307
+  _globals['_VSTREAMREQUEST']._serialized_end=1414
+  _globals['_HEARTBEAT']._serialized_start=1416
+  _globals['_HEARTBEAT']._serialized_end=1462
+  _globals['_VSTREAMRESPONSE']._serialized_start=1464
+  _globals['_VSTREAMRESPONSE']._serialized_end=1588
+  _globals['_VSTREAM']._serialized_start=1590
+  _globals['_VSTREAM']._serialized_end=1674
 # @@protoc_insertion_point(module_scope)

@@ -7,23 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class Value(_message.Message):
-    __slots__ = ("text", "null", "unchanged", "binary")
-    TEXT_FIELD_NUMBER: _ClassVar[int]
-    NULL_FIELD_NUMBER: _ClassVar[int]
+class Record(_message.Message):
+    __slots__ = ("values", "nulls", "unchanged", "binary")
+    class BinaryEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULLS_FIELD_NUMBER: _ClassVar[int]
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     BINARY_FIELD_NUMBER: _ClassVar[int]
-    text: str
-    null: bool
-    unchanged: bool
-    binary: bytes
-    def __init__(self, text: _Optional[str] = ..., null: _Optional[bool] = ..., unchanged: _Optional[bool] = ..., binary: _Optional[bytes] = ...) -> None: ...
-
-class Record(_message.Message):
-    __slots__ = ("values",)
-    VALUES_FIELD_NUMBER: _ClassVar[int]
-    values: _containers.RepeatedCompositeFieldContainer[Value]
-    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+    values: _containers.RepeatedScalarFieldContainer[str]
+    nulls: _containers.RepeatedScalarFieldContainer[int]
+    unchanged: _containers.RepeatedScalarFieldContainer[int]
+    binary: _containers.ScalarMap[int, bytes]
+    def __init__(self, values: _Optional[_Iterable[str]] = ..., nulls: _Optional[_Iterable[int]] = ..., unchanged: _Optional[_Iterable[int]] = ..., binary: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class Column(_message.Message):
     __slots__ = ("name", "type_oid", "typmod", "key")

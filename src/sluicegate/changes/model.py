@@ -18,16 +18,11 @@ Statement = pb.Statement
 TableHeader = pb.TableHeader
 RowChange = pb.RowChange
 Record = pb.Record
-Value = pb.Value
 
 INSERT, UPDATE, DELETE = pb.Statement.INSERT, pb.Statement.UPDATE, pb.Statement.DELETE
 TRUNCATE, ROLLBACK = pb.Statement.TRUNCATE, pb.Statement.ROLLBACK
 ROLLBACK_STATEMENT, SCHEMA_CHANGE = pb.Statement.ROLLBACK_STATEMENT, pb.Statement.SCHEMA_CHANGE
 ROW_TYPES = {"I": INSERT, "U": UPDATE, "D": DELETE}
-
-_NULL = Value(null=True)
-_UNCHANGED = Value(unchanged=True)
-
 
 def type_name(kind: int) -> str:
     return pb.Statement.Type.Name(kind)
@@ -41,28 +36,41 @@ def header(rel: Relation) -> TableHeader:
     )
 
 
-def record(values: tuple) -> Record:
-    """A decoded pgoutput tuple (str / None / UNCHANGED / bytes per column) as a Record."""
-    out = []
-    for v in values:
+def fill(rec: Record, row: tuple) -> None:
+    """Put a decoded pgoutput tuple (str / None / UNCHANGED / bytes per column) into an empty Record."""
+    if all(type(v) is str for v in row):  # the common case: one call into the protobuf runtime
+        rec.values.extend(row)
+        return
+    texts = []
+    for i, v in enumerate(row):
         if type(v) is str:
-            out.append(Value(text=v))
-        elif v is None:
-            out.append(_NULL)
+            texts.append(v)
+            continue
+        texts.append("")
+        if v is None:
+            rec.nulls.append(i)
         elif v is UNCHANGED:
-            out.append(_UNCHANGED)
+            rec.unchanged.append(i)
         else:
-            out.append(Value(binary=bytes(v)))
-    return Record(values=out)
+            rec.binary[i] = bytes(v)
+    rec.values.extend(texts)
+
+
+def record(row: tuple) -> Record:
+    rec = Record()
+    fill(rec, row)
+    return rec
 
 
 def values(rec: Record) -> tuple:
-    """The inverse of :func:`record`."""
-    out = []
-    for v in rec.values:
-        kind = v.WhichOneof("kind")
-        out.append(v.text if kind == "text" else None if kind == "null" or kind is None
-                   else UNCHANGED if kind == "unchanged" else v.binary)
+    """The inverse of :func:`fill`."""
+    out = list(rec.values)
+    for i in rec.nulls:
+        out[i] = None
+    for i in rec.unchanged:
+        out[i] = UNCHANGED
+    for i, b in rec.binary.items():
+        out[i] = b
     return tuple(out)
 
 
@@ -72,18 +80,11 @@ def micros(ts: datetime | None) -> int:
     return int((ts - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds() * 1_000_000)
 
 
-def _json_value(v: Value):
-    kind = v.WhichOneof("kind")
-    if kind == "text":
-        return v.text
-    if kind == "binary":
-        return "\\x" + v.binary.hex()
-    return None
-
-
 def _json_record(names: list[str], rec: Record) -> dict:
     # An unchanged TOASTed value was not sent: the column is left out rather than shown as NULL.
-    return {n: _json_value(v) for n, v in zip(names, rec.values) if not v.unchanged}
+    vals = values(rec)
+    return {n: ("\\x" + v.hex() if isinstance(v, bytes) else v)
+            for n, v in zip(names, vals) if v is not UNCHANGED}
 
 
 def _iso(us: int) -> str | None:

@@ -47,7 +47,7 @@ class _Open:
     streamed: bool
     start_time_us: int = 0
     segment_id: int = 0  # of the last message sent
-    statements: list = field(default_factory=list)  # the message under construction
+    msg: m.Transaction = field(default_factory=m.Transaction)  # the message under construction
     size: int = 0
     current: _Statement | None = None
     next_statement: int = 1
@@ -94,7 +94,7 @@ class Segmenter:
             self._block = txn
         elif isinstance(ev, StreamStop):
             txn, self._block = self._block, None
-            if txn is not None and txn.statements:
+            if txn is not None and txn.msg.statements:
                 self._close_statement(txn)
                 yield self._message(txn, end=False)
         elif isinstance(ev, StreamCommit):
@@ -121,39 +121,52 @@ class Segmenter:
 
     # -- building -----------------------------------------------------------------------------------
     def _row(self, txn: _Open, ch: Change) -> Iterator[m.Transaction]:
-        row = m.RowChange()
-        if ch.old is not None:
-            row.before.CopyFrom(m.record(ch.old))
-        if ch.new is not None:
-            row.after.CopyFrom(m.record(ch.new))
-        cost = _framed(row.ByteSize())
         sub = ch.xid or txn.xid
         key = (ch.kind, ch.relation.oid, sub)
         if txn.current is not None and txn.current.key != key:
             self._close_statement(txn)
         if txn.current is None:
-            h, hsize = self._header(ch.relation)
-            if txn.statements and txn.size + _FIXED + hsize + cost > self.threshold:
+            self._start_statement(txn, ch, key, sub)
+        # Built in place (no copies); moved to the next message in the rare case it does not fit.
+        rows = txn.current.msg.rows
+        row = rows.add()
+        if ch.old is not None:
+            m.fill(row.before, ch.old)
+        if ch.new is not None:
+            m.fill(row.after, ch.new)
+        cost = _framed(row.ByteSize())
+        if txn.size + cost > self.threshold and (len(rows) > 1 or len(txn.msg.statements) > 1):
+            del rows[-1]
+            if not rows:  # the statement has no row in this message: start it in the next one
+                del txn.msg.statements[-1]
+                txn.next_statement -= 1
+                txn.current = None
                 yield self._message(txn, end=False)
-            st = m.Statement(type=m.ROW_TYPES[ch.kind], statement_id=txn.next_statement, segment_id=1,
-                             subtransaction_id=sub, start_position=ch.lsn)
-            st.table.CopyFrom(h)
-            txn.next_statement += 1
-            txn.current = _Statement(st, key)
-            txn.statements.append(st)
-            txn.size += _FIXED + hsize
-        elif txn.size + cost > self.threshold:
-            # The statement goes on in the next message, as its next segment.
-            cur = txn.current.msg
-            yield self._message(txn, end=False)
-            st = m.Statement(type=cur.type, statement_id=cur.statement_id, segment_id=cur.segment_id + 1,
-                             subtransaction_id=sub, start_position=cur.start_position)
-            st.table.CopyFrom(cur.table)
-            txn.current = _Statement(st, key)
-            txn.statements.append(st)
-            txn.size += _FIXED + _framed(st.table.ByteSize())
-        txn.current.msg.rows.append(row)
+                self._start_statement(txn, ch, key, sub)
+            else:  # it goes on in the next message, as its next segment
+                cur = txn.current.msg
+                yield self._message(txn, end=False)
+                st = txn.msg.statements.add(type=cur.type, statement_id=cur.statement_id,
+                                            segment_id=cur.segment_id + 1, subtransaction_id=sub,
+                                            start_position=cur.start_position)
+                st.table.CopyFrom(cur.table)
+                txn.current = _Statement(st, key)
+                txn.size += _FIXED + _framed(st.table.ByteSize())
+            row = txn.current.msg.rows.add()
+            if ch.old is not None:
+                m.fill(row.before, ch.old)
+            if ch.new is not None:
+                m.fill(row.after, ch.new)
         txn.size += cost
+
+    def _start_statement(self, txn: _Open, ch: Change, key: tuple, sub: int) -> None:
+        h, hsize = self._header(ch.relation)
+        st = txn.msg.statements.add(type=m.ROW_TYPES[ch.kind], statement_id=txn.next_statement, segment_id=1,
+                                    subtransaction_id=sub, start_position=ch.lsn)
+        st.table.CopyFrom(h)
+        txn.next_statement += 1
+        txn.current = _Statement(st, key)
+        txn.size += _FIXED + hsize
 
     def _truncate(self, txn: _Open, ev: TruncateChange, rels: list[Relation]) -> Iterator[m.Transaction]:
         self._close_statement(txn)
@@ -163,9 +176,9 @@ class Segmenter:
         st.truncated.extend(self._header(r)[0] for r in rels)
         txn.next_statement += 1
         size = _FIXED + st.ByteSize()
-        if txn.statements and txn.size + size > self.threshold:
+        if txn.msg.statements and txn.size + size > self.threshold:
             yield self._message(txn, end=False)
-        txn.statements.append(st)
+        txn.msg.statements.append(st)
         txn.size += size
 
     def _close_statement(self, txn: _Open) -> None:
@@ -176,21 +189,20 @@ class Segmenter:
     def _message(self, txn: _Open, end: bool, commit_lsn: int = 0, end_lsn: int = 0,
                  end_time_us: int = 0) -> m.Transaction:
         txn.segment_id += 1
-        ctx = m.TransactionContext(
-            source_id=self.source_id, transaction_id=txn.xid, position=end_lsn or self.position,
-            commit_position=commit_lsn, start_time_us=txn.start_time_us, end_time_us=end_time_us,
-            streamed=txn.streamed,
-        )
-        msg = m.Transaction(context=ctx, statements=txn.statements, segment_id=txn.segment_id, end_segment=end)
-        txn.sent_subxids.update(st.subtransaction_id for st in txn.statements)
-        txn.statements, txn.size = [], 0
+        msg, txn.msg, txn.size = txn.msg, m.Transaction(), 0
+        ctx = msg.context
+        ctx.source_id, ctx.transaction_id, ctx.position = self.source_id, txn.xid, end_lsn or self.position
+        ctx.commit_position, ctx.start_time_us, ctx.end_time_us = commit_lsn, txn.start_time_us, end_time_us
+        ctx.streamed = txn.streamed
+        msg.segment_id, msg.end_segment = txn.segment_id, end
+        txn.sent_subxids.update(st.subtransaction_id for st in msg.statements)
         return msg
 
     def _commit(self, txn: _Open | None, commit_lsn: int, end_lsn: int, when) -> Iterator[m.Transaction]:
         if txn is None:
             raise ValueError(f"a commit at {commit_lsn} with no transaction open")
         self._close_statement(txn)
-        if txn.statements or txn.segment_id:
+        if txn.msg.statements or txn.segment_id:
             if not txn.start_time_us:
                 txn.start_time_us = m.micros(when)
             yield self._message(txn, end=True, commit_lsn=commit_lsn, end_lsn=end_lsn, end_time_us=m.micros(when))
@@ -203,22 +215,23 @@ class Segmenter:
         if ev.subxid == ev.xid or ev.subxid == 0:
             del self._open[ev.xid]
             if txn.segment_id:  # something went out: tell the reader to drop it all
-                txn.statements, txn.current = [], None
-                txn.statements.append(m.Statement(type=m.ROLLBACK, statement_id=txn.next_statement,
-                                                  segment_id=1, end_segment=True, subtransaction_id=ev.xid))
+                txn.msg, txn.current = m.Transaction(), None
+                txn.msg.statements.add(type=m.ROLLBACK, statement_id=txn.next_statement, segment_id=1,
+                                       end_segment=True, subtransaction_id=ev.xid)
                 yield self._message(txn, end=True)
             return
         # ROLLBACK TO SAVEPOINT: what was not sent is simply dropped; what was sent is undone by the reader.
         if txn.current is not None and txn.current.key[2] == ev.subxid:
             txn.current = None
-        txn.statements = [st for st in txn.statements if st.subtransaction_id != ev.subxid]
-        txn.size = sum(_FIXED + st.ByteSize() for st in txn.statements)
+        kept = [st for st in txn.msg.statements if st.subtransaction_id != ev.subxid]
+        if len(kept) != len(txn.msg.statements):
+            txn.msg = m.Transaction(statements=kept)
+            txn.size = sum(_FIXED + st.ByteSize() for st in kept)
         if ev.subxid in txn.sent_subxids:
             txn.sent_subxids.discard(ev.subxid)
-            st = m.Statement(type=m.ROLLBACK_STATEMENT, statement_id=txn.next_statement, segment_id=1,
-                             end_segment=True, subtransaction_id=ev.subxid)
+            txn.msg.statements.add(type=m.ROLLBACK_STATEMENT, statement_id=txn.next_statement, segment_id=1,
+                                   end_segment=True, subtransaction_id=ev.subxid)
             txn.next_statement += 1
-            txn.statements.append(st)
             txn.size += _FIXED
             # Sent at once: the reader learns of the abort before any later change of the transaction.
             yield self._message(txn, end=False)
