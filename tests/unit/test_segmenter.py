@@ -181,3 +181,15 @@ def test_unsent_savepoint_rollback_leaves_no_trace_and_table_filter():
 def test_threshold_must_leave_room():
     with pytest.raises(ValueError, match="at least 1024"):
         Segmenter(threshold=100)
+
+
+def test_changed_columns_yield_schema_change_before_the_rows():
+    seg = Segmenter()
+    run(seg, [Begin(100, T, 1), Change("I", ACCOUNTS, None, ("1", "a", "1"), 90), Commit(0, 100, 110, T)])
+    same = Relation(ACCOUNTS.oid, "public", "accounts", "d", ACCOUNTS.columns)  # re-sent after a TRUNCATE
+    (msg,) = run(seg, [Begin(200, T, 2), Change("I", same, None, ("2", "b", "1"), 190), Commit(0, 200, 210, T)])
+    assert [m.type_name(s.type) for s in msg.statements] == ["INSERT"]
+    wider = Relation(ACCOUNTS.oid, "public", "accounts", "d", ACCOUNTS.columns + (Column(0, "note", 25, -1),))
+    (msg,) = run(seg, [Begin(300, T, 3), Change("I", wider, None, ("3", "c", "1", "x"), 290), Commit(0, 300, 310, T)])
+    assert shape([msg]) == [(1, True, [(1, "SCHEMA_CHANGE", 1, True, 0), (2, "INSERT", 1, True, 1)])]
+    assert [c.name for c in msg.statements[0].table.columns] == ["id", "owner", "balance", "note"]

@@ -53,14 +53,18 @@ class PostgresApplier:
                  chunk_bytes: int = 32 << 20):
         self.conn = conn
         self.by_name = {}
-        for i, t in enumerate(tables):
-            t.index = i
-            self.by_name[t.source or (t.table.schema, t.table.name)] = t
+        for t in tables:
+            self.add_table(t)
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.pending_rows = self.pending_bytes = 0
         self.checked: set[int] = set()
         self.staged: set[int] = set()
         self.applied_rows = 0
+
+    def add_table(self, t: TargetTable) -> None:
+        """A table met on the way (the Transaction applier learns tables from the messages)."""
+        t.index = len(self.by_name)
+        self.by_name[t.source or (t.table.schema, t.table.name)] = t
 
     # -- intake ---------------------------------------------------------------------------------------
     def _target(self, rel: Relation) -> TargetTable | None:

@@ -45,6 +45,21 @@ def _matches(patterns: list[tuple[str, ...]], names: tuple[str, ...]) -> bool:
     return any(all(fnmatchcase(n, p) for n, p in zip(names, pat)) for pat in patterns)
 
 
+def _drop_columns(rec: m.Record, gone: set[int], renumber: dict[int, int]) -> None:
+    kept = [v for i, v in enumerate(rec.values) if i not in gone]
+    del rec.values[:]
+    rec.values.extend(kept)
+    for marks in (rec.nulls, rec.unchanged):
+        if marks:
+            kept = [renumber[i] for i in marks if i in renumber]
+            del marks[:]
+            marks.extend(kept)
+    if rec.binary:
+        kept = {renumber[i]: b for i, b in rec.binary.items() if i in renumber}
+        rec.binary.clear()
+        rec.binary.update(kept)
+
+
 class FilterReplicator:
     def __init__(self, tables: str = "", schemas: str = "", exclude_tables: str = "", columns: str = ""):
         self.tables = _patterns(tables, "tables", 2)
@@ -101,11 +116,15 @@ class FilterReplicator:
                                  f"row: key columns cannot be removed (take it out of columns=)")
         for i in reversed(drop):
             del new.table.columns[i]
+        # Records are flat (values, and the indexes of NULL / unchanged / binary columns): renumber those.
+        gone = set(drop)
+        renumber, n = {}, 0
+        for i in range(len(h.columns)):
+            if i not in gone:
+                renumber[i], n = n, n + 1
         for row in new.rows:
             for rec in (getattr(row, side) for side in ("before", "after") if row.HasField(side)):
-                for i in reversed(drop):
-                    if i < len(rec.values):
-                        del rec.values[i]
+                _drop_columns(rec, gone, renumber)
 
     def _pass_or_drop(self, txn: m.Transaction, out: m.Transaction) -> m.Transaction | None:
         key = (txn.context.source_id, txn.context.transaction_id)

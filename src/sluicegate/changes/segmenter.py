@@ -120,8 +120,25 @@ class Segmenter:
         return known[1], known[2]
 
     # -- building -----------------------------------------------------------------------------------
+    def _schema_change(self, txn: _Open, rel: Relation, sub: int) -> None:
+        """A table's columns changed since its last change here (a new Relation message): say so first."""
+        known = self._headers.get(rel.oid)
+        if known is None or known[0] is rel:
+            return
+        if known[0].columns == rel.columns:
+            self._headers[rel.oid] = (rel, known[1], known[2])
+            return
+        self._close_statement(txn)
+        h, hsize = self._header(rel)
+        st = txn.msg.statements.add(type=m.SCHEMA_CHANGE, statement_id=txn.next_statement, segment_id=1,
+                                    end_segment=True, subtransaction_id=sub)
+        st.table.CopyFrom(h)
+        txn.next_statement += 1
+        txn.size += _FIXED + hsize
+
     def _row(self, txn: _Open, ch: Change) -> Iterator[m.Transaction]:
         sub = ch.xid or txn.xid
+        self._schema_change(txn, ch.relation, sub)
         key = (ch.kind, ch.relation.oid, sub)
         if txn.current is not None and txn.current.key != key:
             self._close_statement(txn)
@@ -169,6 +186,8 @@ class Segmenter:
         txn.size += _FIXED + hsize
 
     def _truncate(self, txn: _Open, ev: TruncateChange, rels: list[Relation]) -> Iterator[m.Transaction]:
+        for r in rels:
+            self._schema_change(txn, r, ev.xid or txn.xid)
         self._close_statement(txn)
         st = m.Statement(type=m.TRUNCATE, statement_id=txn.next_statement, segment_id=1, end_segment=True,
                          subtransaction_id=ev.xid or txn.xid, start_position=ev.lsn,
