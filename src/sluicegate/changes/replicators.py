@@ -85,8 +85,23 @@ class FilterReplicator:
             known = self._dropped_columns[key] = _matches(self.columns, key)
         return known
 
+    def _untouched(self, st: m.Statement) -> bool:
+        """The statement goes on exactly as it is."""
+        if st.type in (m.ROLLBACK, m.ROLLBACK_STATEMENT):
+            return True
+        if st.type == m.TRUNCATE:
+            return all(self.keeps(t.schema, t.name) for t in st.truncated)
+        h = st.table
+        return self.keeps(h.schema, h.name) and not (
+            self.columns and any(self._drops(h.schema, h.name, c.name) for c in h.columns))
+
     def replicate(self, txn: m.Transaction) -> m.Transaction | None:
-        out = m.Transaction(context=txn.context, segment_id=txn.segment_id, end_segment=txn.end_segment)
+        out = m.Transaction()
+        if all(self._untouched(st) for st in txn.statements):  # the common case: one copy in the runtime
+            out.CopyFrom(txn)
+            return self._pass_or_drop(txn, out)
+        out.context.CopyFrom(txn.context)
+        out.segment_id, out.end_segment = txn.segment_id, txn.end_segment
         for st in txn.statements:
             if st.type in (m.ROLLBACK, m.ROLLBACK_STATEMENT):
                 out.statements.append(st)

@@ -169,7 +169,8 @@ def read_log(path: str) -> Iterator[tuple[str, int, Transaction]]:
                                  f"{os.path.basename(files[i - 1][1])} to {os.path.basename(name)})")
             yield from _read_file(name, last=i == len(files) - 1)
     elif os.path.exists(path):
-        yield from _read_file(path, last=True)
+        later = [p for _, p in log_files(os.path.dirname(path) or ".") if os.path.basename(p) > os.path.basename(path)]
+        yield from _read_file(path, last=not later)
     else:
         raise UsageError(f"no transaction log at {path}: name a log directory or one of its sg-translog.* files")
 
@@ -279,21 +280,36 @@ class TranslogApplier:
     # -- writing ------------------------------------------------------------------------------------------
     def apply(self, txn: Transaction) -> None:
         if self._file is None:
-            raise UsageError(f"the transaction log in {self.dir} is closed")
+            raise UsageError(f"the transaction log in {self.dir} is closed (after close(), or an error while "
+                             f"writing: open it again to go on from its last complete record)")
         payload = txn.SerializeToString()
         if not payload:
             raise ValueError("an empty Transaction message (no context, no statements) has nothing to log")
         n = _RECORD.size + len(payload)
-        if self._size > len(HEADER) and self._size + n > self.max_bytes:
-            self._rotate()
-        self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)))
-        self._file.write(payload)
-        self._size += n
-        if txn.end_segment:
-            self._file.flush()
-            if self.fsync == "commit":
-                os.fsync(self._file.fileno())
-            self._position = txn.context.position
+        try:
+            if self._size > len(HEADER) and self._size + n > self.max_bytes:
+                self._rotate()
+            self._file.write(_RECORD.pack(len(payload), zlib.crc32(payload)))
+            self._file.write(payload)
+            self._size += n
+            if txn.end_segment:
+                self._file.flush()
+                if self.fsync == "commit":
+                    os.fsync(self._file.fileno())
+                self._position = txn.context.position
+        except BaseException:
+            # A record may be half written (disk full, interrupted): write nothing after it. Reopening the
+            # log cuts it away and says where the log stands.
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
 
     def _rotate(self) -> None:
         self._file.flush()
