@@ -56,14 +56,14 @@ def test_three_statement_transaction_segmented_at_2kb():
     seg = Segmenter("src", threshold=2048, position=50)
     msgs = run(seg, three_statements())
     assert shape(msgs) == [
-        (1, False, [(1, "INSERT", 1, True, 60), (2, "UPDATE", 1, False, 7)]),
-        (2, False, [(2, "UPDATE", 2, True, 53), (3, "DELETE", 1, False, 23)]),
-        (3, True, [(3, "DELETE", 2, True, 37)]),
+        (1, False, [(1, "INSERT", 1, True, 60), (2, "UPDATE", 1, False, 4)]),
+        (2, False, [(2, "UPDATE", 2, True, 56), (3, "DELETE", 1, False, 13)]),
+        (3, True, [(3, "DELETE", 2, True, 47)]),
     ]
     assert all(len(x.SerializeToString()) <= 2048 for x in msgs)
     assert {x.context.transaction_id for x in msgs} == {42}
     # Earlier segments carry the resume point before the transaction; the last one its commit's end.
-    assert all(len(x.SerializeToString()) > 2048 - 120 for x in msgs[:-1])  # and not much less: full
+    assert all(len(x.SerializeToString()) > 2048 - 200 for x in msgs[:-1])  # and not much less: full
     assert [x.context.position for x in msgs] == [50, 50, 9100]
     assert [x.context.commit_position for x in msgs] == [0, 0, 9000]
     assert seg.position == 9100

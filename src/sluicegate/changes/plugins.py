@@ -27,6 +27,9 @@ class Applier(Protocol):
     def close(self) -> None:
         """Finish writing (flush, close files); called once at the end."""
 
+    # Optional: `position() -> int`, everything before it durably written (0: nothing yet). A reader that is
+    # not told where to start resumes from the lowest of its appliers' positions.
+
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """'name:k=v,k2=v2' -> ('name', {'k': 'v', 'k2': 'v2'})."""

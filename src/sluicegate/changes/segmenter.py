@@ -66,6 +66,9 @@ class Segmenter:
         if threshold < MIN_THRESHOLD:
             raise ValueError(f"transaction_message_threshold must be at least {MIN_THRESHOLD} bytes, got {threshold}")
         self.source_id, self.threshold, self.position, self.tables = source_id, threshold, position, tables
+        # A message's own fields before any statement: the context (source id, six numbers of at most 10
+        # bytes each, a flag) and the segment fields. Every message starts its size count there.
+        self._base = _framed(len(source_id.encode()) + 2 + 6 * 11 + 2) + 12
         self._open: dict[int, _Open] = {}
         self._block: _Open | None = None  # the streamed transaction whose block is open
         self._plain: _Open | None = None  # the Begin…Commit transaction being read
@@ -83,14 +86,14 @@ class Segmenter:
             if kept:
                 yield from self._truncate(txn, ev, kept)
         elif isinstance(ev, Begin):
-            self._plain = _Open(ev.xid, False, m.micros(ev.commit_time))
+            self._plain = self._new(ev.xid, False, m.micros(ev.commit_time))
         elif isinstance(ev, Commit):
             txn, self._plain = self._plain, None
             yield from self._commit(txn, ev.commit_lsn, ev.end_lsn, ev.commit_time)
         elif isinstance(ev, StreamStart):
             txn = self._open.get(ev.xid)
             if txn is None:
-                txn = self._open[ev.xid] = _Open(ev.xid, True)
+                txn = self._open[ev.xid] = self._new(ev.xid, True)
             self._block = txn
         elif isinstance(ev, StreamStop):
             txn, self._block = self._block, None
@@ -98,10 +101,13 @@ class Segmenter:
                 self._close_statement(txn)
                 yield self._message(txn, end=False)
         elif isinstance(ev, StreamCommit):
-            txn = self._open.pop(ev.xid, None) or _Open(ev.xid, True)
+            txn = self._open.pop(ev.xid, None) or self._new(ev.xid, True)
             yield from self._commit(txn, ev.commit_lsn, ev.end_lsn, ev.commit_time)
         elif isinstance(ev, StreamAbort):
             yield from self._abort(ev)
+
+    def _new(self, xid: int, streamed: bool, start_time_us: int = 0) -> _Open:
+        return _Open(xid, streamed, start_time_us, size=self._base)
 
     def _current(self) -> _Open:
         txn = self._block or self._plain
@@ -208,7 +214,7 @@ class Segmenter:
     def _message(self, txn: _Open, end: bool, commit_lsn: int = 0, end_lsn: int = 0,
                  end_time_us: int = 0) -> m.Transaction:
         txn.segment_id += 1
-        msg, txn.msg, txn.size = txn.msg, m.Transaction(), 0
+        msg, txn.msg, txn.size = txn.msg, m.Transaction(), self._base
         ctx = msg.context
         ctx.source_id, ctx.transaction_id, ctx.position = self.source_id, txn.xid, end_lsn or self.position
         ctx.commit_position, ctx.start_time_us, ctx.end_time_us = commit_lsn, txn.start_time_us, end_time_us
@@ -245,7 +251,7 @@ class Segmenter:
         kept = [st for st in txn.msg.statements if st.subtransaction_id != ev.subxid]
         if len(kept) != len(txn.msg.statements):
             txn.msg = m.Transaction(statements=kept)
-            txn.size = sum(_FIXED + st.ByteSize() for st in kept)
+            txn.size = self._base + sum(_FIXED + st.ByteSize() for st in kept)
         if ev.subxid in txn.sent_subxids:
             txn.sent_subxids.discard(ev.subxid)
             txn.msg.statements.add(type=m.ROLLBACK_STATEMENT, statement_id=txn.next_statement, segment_id=1,

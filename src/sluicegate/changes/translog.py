@@ -325,6 +325,8 @@ class TranslogApplier:
         """
         return self._position
 
+    position = last_position  # the Applier protocol's name: where `sluicegate vstream` resumes
+
     def current_file(self) -> str:
         return os.path.join(self.dir, file_name(self._number))
 

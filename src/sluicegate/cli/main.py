@@ -428,6 +428,14 @@ def demo(rows, keep, workdir):
     sys.exit(run_demo(rows=rows, keep=keep, workdir=workdir))
 
 
+# Groups in modules of their own (they look up `friendly` here when a command runs).
+from .log import log_group  # noqa: E402
+from .vstream import vstream_group  # noqa: E402
+
+cli.add_command(log_group)
+cli.add_command(vstream_group)
+
+
 def main() -> None:
     cli(prog_name="sluicegate")
 

@@ -1,0 +1,248 @@
+"""One VStream client's changes read from the source: Transaction messages and heartbeats, from a position.
+
+Each client id has its own logical slot (pgoutput) and publication on the source, both named
+``sg_vstream_<client id>`` (see :func:`capture_name`). They are made on the client's first request: the
+publication for the tables it names (default: every table of schema public at that time), then the slot at
+the source's current position. A table is added later on the source with
+``ALTER PUBLICATION sg_vstream_<id> ADD TABLE t`` (its changes from then on are sent); asking for a table
+that is not in the publication is refused with that advice, never silently answered with nothing.
+
+Resume semantics (Drizzle's, over a position):
+
+* A request carries the last position the client saw on a message with ``end_segment`` (its
+  ``context.position``: the end of that transaction's commit) or on a heartbeat. That says the client has
+  durably handled everything before it, so the slot is confirmed up to it (``capture.advance_slot``): the
+  request is the only thing that moves the slot; the server never confirms on its own.
+* The stream starts there: every transaction whose commit ends at or before the position is skipped (the
+  walsender does so, and so does :func:`_skip_done`, as workflow/player.py does), and every later one is sent
+  in full. A transaction the client had only partly received before its connection broke comes again from
+  segment 1, so a client drops the segments of a transaction whose ``end_segment`` it did not see.
+* Position 0 means the slot's confirmed position. A position before it is refused: the changes between were
+  consumed and are gone, and the client has to re-bootstrap (copy again, or use a new client id).
+
+Heartbeats: when nothing was sent for ``heartbeat_seconds``, a Heartbeat whose position is a resume point
+too: everything that committed before it has been sent (transactions of tables outside the publication or
+the filter included, so an idle client's position keeps moving). It is never taken inside a transaction the
+walsender is still sending; a streamed transaction still open then simply comes again whole after a resume.
+
+Memory is bounded: one Transaction message under construction per open transaction, and nothing is read
+from the replication connection until the consumer asks for the next event (a generator all the way down).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterable, Iterator
+
+import psycopg
+
+from ..changes import change_pb2 as pb
+from ..changes import model as m
+from ..changes.segmenter import DEFAULT_THRESHOLD, Segmenter
+from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ..position import format_lsn
+from ..postgres import capture
+from ..postgres.assembler import Event, Framing, assemble
+from ..postgres.catalog import Table, list_tables, split_name
+from ..postgres.connect import connect
+from ..postgres.pgoutput import Begin, Commit, DecodeError
+from ..postgres.replication import ChangeStream
+
+Heartbeat = pb.Heartbeat
+PREFIX = "sg_vstream_"
+_NAME_MAX = 63  # NAMEDATALEN - 1
+_POLL = 0.2  # seconds: how often an idle stream looks at `stop` and the heartbeat clock
+_MANY = 1 << 40  # no count limit on one read of the replication connection
+
+
+class Stop:
+    """Never set: the default for `stop`."""
+
+    @staticmethod
+    def is_set() -> bool:
+        return False
+
+
+def capture_name(client_id: str) -> str:
+    """The slot and publication name of a client id: ``sg_vstream_<id>``, lowercased, with characters a slot
+    name cannot hold replaced; a short hash of the id is added when that changed it, so ids stay distinct."""
+    if not client_id:
+        raise UsageError("a VStream client needs a client id (it names the client's replication slot)")
+    clean = re.sub(r"[^a-z0-9_]", "_", client_id.lower())
+    if clean != client_id or len(PREFIX) + len(clean) > _NAME_MAX:
+        digest = hashlib.sha1(client_id.encode()).hexdigest()[:8]
+        clean = f"{clean[:_NAME_MAX - len(PREFIX) - 9]}_{digest}"
+    return PREFIX + clean
+
+
+def transactions(source_url: str, client_id: str, position: int = 0, tables: Iterable[str] | None = None,
+                 threshold: int = DEFAULT_THRESHOLD, streaming: bool = True, heartbeat_seconds: float = 1.0,
+                 decoding_work_mem: str | None = None, stop=None) -> Iterator[m.Transaction | Heartbeat]:
+    """The client's Transaction messages (and heartbeats) from `position` on; see the module docstring.
+
+    `tables`: names (``t`` or ``schema.t``) the publication is made for on the first request and that every
+    request keeps (the Segmenter's table filter); None or empty: the whole publication. `stop` (anything with
+    ``is_set()``) ends the generator within a fraction of a second, also while the source is idle.
+    Raises UsageError (bad request), TerminalError (the changes asked for are gone) or RetryableError.
+    """
+    stop = stop or Stop
+    names = [t for t in (tables or []) if t.strip()]
+    name = capture_name(client_id)
+    with connect(source_url, role="source", autocommit=True) as ctl:
+        capture.check_source(ctl)
+        keep = _ensure_publication(ctl, name, names)
+        start = _take_slot(ctl, name, client_id, position)
+        source_id = _source_id(ctl)
+        stream = ChangeStream(source_url, name, name, start, streaming=streaming,
+                              decoding_work_mem=decoding_work_mem)
+    with stream:
+        try:
+            yield from _read(stream, Segmenter(source_id, threshold, start, keep), start, heartbeat_seconds,
+                             stop)
+        except RetryableError:
+            with connect(source_url, role="source", autocommit=True) as ctl:
+                _check_slot(ctl, name, client_id, start)  # a lost slot is terminal: say so, never skip ahead
+            raise
+
+
+def _read(stream: ChangeStream, seg: Segmenter, start: int, heartbeat_seconds: float,
+          stop) -> Iterator[m.Transaction | Heartbeat]:
+    framing = Framing()
+    last_sent = time.monotonic()
+    poll = min(_POLL, heartbeat_seconds) if heartbeat_seconds > 0 else _POLL
+    while not stop.is_set():
+        # Each read ends at a transaction boundary after `poll` seconds (busy) or `poll` idle seconds.
+        raw = _until_stopped(stream.messages(_MANY, poll, poll), stop)
+        try:
+            for ev in _skip_done(assemble(raw, framing), start):
+                for txn in seg.feed(ev):
+                    yield txn
+                    last_sent = time.monotonic()
+        except DecodeError:
+            if stop.is_set():
+                return  # stopped inside a transaction: nothing more is read, the cut is expected
+            raise
+        if stop.is_set():
+            return
+        quiet = time.monotonic() - last_sent
+        if heartbeat_seconds > 0 and quiet >= heartbeat_seconds and not stream.in_transaction:
+            seg.position = max(seg.position, stream.sent_upto)
+            yield Heartbeat(position=seg.position, time_us=time.time_ns() // 1000)
+            last_sent = time.monotonic()
+
+
+def _until_stopped(raw: Iterator[tuple[int, bytes]], stop) -> Iterator[tuple[int, bytes]]:
+    for item in raw:
+        if stop.is_set():
+            return  # ends the stream mid-transaction: the caller stops reading altogether
+        yield item
+
+
+def _skip_done(events: Iterator[Event], start: int) -> Iterator[Event]:
+    """Leave out the Begin…Commit transactions whose commit record starts before `start` (they end at or
+    before it: the client has them). The walsender already skips them; this keeps the promise whatever it
+    sends. A streamed transaction cannot have committed before the start: it is only streamed past it."""
+    skipping = False
+    for ev in events:
+        if isinstance(ev, Begin):
+            skipping = ev.final_lsn < start
+        if not skipping:
+            yield ev
+        elif isinstance(ev, Commit):
+            skipping = False
+
+
+# -- the client's capture on the source --------------------------------------------------------------
+
+def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) -> set[tuple[str, str]] | None:
+    """Create the client's publication if missing; the (schema, table) set to keep, or None for all of it."""
+    existing = list_tables(ctl)
+    wanted = [_resolve(existing, n) for n in names]
+    published = {(s, t) for s, t in ctl.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)).fetchall()}
+    exists = ctl.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    if not exists:
+        chosen = wanted or [t for t in existing if t[0] == "public"]
+        if not chosen:
+            raise UsageError("source has no tables in schema public: name the tables (--tables a,b)")
+        capture.ensure_publication(ctl, name, [Table(s, t, (), ()) for s, t in dict.fromkeys(chosen)])
+        return set(wanted) or None
+    missing = [f"{s}.{t}" for s, t in wanted if (s, t) not in published]
+    if missing:
+        adds = "; ".join(f"ALTER PUBLICATION {name} ADD TABLE {t}" for t in missing)
+        has = ", ".join(sorted(f"{s}.{t}" for s, t in published)) or "no tables"
+        raise UsageError(
+            f"table {', '.join(missing)} is not in this client's publication {name} (it has {has}): add "
+            f"it on the source with `{adds}` (changes from then on are sent), or use another client id")
+    return set(wanted) or None
+
+
+def _resolve(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
+    schema, rel = split_name(raw)
+    hits = [t for t in existing if t[1] == rel and (schema is None or t[0] == schema)]
+    if schema is None and len(hits) > 1:
+        hits = [t for t in hits if t[0] == "public"] or hits
+    if len(hits) != 1:
+        candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
+        raise UsageError(f"unknown source table {raw!r}{did_you_mean(raw, candidates, cutoff=0.5)}")
+    return hits[0]
+
+
+def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int) -> int:
+    """Create the slot on the first request; end an earlier reader of it; confirm it up to `position`.
+    The position to start from."""
+    info = capture.slot_info(ctl, name)
+    if info is None:
+        capture.ensure_slot(ctl, name)  # at the current position
+    info = _check_slot(ctl, name, client_id, position)
+    capture.release_slot(ctl, name, info)  # a dead connection's walsender: the client is back
+    confirmed = info.confirmed_flush or 0
+    flushed = capture.wal_flush_position(ctl)[0]
+    if position > flushed:  # skipping up to it would lose every change before it
+        raise UsageError(f"VStream client {client_id} asked for position {format_lsn(position)}, ahead of "
+                         f"the source's WAL ({format_lsn(flushed)}): a position of another source? Use 0 to "
+                         f"start where the slot stands")
+    if position > confirmed:
+        capture.advance_slot(ctl, name, position)  # the client says it has everything before it
+    return max(position, confirmed)
+
+
+def _check_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int) -> capture.SlotInfo:
+    way_out = (f"re-bootstrap: copy the tables again and stream from a new client id (or drop the "
+               f"slot with SELECT pg_drop_replication_slot('{name}') and start client {client_id} from "
+               f"position 0)")
+    info = capture.slot_info(ctl, name)
+    if info is None:
+        raise TerminalError(f"replication slot {name} of VStream client {client_id} is gone from the source; "
+                            f"the changes since are lost: {way_out}")
+    if info.wal_status == "lost" or info.restart_lsn is None:
+        raise TerminalError(f"replication slot {name} of VStream client {client_id} was invalidated (WAL "
+                            f"removed): {way_out}")
+    if position and info.confirmed_flush is not None and position < info.confirmed_flush:
+        raise TerminalError(
+            f"VStream client {client_id} asked for position {format_lsn(position)}, but its slot {name} "
+            f"was already confirmed up to {format_lsn(info.confirmed_flush)}: the changes between are gone; "
+            f"{way_out}")
+    return info
+
+
+def _source_id(ctl: psycopg.Connection) -> str:
+    """'<system identifier>/<database>': names the source in every message's context."""
+    db = ctl.execute("SELECT current_database()").fetchone()[0]
+    try:
+        system = ctl.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()[0]
+    except psycopg.errors.InsufficientPrivilege:
+        return db
+    return f"{system}/{db}"
+
+
+def drop(source_url: str, client_id: str) -> list[str]:
+    """Drop a client's slot and publication (what was dropped): the way to forget a client."""
+    name = capture_name(client_id)
+    with connect(source_url, role="source", autocommit=True) as ctl:
+        return capture.drop_capture(ctl, name, name)
+
+
+__all__ = ["DEFAULT_THRESHOLD", "Heartbeat", "Stop", "capture_name", "drop", "transactions"]
