@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import threading
 
 import psycopg
@@ -91,3 +94,12 @@ class Writer(threading.Thread):
                     self.stop_event.wait(self.pause)  # a busy application, not a bulk load the copy can never finish
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+
+
+def reap_group(proc: subprocess.Popen) -> None:
+    """The driver's JVM and Python workers follow it down; make sure, then collect them."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)

@@ -14,7 +14,7 @@ import pytest
 from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, wait_for
-from .helpers import Writer, assert_same, caught_up, slot_confirmed, stream_row
+from .helpers import Writer, assert_same, caught_up, reap_group, slot_confirmed, stream_row
 
 pytestmark = pytest.mark.spark
 
@@ -29,15 +29,6 @@ def start_driver(pair, workflow: str, log: Path, fault: str | None = None, fault
          "--no-progress"],
         env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
-
-
-def reap_group(proc: subprocess.Popen) -> None:
-    """The driver's JVM and Python workers follow it down; make sure, then collect them."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 # The four the issue names run in CI; the rest with SLUICEGATE_ALL_TESTS=1.

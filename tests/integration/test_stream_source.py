@@ -23,7 +23,7 @@ from sluicegate.postgres.pgoutput import UNCHANGED, Begin, Commit
 from sluicegate.spark import stream_source
 
 from ..conftest import wait_for
-from .helpers import Writer, slot_confirmed
+from .helpers import Writer, reap_group, slot_confirmed
 
 pytestmark = pytest.mark.spark
 
@@ -252,15 +252,6 @@ def test_kill_9_replays_the_planned_batch(pair, tmp_path):
     assert len(got) == len(set(got))  # no duplicates
     assert sorted(got) == sorted(row[1:] for row in expected)  # none missing
     assert len(got) > 500
-
-
-def reap_group(proc: subprocess.Popen) -> None:
-    """The driver's JVM and Python workers go down with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 def test_reader_replays_a_batch_and_skips_earlier_ones(pair, monkeypatch):

@@ -109,16 +109,23 @@ def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Ta
     else:
         chosen = []
         for raw in names:
-            schema, rel = split_name(raw)
-            hits = [t for t in existing if t[1] == rel and (schema is None or t[0] == schema)]
-            if schema is None and len(hits) > 1:
-                hits = [t for t in hits if t[0] == "public"] or hits
-            if len(hits) != 1:
-                candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
-                raise UsageError(f"unknown source table {raw!r}{did_you_mean(raw, candidates, cutoff=0.5)}")
-            if hits[0] not in chosen:
-                chosen.append(hits[0])
+            found = resolve_name(existing, raw)
+            if found not in chosen:
+                chosen.append(found)
     return [describe_table(conn, s, n) for s, n in chosen]
+
+
+def resolve_name(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
+    """A table name as a user wrote it ('t', 'sales.t') -> (schema, name) among `existing`; a bare name
+    prefers schema public; unknown or ambiguous -> an error with the closest names."""
+    schema, rel = split_name(raw)
+    hits = [t for t in existing if t[1] == rel and (schema is None or t[0] == schema)]
+    if schema is None and len(hits) > 1:
+        hits = [t for t in hits if t[0] == "public"] or hits
+    if len(hits) != 1:
+        candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
+        raise UsageError(f"unknown source table {raw!r}{did_you_mean(raw, candidates, cutoff=0.5)}")
+    return hits[0]
 
 
 def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:

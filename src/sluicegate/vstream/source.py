@@ -41,11 +41,11 @@ import psycopg
 from ..changes import change_pb2 as pb
 from ..changes import model as m
 from ..changes.segmenter import DEFAULT_THRESHOLD, Segmenter
-from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ..errors import RetryableError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres import capture
 from ..postgres.assembler import Event, Framing, assemble
-from ..postgres.catalog import Table, list_tables, split_name
+from ..postgres.catalog import Table, list_tables, resolve_name
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, DecodeError
 from ..postgres.replication import ChangeStream
@@ -159,7 +159,7 @@ def _skip_done(events: Iterator[Event], start: int) -> Iterator[Event]:
 def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) -> set[tuple[str, str]] | None:
     """Create the client's publication if missing; the (schema, table) set to keep, or None for all of it."""
     existing = list_tables(ctl)
-    wanted = [_resolve(existing, n) for n in names]
+    wanted = [resolve_name(existing, n) for n in names]
     published = {(s, t) for s, t in ctl.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)).fetchall()}
     exists = ctl.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
@@ -177,17 +177,6 @@ def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) ->
             f"table {', '.join(missing)} is not in this client's publication {name} (it has {has}): add "
             f"it on the source with `{adds}` (changes from then on are sent), or use another client id")
     return set(wanted) or None
-
-
-def _resolve(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
-    schema, rel = split_name(raw)
-    hits = [t for t in existing if t[1] == rel and (schema is None or t[0] == schema)]
-    if schema is None and len(hits) > 1:
-        hits = [t for t in hits if t[0] == "public"] or hits
-    if len(hits) != 1:
-        candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
-        raise UsageError(f"unknown source table {raw!r}{did_you_mean(raw, candidates, cutoff=0.5)}")
-    return hits[0]
 
 
 def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int) -> int:
