@@ -64,6 +64,8 @@ def record(row: tuple) -> Record:
 
 def values(rec: Record) -> tuple:
     """The inverse of :func:`fill`."""
+    if not (rec.nulls or rec.unchanged or rec.binary):  # the common case: one call into the runtime
+        return tuple(rec.values)
     out = list(rec.values)
     for i in rec.nulls:
         out[i] = None
