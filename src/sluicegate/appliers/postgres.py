@@ -5,11 +5,14 @@ with unchanged TOAST values filled in from an earlier change of the same chunk, 
 when the key changed). A chunk is flushed with
 COPY into a temporary staging table and three statements per table (delete, update, insert), so the
 cost per row is COPY's, not a round trip. Chunks flush in order, which keeps per-row order across them;
-their size bounds memory, whatever the transaction's size.
+their size bounds memory, whatever the transaction's size. Given an executor (one thread), a chunk is
+written in the background while the caller collects the next one — the target's work overlaps the decoding;
+whatever uses the connection itself waits for the chunk in flight first (`settle`).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 import psycopg
@@ -50,8 +53,10 @@ def check_columns(rel: Relation, source: Table) -> None:
 
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
-                 chunk_bytes: int = 32 << 20):
+                 chunk_bytes: int = 32 << 20, executor: Executor | None = None):
         self.conn = conn
+        self.executor = executor
+        self._writing: Future | None = None  # the chunk in flight (one at a time: memory stays two chunks)
         self.by_name = {}
         for t in tables:
             self.add_table(t)
@@ -126,11 +131,11 @@ class PostgresApplier:
     def truncate_tables(self, targets: list[TargetTable]) -> None:
         if not targets:
             return
-        self.flush()
+        self.sync()
         self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
 
     def delete_where(self, t: TargetTable, condition: sql.Composable) -> None:
-        self.flush()
+        self.sync()
         self.conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(t.table.ident, condition))
 
     def _resolve_unchanged(self, t: TargetTable, key, new: tuple):
@@ -164,7 +169,7 @@ class PostgresApplier:
             return tuple(values)
         if t.mode == "upto" and not self._upto(t, key):
             return tuple(values)  # the new row is above lastpk: not applied, the copy brings it
-        self.flush()  # the old row on the target now holds every earlier change
+        self.sync()  # the old row on the target now holds every earlier change
         table = t.table
         names = table.column_names
         row = self.conn.execute(
@@ -186,6 +191,7 @@ class PostgresApplier:
 
     def _upto(self, t: TargetTable, key: tuple) -> bool:
         """key <= lastpk, compared by the target the way the source orders keys."""
+        self.settle()
         return self.conn.execute(
             sql.SQL("SELECT {}").format(keyrange.compare_values(t.table, "<=", list(key), t.lastpk))
         ).fetchone()[0]
@@ -195,17 +201,50 @@ class PostgresApplier:
 
     # -- apply ----------------------------------------------------------------------------------------
     def flush(self) -> None:
-        for t in self.by_name.values():
-            if t.rows:
-                self._flush_table(t)
+        """Write the chunk collected so far (in the background, given an executor)."""
+        chunk = [(t, t.rows, t.has_keep) for t in self.by_name.values() if t.rows]
+        for t, _, _ in chunk:
+            t.rows, t.has_keep = {}, False
         self.pending_rows = self.pending_bytes = 0
+        if not chunk:
+            return
+        if self.executor is None:
+            self._write(chunk)
+            return
+        self.settle()
+        self._writing = self.executor.submit(self._write, chunk)
 
-    def _flush_table(self, t: TargetTable) -> None:
+    def settle(self) -> None:
+        """Wait for the chunk in flight; its error, if it failed. Before anything else uses the connection."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def sync(self) -> None:
+        """Everything collected so far is written: the connection is the caller's."""
+        self.flush()
+        self.settle()
+
+    def abandon(self) -> None:
+        """The caller failed: let a chunk in flight finish (the caller rolls the transaction back) so the
+        connection is idle again; its own error, if any, is not the one to report."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            try:
+                writing.result()
+            except BaseException:  # noqa: BLE001, S110 - the caller's error is the one that matters
+                pass
+
+    def _write(self, chunk: list) -> None:
+        for t, rows, has_keep in chunk:
+            self._flush_table(t, rows, has_keep)
+
+    def _flush_table(self, t: TargetTable, rows: dict, has_keep: bool) -> None:
         plan = self._plan_for(t)
         with self.conn.cursor() as cur:
             with cur.copy(plan["copy"]) as copy:
                 lines = []
-                for op, values, keep in t.rows.values():
+                for op, values, keep in rows.values():
                     keep_text = "{" + ",".join(map(str, keep)) + "}" if keep else "\\N"
                     fields = [op, keep_text]
                     for v in values:
@@ -221,14 +260,12 @@ class PostgresApplier:
                     copy.write("\n".join(lines) + "\n")
             cur.execute(plan["delete"])
             if plan["update"] is not None:
-                cur.execute(plan["update_keep"] if t.has_keep else plan["update"])
-            if t.has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
+                cur.execute(plan["update_keep"] if has_keep else plan["update"])
+            if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
                 self._orphan_error(t)
             cur.execute(plan["insert"])
-            self.applied_rows += len(t.rows)
+            self.applied_rows += len(rows)
             cur.execute(plan["clear"])
-        t.rows.clear()
-        t.has_keep = False
 
     def _orphan_error(self, t: TargetTable) -> None:
         schema, name = t.source or (t.table.schema, t.table.name)

@@ -13,6 +13,7 @@ is idle, the position moves to what the server says it has sent (heartbeats).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..appliers.postgres import PostgresApplier, TargetTable
@@ -80,7 +81,8 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
         except RetryableError:
             capture.check_slot(src_ctl, task.slot, result.position, task.workflow)  # gone? say so
             raise
-        with stream:
+        # One writer thread: a chunk goes to the target while the next one is decoded.
+        with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
             while True:
                 if task.until == "position":
                     if result.position >= task.stop_at:
@@ -102,7 +104,7 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     result.interrupted = "stopping"
                     return result
                 try:
-                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed, rules)
+                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed, rules, writer)
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
                     capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
@@ -141,7 +143,7 @@ class _Batch:
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, position: int, flushed: int,
-                 rules: dict | None) -> _Batch:
+                 rules: dict | None, writer=None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     ruled = {}
     for t in tables:
@@ -149,9 +151,18 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, pos
         if runner is not None:  # the applier writes the rule's target table; the replicator feeds it
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
-    applier = PostgresApplier(dst, tables)
+    base = applier = PostgresApplier(dst, tables, executor=writer)
     if ruled:
         applier = RuleReplicator(applier, ruled)
+    try:
+        return _play_batch(task, stream, applier, relations, position, flushed, base)
+    except BaseException:
+        base.abandon()  # nothing may still be writing when the caller rolls back
+        raise
+
+
+def _play_batch(task: PlayTask, stream: ChangeStream, applier, relations: dict, position: int, flushed: int,
+                base: PostgresApplier) -> _Batch:
     batch = _Batch(position)
     skipping = False
     last_end = None
@@ -177,6 +188,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, pos
         elif isinstance(ev, TruncateChange) and not skipping:
             applier.truncate(ev.relations)
     applier.flush()
+    base.settle()  # the batch's rows are on the target before its position is saved
     # Caught up only when the server says it has sent everything before `until`: a quiet socket may just
     # mean the walsender is still decoding a big transaction.
     batch.limited = not reached_stop and stream.ended_by != "reached"
