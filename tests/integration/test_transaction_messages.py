@@ -21,7 +21,7 @@ class Reader:
 
     def __init__(self, url: str, slot: str, publication: str, start: int, threshold: int):
         self.stream = ChangeStream(url, slot, publication, start, streaming=True, decoding_work_mem="64kB")
-        self.framing = Framing()
+        self.framing = Framing(streaming=True)
         self.segmenter = Segmenter("test", threshold=threshold, position=start)
         self.messages: list[m.Transaction] = []
 

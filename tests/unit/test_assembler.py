@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sluicegate.position import format_lsn, parse_lsn
-from sluicegate.postgres.assembler import Change, TruncateChange, assemble
+from sluicegate.postgres.assembler import Change, Framing, TruncateChange, assemble
 from sluicegate.postgres.pgoutput import Begin, Commit, DecodeError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
@@ -46,10 +46,10 @@ def test_transactions_are_framed_and_changes_resolved():
 
 def test_relation_cache_carries_across_calls():
     rows = recorded()
-    cache: dict = {}
+    cache = Framing()
     first_commit = next(i for i, (_, d) in enumerate(rows) if d[:1] == b"C")
     list(assemble(rows[: first_commit + 1], cache))
-    assert cache, "Relation messages were remembered"
+    assert cache.relations, "Relation messages were remembered"
     # the rest decodes with the cache even where its Relation came in the first part
     list(assemble(rows[first_commit + 1:], cache))
 
@@ -61,7 +61,7 @@ def test_broken_framing_is_an_error():
         list(assemble(rows[:first_commit]))
     change = next(i for i, (_, d) in enumerate(rows) if d[:1] == b"I")
     with pytest.raises(DecodeError):
-        list(assemble(rows[change:change + 1], {}))
+        list(assemble(rows[change:change + 1], Framing()))
 
 
 @pytest.mark.parametrize("text,value", [("0/0", 0), ("0/16B3748", 0x16B3748), ("1A/FF", (0x1A << 32) | 0xFF)])

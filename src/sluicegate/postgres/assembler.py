@@ -42,28 +42,28 @@ Event = Begin | Commit | Change | TruncateChange | StreamStart | StreamStop | St
 
 
 class Framing:
-    """Where a reader stands between calls of :func:`assemble` (a batch may end between stream blocks)."""
+    """What a reader carries between calls of :func:`assemble`: the Relation messages seen (a decoding session
+    sends each once) and, with protocol 2 streaming, the open stream block (a batch may end between blocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, streaming: bool = False) -> None:
+        self.streaming = streaming
         self.relations: dict[int, Relation] = {}
         self.block: int = 0  # xid of the open stream block, 0 outside one
 
 
-def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | Framing | None = None
-             ) -> Iterator[Event]:
-    """(lsn, pgoutput bytes) -> events. `relations` caches Relation messages across calls; a Framing also
-    keeps the open stream block (protocol 2 streaming)."""
-    framing = relations if isinstance(relations, Framing) else None
-    rels = framing.relations if framing else (relations if relations is not None else {})
+def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None) -> Iterator[Event]:
+    """(lsn, pgoutput bytes) -> events; `framing` carries what a reader learnt across calls."""
+    framing = framing if framing is not None else Framing()
+    rels = framing.relations
     begin: Begin | None = None
     for lsn, data in raw:
         xid = 0
-        if framing is not None and framing.block:
+        if framing.block:
             xid, msg = pgoutput.decode_streamed(data)
         else:
             msg = pgoutput.decode(data)
         if isinstance(msg, (StreamStart, StreamStop, StreamCommit, StreamAbort)):
-            if framing is None:
+            if not framing.streaming:
                 raise DecodeError(f"stream message at {lsn} on a protocol-1 reader")
             if begin is not None:
                 raise DecodeError(f"stream message at {lsn} inside transaction {begin.xid}")
@@ -79,7 +79,7 @@ def assemble(raw: Iterable[tuple[int, bytes]], relations: dict[int, Relation] | 
                 raise DecodeError(f"stream commit/abort at {lsn} inside the block of {framing.block}")
             yield msg
             continue
-        if framing is not None and framing.block:
+        if framing.block:
             # Inside a block: changes belong to the streamed transaction (xid names the subtransaction).
             if isinstance(msg, Relation):
                 rels[msg.oid] = msg

@@ -73,23 +73,27 @@ def slot_info(conn: psycopg.Connection, name: str) -> SlotInfo | None:
     )
 
 
-def check_slot(conn: psycopg.Connection, name: str, position: int, workflow: str) -> SlotInfo:
-    """The slot can still supply everything after `position`, or a terminal error naming the way out."""
+def rebootstrap(workflow: str) -> str:
+    """A workflow's way out when its slot can no longer supply what it needs."""
+    return (f"the stream cannot continue without losing changes: re-bootstrap with "
+            f"`sluicegate workflow delete {workflow}` and create it again")
+
+
+def check_slot(conn: psycopg.Connection, name: str, position: int, way_out: str,
+               consumer: str = "the target's position") -> SlotInfo:
+    """The slot can still supply everything after `position` (`consumer` names it in the error), or a
+    terminal error ending with `way_out` (re-bootstrap, in the reader's terms)."""
     info = slot_info(conn, name)
-    rebootstrap = (
-        f"the stream cannot continue without losing changes: re-bootstrap with "
-        f"`sluicegate workflow delete {workflow}` and create it again"
-    )
     if info is None:
-        raise TerminalError(f"replication slot {name} is gone from the source; {rebootstrap}")
+        raise TerminalError(f"replication slot {name} is gone from the source; {way_out}")
     if info.wal_status == "lost" or info.restart_lsn is None:
-        raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {rebootstrap}")
-    # Sluicegate confirms only what the target committed (replication.py keeps psycopg2 from acknowledging
-    # keepalives on its own): a slot further on was read by someone else, and changes may be gone.
+        raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {way_out}")
+    # Sluicegate confirms only what its reader durably handled (replication.py keeps psycopg2 from
+    # acknowledging keepalives on its own): a slot further on was read by someone else, and changes may be gone.
     if info.confirmed_flush is not None and info.confirmed_flush > position:
         raise TerminalError(
-            f"replication slot {name} was consumed up to {format_lsn(info.confirmed_flush)}, past the target's "
-            f"position {format_lsn(position)}; {rebootstrap}"
+            f"replication slot {name} was consumed up to {format_lsn(info.confirmed_flush)}, past {consumer} "
+            f"{format_lsn(position)}; {way_out}"
         )
     return info
 

@@ -270,16 +270,9 @@ def _check_slot(conn, slot: str, start: int) -> None:
     """The slot can still supply every change after `start`, or a terminal error with the way out."""
     from ..postgres import capture
 
-    way_out = (f"the query cannot go on without losing changes: start it again with a new checkpoint "
-               f"location (it then reads from where slot {slot} stands)")
-    info = capture.slot_info(conn, slot)
-    if info is None:
-        raise TerminalError(f"replication slot {slot} is gone from the source; {way_out}")
-    if info.wal_status == "lost" or info.restart_lsn is None:
-        raise TerminalError(f"replication slot {slot} was invalidated (WAL removed); {way_out}")
-    if info.confirmed_flush is not None and info.confirmed_flush > start:
-        raise TerminalError(f"replication slot {slot} was consumed up to {format_lsn(info.confirmed_flush)}, "
-                            f"past this query's offset {format_lsn(start)}; {way_out}")
+    capture.check_slot(conn, slot, start, consumer="this query's offset", way_out=(
+        f"the query cannot go on without losing changes: start it again with a new checkpoint location (it "
+        f"then reads from where slot {slot} stands)"))
 
 
 def _peek(conn, settings: Settings, upto: int, nchanges: int | None):
@@ -373,16 +366,15 @@ def _open_peek(conn, settings: Settings, end: int):
     peek or an advance holds it, try again."""
     import psycopg
 
-    deadline = time.monotonic() + SLOT_BUSY_TIMEOUT
-    while True:
+    def open_peek():
         try:
             cur = _peek(conn, settings, end, None)
             return cur, cur.fetchmany(FETCH_ROWS)
         except psycopg.errors.ObjectInUse:
-            conn.rollback()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            conn.rollback()  # the failed transaction, before the next try
+            raise
+
+    return _with_slot(open_peek, settings.slot)
 
 
 def _chain(first: list, rest) -> Iterator:

@@ -41,7 +41,7 @@ import psycopg
 from ..changes import change_pb2 as pb
 from ..changes import model as m
 from ..changes.segmenter import DEFAULT_THRESHOLD, Segmenter
-from ..errors import RetryableError, TerminalError, UsageError
+from ..errors import RetryableError, UsageError
 from ..position import format_lsn
 from ..postgres import capture
 from ..postgres.assembler import Event, Framing, assemble
@@ -109,7 +109,7 @@ def transactions(source_url: str, client_id: str, position: int = 0, tables: Ite
 
 def _read(stream: ChangeStream, seg: Segmenter, start: int, heartbeat_seconds: float,
           stop) -> Iterator[m.Transaction | Heartbeat]:
-    framing = Framing()
+    framing = Framing(streaming=True)
     last_sent = time.monotonic()
     poll = min(_POLL, heartbeat_seconds) if heartbeat_seconds > 0 else _POLL
     while not stop.is_set():
@@ -199,22 +199,13 @@ def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int
 
 
 def _check_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int) -> capture.SlotInfo:
-    way_out = (f"re-bootstrap: copy the tables again and stream from a new client id (or drop the "
-               f"slot with SELECT pg_drop_replication_slot('{name}') and start client {client_id} from "
-               f"position 0)")
+    """The client's slot can still supply everything after `position` (0: wherever it stands)."""
+    way_out = (f"the changes VStream client {client_id} still needs are gone: re-bootstrap: copy the tables "
+               f"again and stream from a new client id (or drop the slot with SELECT "
+               f"pg_drop_replication_slot('{name}') and start client {client_id} from position 0)")
     info = capture.slot_info(ctl, name)
-    if info is None:
-        raise TerminalError(f"replication slot {name} of VStream client {client_id} is gone from the source; "
-                            f"the changes since are lost: {way_out}")
-    if info.wal_status == "lost" or info.restart_lsn is None:
-        raise TerminalError(f"replication slot {name} of VStream client {client_id} was invalidated (WAL "
-                            f"removed): {way_out}")
-    if position and info.confirmed_flush is not None and position < info.confirmed_flush:
-        raise TerminalError(
-            f"VStream client {client_id} asked for position {format_lsn(position)}, but its slot {name} "
-            f"was already confirmed up to {format_lsn(info.confirmed_flush)}: the changes between are gone; "
-            f"{way_out}")
-    return info
+    at = position or (info.confirmed_flush if info is not None and info.confirmed_flush is not None else 0)
+    return capture.check_slot(ctl, name, at, way_out, consumer=f"the position client {client_id} asked for")
 
 
 def _source_id(ctl: psycopg.Connection) -> str:

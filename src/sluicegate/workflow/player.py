@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
 from ..postgres import capture
-from ..postgres.assembler import Change, TruncateChange, assemble
+from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
@@ -68,18 +68,19 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
     deadline = time.monotonic() + task.max_seconds
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
-        info = capture.check_slot(src_ctl, task.slot, task.position, task.workflow)
+        info = capture.check_slot(src_ctl, task.slot, task.position, capture.rebootstrap(task.workflow))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
-        relations: dict = {}
+        framing = Framing()  # Relation messages of this task's decoding session
         last_write = 0.0
         # A replicate slice hands the stream back to the driver as soon as a vdiff is requested.
         watch_vdiffs = task.until == "slice" and task.yield_to_vdiff and vdiff_store.has_table(dst)
         try:
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
         except RetryableError:
-            capture.check_slot(src_ctl, task.slot, result.position, task.workflow)  # gone? say so
+            # Gone? Say so.
+            capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
             raise
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
@@ -104,10 +105,10 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     result.interrupted = "stopping"
                     return result
                 try:
-                    batch = _apply_batch(task, stream, dst, relations, result.position, flushed, rules, writer)
+                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer)
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
-                    capture.check_slot(src_ctl, task.slot, result.position, task.workflow)
+                    capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
                     raise
                 result.batches += 1
                 result.transactions += batch.transactions
@@ -142,7 +143,7 @@ class _Batch:
     commit_time: object = None
 
 
-def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, position: int, flushed: int,
+def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
                  rules: dict | None, writer=None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     ruled = {}
@@ -155,13 +156,13 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, relations: dict, pos
     if ruled:
         applier = RuleReplicator(applier, ruled)
     try:
-        return _play_batch(task, stream, applier, relations, position, flushed, base)
+        return _play_batch(task, stream, applier, framing, position, flushed, base)
     except BaseException:
         base.abandon()  # nothing may still be writing when the caller rolls back
         raise
 
 
-def _play_batch(task: PlayTask, stream: ChangeStream, applier, relations: dict, position: int, flushed: int,
+def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,
                 base: PostgresApplier) -> _Batch:
     batch = _Batch(position)
     skipping = False
@@ -169,7 +170,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, relations: dict, 
     reached_stop = False
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
-    for ev in assemble(raw, relations):
+    for ev in assemble(raw, framing):
         if isinstance(ev, Change):
             if not skipping:
                 applier.change(ev)
