@@ -81,3 +81,35 @@ def test_copy_then_replicate(pair, spark):
     assert pair.src("SELECT count(*) FROM pg_publication")[0][0] == 0
     assert pair.dst("SELECT count(*) FROM sluicegate.workflows")[0][0] == 0
     assert pair.dst("SELECT count(*) FROM items")[0][0] == 4901  # target data stays
+
+
+def test_running_stream_keeps_one_replication_connection(pair, spark):
+    """While Running, one play task holds the walsender for as long as the stream runs (a new walsender would
+    decode the WAL again from the slot's restart_lsn: seconds after a big transaction), past the old 10 s
+    slices; stopping the engine cancels it, and the walsender goes with it."""
+    import time
+
+    from sluicegate.workflow.engine import SHARED_SLICE_SECONDS
+
+    pair.src("CREATE TABLE ticks (id bigint PRIMARY KEY, at timestamptz DEFAULT clock_timestamp())")
+    create_movetables("tk", pair.source, pair.target, ["ticks"], [], {})
+    slot = None
+    with EngineThread(spark, pair.target, "tk") as run:
+        wait_for(lambda: stream_row(pair, "tk")["state"] == "Running", what="Running")
+        slot = stream_row(pair, "tk")["slot"]
+        active = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+        wait_for(lambda: pair.src(active, (slot,))[0][0] is not None, what="a walsender on the slot")
+        walsender = pair.src(active, (slot,))[0][0]
+        start, i = time.monotonic(), 0
+        while time.monotonic() - start < SHARED_SLICE_SECONDS + 2:
+            i += 1
+            pair.src("INSERT INTO ticks (id) VALUES (%s)", (i,))
+            time.sleep(0.2)
+        wait_for(lambda: pair.dst("SELECT count(*) FROM ticks")[0][0] == i, what="every tick on the target")
+        assert pair.src(active, (slot,))[0][0] == walsender  # the same replication connection throughout
+        run.stop_event.set()
+        stopped = time.monotonic()
+        run.thread.join(timeout=30)
+        assert not run.thread.is_alive() and run.result == "stopping", run.result
+        assert time.monotonic() - stopped < 15
+    wait_for(lambda: pair.src(active, (slot,))[0][0] is None, what="the walsender gone with the cancelled task")

@@ -372,3 +372,41 @@ def test_throughput_report():
         rate = n / (time.perf_counter() - start)
         print(f"pgoutput decode, {label}: {rate:,.0f} messages/s")
         assert rate > 0
+
+
+# --- the replay's hot path -----------------------------------------------------------------------
+
+def test_decode_row_agrees_with_decode_on_every_recorded_row_change():
+    rows = 0
+    for data in raw("pg15_text") + raw("pg15_binary"):
+        if data[0] not in po.ROW_CHANGES:
+            continue
+        msg = decode(data)
+        kind, relid, old, new = po.decode_row(data)
+        assert (kind, relid) == ({Insert: "I", Update: "U", Delete: "D"}[type(msg)], msg.relation_oid)
+        assert (old, new) == (getattr(msg, "old", None), getattr(msg, "new", None))
+        assert po.decode_row(bytearray(data)) == (kind, relid, old, new)
+        rows += 1
+    assert rows > 20
+
+
+def test_decode_row_fails_like_decode():
+    for data in set(raw("pg15_text") + raw("pg15_binary")):
+        if data[0] not in po.ROW_CHANGES:
+            continue
+        for cut in range(1, len(data)):
+            with pytest.raises(DecodeError):
+                po.decode_row(data[:cut])
+        with pytest.raises(DecodeError):
+            po.decode_row(data + b"\x00")
+    insert = b"I" + struct.pack(">I", 5) + b"N" + b"\x00\x01" + b"t\x00\x00\x00\x01x"
+    with pytest.raises(DecodeError, match="expected 'N'"):
+        po.decode_row(b"I" + insert[1:5] + b"X" + insert[6:])
+    with pytest.raises(DecodeError, match="'K', 'O' or 'N'"):
+        po.decode_row(b"U" + insert[1:5] + b"X" + insert[6:])
+    with pytest.raises(DecodeError, match="'K' or 'O'"):
+        po.decode_row(b"D" + insert[1:5] + b"N" + insert[6:])
+    with pytest.raises(DecodeError, match="non-UTF-8"):
+        po.decode_row(b"I" + insert[1:5] + b"N\x00\x01t\x00\x00\x00\x01\xff")
+    with pytest.raises(DecodeError, match="not a row change"):
+        po.decode_row(b"B" + bytes(20))

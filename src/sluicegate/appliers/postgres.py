@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import psycopg
 from psycopg import sql
@@ -39,6 +40,7 @@ class TargetTable:
     rows: dict = field(default_factory=dict)  # key -> (op, values, keep): this chunk's net effect
     has_keep: bool = False
     _plan: dict | None = None
+    key_of: object = None  # row -> its key tuple (set by the applier): read per row
 
 
 def check_columns(rel: Relation, source: Table) -> None:
@@ -51,12 +53,48 @@ def check_columns(rel: Relation, source: Table) -> None:
         )
 
 
+def key_getter(indices: tuple[int, ...]):
+    """row -> tuple of its key values: the fastest way for one key column and for several."""
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda row: (row[i],)
+    return itemgetter(*indices)
+
+
+def copy_text(rows, ncols: int, write) -> int:
+    """Write staged rows (op, values, keep) as COPY text lines (`_sg_op`, `_sg_keep`, the columns); returns
+    how many are deletes. A row without NULLs or characters to escape is joined as it is (the usual case);
+    the others go value by value."""
+    lines: list[str] = []
+    deletes = 0
+    tabs = ncols - 1
+    for op, values, keep in rows:
+        if op == "D":
+            deletes += 1
+        head = op + ("\t{" + ",".join(map(str, keep)) + "}\t" if keep else "\t\\N\t")
+        line = None
+        if None not in values and UNCHANGED not in values:
+            line = "\t".join(values)
+            if "\\" in line or "\n" in line or "\r" in line or line.count("\t") != tabs:
+                line = None
+        if line is None:
+            line = "\t".join("\\N" if v is None or v is UNCHANGED else v.translate(_ESCAPE) for v in values)
+        lines.append(head + line)
+        if len(lines) >= 1000:
+            write("\n".join(lines) + "\n")
+            lines.clear()
+    if lines:
+        write("\n".join(lines) + "\n")
+    return deletes
+
+
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
                  chunk_bytes: int = 32 << 20, executor: Executor | None = None):
         self.conn = conn
         self.executor = executor
         self._writing: Future | None = None  # the chunk in flight (one at a time: memory stays two chunks)
+        self._rels: dict[int, tuple[Relation, TargetTable | None]] = {}  # oid -> (that Relation, its table)
         self.by_name = {}
         for t in tables:
             self.add_table(t)
@@ -69,7 +107,9 @@ class PostgresApplier:
     def add_table(self, t: TargetTable) -> None:
         """A table met on the way (the Transaction applier learns tables from the messages)."""
         t.index = len(self.by_name)
+        t.key_of = key_getter(t.table.key_indices)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
+        self._rels.clear()
 
     # -- intake ---------------------------------------------------------------------------------------
     def _target(self, rel: Relation) -> TargetTable | None:
@@ -82,18 +122,21 @@ class PostgresApplier:
         return t
 
     def change(self, ch: Change) -> None:
-        t = self._target(ch.relation)
+        rel = ch.relation
+        hit = self._rels.get(rel.oid)
+        if hit is None or hit[0] is not rel:  # a new Relation message (columns checked again) or a new table
+            hit = self._rels[rel.oid] = (rel, self._target(rel))
+        t = hit[1]
         if t is None:
             return
-        idx = t.table.key_indices
+        key_of = t.key_of
         if ch.kind == "D":
-            key = tuple(ch.old[i] for i in idx)
-            t.rows[key] = ("D", ch.old, None)
+            t.rows[key_of(ch.old)] = ("D", ch.old, None)
         else:
             new = ch.new
-            key = tuple(new[i] for i in idx)
+            key = key_of(new)
             if ch.old is not None:
-                old_key = tuple(ch.old[i] for i in idx)
+                old_key = key_of(ch.old)
                 if old_key != key:  # the key changed: the old row goes away
                     if UNCHANGED in new:
                         new = self._moved_values(t, old_key, key, ch.old, new)
@@ -243,27 +286,19 @@ class PostgresApplier:
         plan = self._plan_for(t)
         with self.conn.cursor() as cur:
             with cur.copy(plan["copy"]) as copy:
-                lines = []
-                for op, values, keep in rows.values():
-                    keep_text = "{" + ",".join(map(str, keep)) + "}" if keep else "\\N"
-                    fields = [op, keep_text]
-                    for v in values:
-                        if v is None or v is UNCHANGED:
-                            fields.append("\\N")
-                        else:
-                            fields.append(v.translate(_ESCAPE))
-                    lines.append("\t".join(fields))
-                    if len(lines) >= 1000:
-                        copy.write("\n".join(lines) + "\n")
-                        lines.clear()
-                if lines:
-                    copy.write("\n".join(lines) + "\n")
-            cur.execute(plan["delete"])
-            if plan["update"] is not None:
-                cur.execute(plan["update_keep"] if has_keep else plan["update"])
-            if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
-                self._orphan_error(t)
-            cur.execute(plan["insert"])
+                deletes = copy_text(rows.values(), len(t.table.columns), copy.write)
+            # Only the statements this chunk needs: each costs a join with the staged rows.
+            if deletes:
+                cur.execute(plan["delete"])
+            upserts, updated = len(rows) - deletes, 0
+            if upserts and plan["update"] is not None:
+                updated = cur.execute(plan["update_keep"] if has_keep else plan["update"]).rowcount
+            # Staged keys are unique, so when the update met as many rows as were staged, every row exists
+            # and there is nothing to insert (the usual case: updates of rows the target has).
+            if upserts and updated < upserts:
+                if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
+                    self._orphan_error(t)
+                cur.execute(plan["insert"])
             self.applied_rows += len(rows)
             cur.execute(plan["clear"])
 

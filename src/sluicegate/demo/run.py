@@ -170,8 +170,7 @@ class _Demo:
 
         # Small cycles so the copy takes several snapshots, each followed by catchup and fast-forward.
         cycle = max(2_000, min(50_000, self.rows // 4))
-        # Short replicate slices: the engine notices the stop event within ~2 s.
-        options = {"cycle_rows": cycle, "chunk_rows": max(1_000, cycle // 2), "slice_seconds": 2.0}
+        options = {"cycle_rows": cycle, "chunk_rows": max(1_000, cycle // 2)}
         tables = create_movetables(WORKFLOW, self.source_url, self.target_url, None, [], options)
         self.created = True
         self.say(f"created MoveTables workflow {WORKFLOW}: {len(tables)} tables, copy cycles of "

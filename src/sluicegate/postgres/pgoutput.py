@@ -187,6 +187,7 @@ _STREAM_COMMIT = struct.Struct(">IBQQq").unpack_from
 _STREAM_ABORT = struct.Struct(">II").unpack_from
 
 _N, _K, _O, _T, _NULL, _U, _B = b"NKOtnub"  # tuple markers and value kinds, as ints
+_INSERT, _UPDATE, _DELETE = b"IUD"
 
 
 def _end(buf: bytes, off: int) -> None:
@@ -358,6 +359,48 @@ _DECODERS = {
 
 
 _IN_STREAM = frozenset(b"RYIUDTM")  # message types that carry an xid inside a stream block
+ROW_CHANGES = frozenset(b"IUD")
+
+
+def decode_row(data: bytes) -> tuple[str, int, tuple | None, tuple | None]:
+    """The hot path of a replay: an Insert, Update or Delete message as (kind 'I'/'U'/'D', relation oid, old,
+    new), without building a message object; the same checks and errors as :func:`decode`."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    try:
+        kind = data[0]
+        (relid,) = _U32(data, 1)
+        marker = data[5]
+        if kind == _UPDATE:
+            if marker == _N:
+                new, off = _tuple(data, 6)
+                _end(data, off)
+                return "U", relid, None, new
+            if marker != _K and marker != _O:
+                raise DecodeError(f"expected 'K', 'O' or 'N' in pgoutput update, got {data[5:6]!r}")
+            old, off = _tuple(data, 6)
+            if data[off] != _N:
+                raise DecodeError(f"expected 'N' in pgoutput update, got {data[off:off + 1]!r}")
+            new, off = _tuple(data, off + 1)
+            _end(data, off)
+            return "U", relid, old, new
+        if kind == _INSERT:
+            if marker != _N:
+                raise DecodeError(f"expected 'N' in pgoutput insert, got {data[5:6]!r}")
+            new, off = _tuple(data, 6)
+            _end(data, off)
+            return "I", relid, None, new
+        if kind == _DELETE:
+            if marker != _K and marker != _O:
+                raise DecodeError(f"expected 'K' or 'O' in pgoutput delete, got {data[5:6]!r}")
+            old, off = _tuple(data, 6)
+            _end(data, off)
+            return "D", relid, old, None
+    except (struct.error, IndexError) as e:
+        raise DecodeError(f"truncated pgoutput {chr(data[0])!r} message ({len(data)} bytes): {e}") from None
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"pgoutput {chr(data[0])!r} message has non-UTF-8 text: {e}") from None
+    raise DecodeError(f"not a row change: pgoutput message type {data[:1]!r}")
 
 
 def decode_streamed(data: bytes) -> tuple[int, Message | StreamMessage]:

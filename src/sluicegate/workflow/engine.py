@@ -2,7 +2,10 @@
 
 Init     -> publication + slot on the source; the stream's position is the slot's start.
 Copying  -> for the first table not done: catchup, snapshot, fast-forward to it, copy the next cycle.
-Running  -> replicate in time slices.
+Running  -> replicate: one play task that holds its replication connection until something needs the driver
+            (the state changes, a vdiff is requested, stop), so the walsender never starts decoding again from
+            the slot's restart_lsn (seconds after a big transaction). Streams that share the executors (a
+            Reshard's) replicate in time slices instead, so each gets its turn.
 Stopped / Error -> the loop returns.
 Retryable errors (a database restarting) are recorded on the stream and retried with backoff;
 terminal ones put the stream in Error with a message that names the way out.
@@ -10,6 +13,7 @@ terminal ones put the stream in Error with a message that names the way out.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -29,14 +33,20 @@ from .faults import fault_point
 from .player import PlayTask, play
 
 log = logging.getLogger("sluicegate")
+SHARED_SLICE_SECONDS = 10.0
+_tags = itertools.count(1)
 
 
 @dataclass(frozen=True)
 class Settings:
-    cycle_rows: int = 2_000_000  # rows per copy cycle (one snapshot)
+    # Rows per copy cycle (one snapshot; catchup and fast-forward between cycles). Vitess copies for up to an
+    # hour before it catches up; ~30 s of copying here keeps the per-cycle cost small and the snapshot short.
+    cycle_rows: int = 10_000_000
     chunk_rows: int = 250_000  # rows per Spark copy task
     batch_changes: int = 20_000  # pgoutput messages per replay batch
-    slice_seconds: float = 10.0  # how long a play task (one replication stream) runs before the driver re-reads state
+    # How long a play task (one replication stream) runs before the driver re-reads state. None: a workflow
+    # with one stream plays until interrupted; streams sharing the executors use SHARED_SLICE_SECONDS.
+    slice_seconds: float | None = None
     idle_poll: float = 0.1
 
     @classmethod
@@ -58,11 +68,32 @@ class Engine:
         self.lock_conn: psycopg.Connection | None = None
         self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
         self._runners: dict = {}
+        self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
+        self.recovering = False  # the stream's message says "retrying …": the next committed batch clears it
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
         """Run until stopped (event, `workflow stop`) or in Error; the stream's final state."""
         failures = 0
+        done = threading.Event()
+        threading.Thread(target=self._cancel_on_stop, args=(done,), name="sg-engine-stop", daemon=True).start()
+        try:
+            return self._loop(failures)
+        finally:
+            done.set()
+
+    def _cancel_on_stop(self, done: threading.Event) -> None:
+        """A play task may run until interrupted: once stop is set, cancel this engine's jobs (again, until
+        the loop returns: a job may start just after a cancel). Whatever a cancelled task had not committed
+        is rolled back; the stream resumes from its saved position."""
+        while not done.is_set():
+            if self.stop.wait(0.5) and not done.is_set():
+                try:
+                    self.runner.cancel(self.tag)
+                except Exception:  # noqa: BLE001 - the session may be stopping too
+                    log.debug("could not cancel the jobs of %s", self.tag)
+
+    def _loop(self, failures: int) -> str:
         while not self.stop.is_set():
             try:
                 self._hold_run_lock()
@@ -70,8 +101,9 @@ class Engine:
                 stream = self._stream(wf)
                 if stream.state in (st.STOPPED, st.ERROR):
                     return stream.state
+                self.recovering = failures > 0
                 self.step(wf, stream)
-                if failures:
+                if failures and self.recovering:
                     self._record(None, "")  # recovered: the retry message is no longer true
                 failures = 0
             except UsageError:
@@ -120,8 +152,11 @@ class Engine:
                 st.lock_stream(dst, stream.id)
                 st.set_state(dst, stream.id, st.RUNNING)
             return
+        # Nothing copied yet: every change before the snapshot is to rows the copy brings; catchup and
+        # fast-forward would read them all and skip each one.
+        untouched = all(t.lastpk is None and not t.done for t in stream.tables)
         # Catchup: replay what happened since the last cycle until the lag is small.
-        while not self.stop.is_set():
+        while not self.stop.is_set() and not untouched:
             result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
             if result.interrupted:
                 return
@@ -134,6 +169,13 @@ class Engine:
         fault_point("catchup.done")
         table = current.table
         with take_snapshot(stream.source_url, table) as snap:
+            if untouched and stream.position < snap.position:
+                with connect(self.target_url, role="target") as dst:
+                    state, position = st.lock_stream(dst, stream.id)
+                    if state != st.COPYING or position != stream.position:
+                        return  # moved under us: the next turn re-reads
+                    st.save_position(dst, stream.id, snap.position)
+                stream.position = snap.position  # the next play task confirms the slot up to it
             # Fast-forward: everything up to the snapshot's position, for rows already copied.
             while stream.position < snap.position:
                 fault_point("fastforward.start")
@@ -178,16 +220,23 @@ class Engine:
     def play(self, wf, stream, *, until: str, expect: str, stop_at: int | None = None):
         """One play task (player.py) from where `stream` stands; at most one slice of time."""
         settings = Settings.from_options(wf.options)
+        seconds = settings.slice_seconds
+        if seconds is None:
+            seconds = float("inf") if self.stream_id is None else SHARED_SLICE_SECONDS
         task = PlayTask(
             stream.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
-            stop_at=stop_at, max_seconds=settings.slice_seconds, batch_changes=settings.batch_changes,
-            idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None,
+            stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
+            idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
         )
         rules = self._rule_runners(stream)
         if rules:  # a rule runs on the driver's Spark session: so does this stream's player
-            return play(task, rules, self.stop)
-        return self.runner.map(play, [task], f"{until} {wf.name}")[0]
+            result = play(task, rules, self.stop)
+        else:
+            result = self.runner.map(play, [task], f"{until} {wf.name}", tag=self.tag)[0]
+        if result.batches:
+            self.recovering = False  # the task cleared the message with its first batch
+        return result
 
     def _rule_runners(self, stream: st.Stream) -> dict:
         """(schema, name) of a source table -> its RuleRunner, made once per run."""

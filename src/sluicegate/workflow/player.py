@@ -49,6 +49,7 @@ class PlayTask:
     heartbeat_seconds: float = 1.0
     batch_seconds: float = 0.2  # a batch ends at the next transaction boundary after this long: lag stays low
     yield_to_vdiff: bool = False  # return as soon as a vdiff is pending (the driver serves vdiffs)
+    clear_message: bool = False  # the stream's message tells of a failure this task recovered from
 
 
 @dataclass
@@ -65,7 +66,7 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
     """`rules`: source (schema, name) -> RuleRunner, when the task runs on the driver (rules need its Spark);
     `stop`: an event that ends the task between batches."""
     result = PlayResult(task.position)
-    deadline = time.monotonic() + task.max_seconds
+    deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
         info = capture.check_slot(src_ctl, task.slot, task.position, capture.rebootstrap(task.workflow))
@@ -74,8 +75,10 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
         framing = Framing()  # Relation messages of this task's decoding session
         last_write = 0.0
-        # A replicate slice hands the stream back to the driver as soon as a vdiff is requested.
-        watch_vdiffs = task.until == "slice" and task.yield_to_vdiff and vdiff_store.has_table(dst)
+        # A replicate slice hands the stream back to the driver as soon as a vdiff is requested. The vdiff
+        # tables may appear while the task runs (the first `sluicegate vdiff` makes them): looked for each batch.
+        watch_vdiffs = task.until == "slice" and task.yield_to_vdiff
+        vdiff_tables = False
         try:
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
         except RetryableError:
@@ -96,7 +99,9 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     dst.rollback()
                     result.interrupted = f"stream is {state} at {position}"
                     return result
-                if watch_vdiffs and vdiff_store.waiting(dst, task.workflow):
+                if watch_vdiffs and not vdiff_tables:
+                    vdiff_tables = vdiff_store.has_table(dst)
+                if vdiff_tables and vdiff_store.waiting(dst, task.workflow):
                     dst.rollback()
                     result.interrupted = "a vdiff is waiting"
                     return result
@@ -120,6 +125,8 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     st.save_position(dst, task.stream_id, new_position,
                                      caught_up_at=source_now if caught_up else None,
                                      transaction_time=batch.commit_time)
+                    if task.clear_message and result.batches == 1:
+                        st.set_message(dst, task.stream_id, "")
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
