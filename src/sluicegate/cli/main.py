@@ -193,9 +193,12 @@ def workflow_run(name, target, spark_master, no_progress):
     from ..workflow.engine import Engine
 
     with connect(target, role="target") as conn:
-        kind = st.load_workflow(conn, name).kind  # fail fast on a typo, before Spark starts
+        wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
+    kind = wf.kind
+    # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases).
+    ruled = kind == "Reshard" or any(t.rule for s in wf.streams for t in s.tables)
     stop = threading.Event()
-    spark = get_spark(spark_master)
+    spark = get_spark(spark_master, light_jvm=not ruled)
     runner = SparkRunner(spark)
     runner.warm_up()
 

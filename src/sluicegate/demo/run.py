@@ -147,7 +147,7 @@ class _Demo:
         def start() -> None:
             t0 = time.monotonic()
             try:
-                self.spark = get_spark()
+                self.spark = get_spark(light_jvm=True)  # a MoveTables without rules: no rows through the JVM
             except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
                 self.spark_error = exc
             self.spark_started = time.monotonic() - t0
