@@ -22,7 +22,8 @@ want="$(cat "$ROOT/pyproject.toml" | sha1sum | cut -c1-12) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "» installing sluicegate[$extras] into $VENV (first run downloads PySpark, ~5 minutes)" >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$extras]" >&2
+  # (setuptools calls its pyproject ext-modules table experimental, at length: quiet)
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$extras]" >&2
   # Spark's classes archived for the driver JVM (spark/classcache.py): ~2 s off every Spark start. Best effort.
   "$VENV/bin/python" -m sluicegate.spark.classcache --force >&2 || true
   echo "$want" > "$stamp"

@@ -362,11 +362,26 @@ _IN_STREAM = frozenset(b"RYIUDTM")  # message types that carry an xid inside a s
 ROW_CHANGES = frozenset(b"IUD")
 
 
+try:  # the C twin of _decode_row_py (built with the package when a compiler is at hand)
+    from ._pgoutput_rows import decode_row as _decode_row_c
+except ImportError:  # pragma: no cover - no compiler where it was installed: the Python one does it all
+    _decode_row_c = None
+
+
 def decode_row(data: bytes) -> tuple[str, int, tuple | None, tuple | None]:
     """The hot path of a replay: an Insert, Update or Delete message as (kind 'I'/'U'/'D', relation oid, old,
-    new), without building a message object; the same checks and errors as :func:`decode`."""
+    new), without building a message object; the same checks and errors as :func:`decode`. The C decoder
+    takes well-formed messages; for anything else it answers None and the Python one says what is wrong."""
     if type(data) is not bytes:
         data = bytes(data)
+    if _decode_row_c is not None:
+        row = _decode_row_c(data, UNCHANGED)
+        if row is not None:
+            return row
+    return _decode_row_py(data)
+
+
+def _decode_row_py(data: bytes) -> tuple[str, int, tuple | None, tuple | None]:
     try:
         kind = data[0]
         (relid,) = _U32(data, 1)
