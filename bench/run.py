@@ -217,16 +217,24 @@ class Bench:
         return {"sluicegate_s": done - t0, "sluicegate_excl_startup_s": (created - t0) + (done - started),
                 "sluicegate_create_s": created - t0, "spark_startup_s": started - created}
 
+    def checkpoint(self) -> None:
+        """Each copy starts with clean buffers on both servers: none pays for the writes of the one before."""
+        for server in (self.source, self.target):
+            server.psql("CHECKPOINT")
+
     def phase_copy(self) -> None:
         copy: dict = {}
         if "raw" not in self.skip:
             log("copy: raw COPY pipe")
+            self.checkpoint()
             copy["raw_pipe_s"] = self.copy_raw()
         if "native" not in self.skip:
             log("copy: native subscription")
+            self.checkpoint()
             copy["native_s"] = self.copy_native()
         if "sluicegate" not in self.skip:
             log("copy: Sluicegate movetables create + workflow run")
+            self.checkpoint()
             copy.update(self.copy_sluicegate())
         for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if key in copy:

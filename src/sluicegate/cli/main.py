@@ -200,7 +200,6 @@ def workflow_run(name, target, spark_master, no_progress):
     stop = threading.Event()
     spark = get_spark(spark_master, light_jvm=not ruled)
     runner = SparkRunner(spark)
-    runner.warm_up()
 
     def on_signal(signum, frame):
         stop.set()

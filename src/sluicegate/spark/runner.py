@@ -6,18 +6,11 @@ intact, with the terminal/retryable decision made where the error happened.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import RetryableError, SluicegateError, TerminalError, is_retryable
 from ..postgres.connect import first_line
-
-
-def _import_task_modules(_) -> int:
-    from ..workflow import copier, player  # noqa: F401 - imported for the worker's later tasks
-
-    return 0
 
 
 def guarded(fn: Callable, arg: Any):
@@ -59,21 +52,6 @@ class SparkRunner:
         finally:
             if tag:
                 self.sc.removeJobTag(tag)
-
-    def warm_up(self) -> threading.Thread:
-        """Start a Python worker per slot in the background, with Sluicegate's task modules imported: the
-        ~1.5 s a first job would otherwise spend on it overlaps the driver's own start (slot, snapshot, plan)."""
-        def run() -> None:
-            try:
-                n = self.parallelism()
-                self.sc.setJobDescription("start Python workers")
-                self.sc.parallelize(range(n), n).map(_import_task_modules).collect()
-            except Exception:  # noqa: BLE001 - only an optimization; the real job starts them anyway
-                pass
-
-        thread = threading.Thread(target=run, name="sg-spark-warm-up", daemon=True)
-        thread.start()
-        return thread
 
     def parallelism(self) -> int:
         """How many tasks can run at once (local[N]: N; a cluster: its executor cores)."""
