@@ -41,14 +41,15 @@ class CyclePlan:
 
 
 def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | None, cycle_rows: int,
-               chunk_rows: int) -> CyclePlan:
+               chunk_rows: int, slots: int = 1) -> CyclePlan:
     """Split the next `cycle_rows` keys above lastpk into ranges of `chunk_rows`, inside the snapshot.
 
     Each bound is the chunk_rows-th key above the previous one (`ORDER BY key OFFSET n-1 LIMIT 1`, an
     index-only walk); only the table's last, shorter chunk is counted. A whole table that fits in one cycle
-    with one integer key column is split by value instead (`_plan_by_value`).
+    with one integer key column is split by value instead (`_plan_by_value`), into a multiple of `slots`
+    ranges (the tasks Spark runs at once) so that no slot idles through the last wave.
     """
-    fast = _plan_by_value(snap_conn, table, lastpk, cycle_rows, chunk_rows)
+    fast = _plan_by_value(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots)
     if fast is not None:
         return fast
     keys, order, order_desc = keyrange.key_texts(table), keyrange.key_order(table), keyrange.key_order(table, "DESC")
@@ -85,7 +86,7 @@ _INTEGER_TYPES = (20, 21, 23)  # int8, int2, int4
 
 
 def _plan_by_value(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | None, cycle_rows: int,
-                   chunk_rows: int) -> CyclePlan | None:
+                   chunk_rows: int, slots: int = 1) -> CyclePlan | None:
     """The first cycle of a table whose integer key's whole span fits in one cycle: equal-width value ranges
     between its smallest and greatest key — two index lookups, where walking every key costs ~0.15 s per
     million rows. Chunks are as even as the keys are dense; the cycle ends at the greatest key, so it copies
@@ -108,7 +109,8 @@ def _plan_by_value(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
     lo, hi = snap_conn.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(key, key, table.ident)).fetchone()
     if lo is None:
         return CyclePlan([], None, 0, True)
-    n = max(1, min(-(-int(est[0]) // chunk_rows), hi - lo + 1))
+    n = max(1, -(-int(est[0]) // chunk_rows))
+    n = min(-(-n // slots) * slots, hi - lo + 1)
     bounds = [lo - 1 + (hi - lo + 1) * i // n for i in range(1, n + 1)]
     ranges = [([str(a)] if i else None, [str(b)]) for i, (a, b) in enumerate(zip([lo - 1, *bounds], bounds))]
     return CyclePlan(ranges, [str(hi)], int(est[0]), True)

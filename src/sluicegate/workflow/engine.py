@@ -42,7 +42,9 @@ class Settings:
     # Rows per copy cycle (one snapshot; catchup and fast-forward between cycles). Vitess copies for up to an
     # hour before it catches up; ~30 s of copying here keeps the per-cycle cost small and the snapshot short.
     cycle_rows: int = 10_000_000
-    chunk_rows: int = 250_000  # rows per Spark copy task
+    # Rows per Spark copy task: each opens two sessions and imports the snapshot; bigger tasks spend less on
+    # that (a 5M-row table: 0.7 s less in 4 tasks than in 20 on 2 cores).
+    chunk_rows: int = 1_000_000
     batch_changes: int = 20_000  # pgoutput messages per replay batch
     # How long a play task (one replication stream) runs before the driver re-reads state. None: a workflow
     # with one stream plays until interrupted; streams sharing the executors use SHARED_SLICE_SECONDS.
@@ -185,7 +187,8 @@ class Engine:
                 stream.position = result.position
                 if self.stop.is_set():
                     return
-            plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows)
+            plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
+                                     slots=self.runner.parallelism())
             rule = self._rule_runners(stream).get((table.schema, table.name))
             with connect(self.target_url, role="target") as dst:
                 if rule is None:
