@@ -278,40 +278,20 @@ def _type(buf: bytes) -> TypeMsg:
     return TypeMsg(oid, schema or "pg_catalog", name)
 
 
+# Row changes share one decoder with the replay's hot path (decode_row): the message objects wrap its tuple.
 def _insert(buf: bytes) -> Insert:
-    (relid,) = _U32(buf, 1)
-    if buf[5] != _N:
-        raise DecodeError(f"expected 'N' in pgoutput insert, got {buf[5:6]!r}")
-    new, off = _tuple(buf, 6)
-    _end(buf, off)
+    _, relid, _, new = _decode_row_py(buf)
     return Insert(relid, new)
 
 
 def _update(buf: bytes) -> Update:
-    (relid,) = _U32(buf, 1)
-    kind = buf[5]
-    if kind == _N:
-        new, off = _tuple(buf, 6)
-        _end(buf, off)
-        return Update(relid, None, None, new)
-    if kind != _K and kind != _O:
-        raise DecodeError(f"expected 'K', 'O' or 'N' in pgoutput update, got {buf[5:6]!r}")
-    old, off = _tuple(buf, 6)
-    if buf[off] != _N:
-        raise DecodeError(f"expected 'N' in pgoutput update, got {buf[off:off + 1]!r}")
-    new, off = _tuple(buf, off + 1)
-    _end(buf, off)
-    return Update(relid, old, "K" if kind == _K else "O", new)
+    _, relid, old, new = _decode_row_py(buf)
+    return Update(relid, old, None if old is None else "K" if buf[5] == _K else "O", new)
 
 
 def _delete(buf: bytes) -> Delete:
-    (relid,) = _U32(buf, 1)
-    kind = buf[5]
-    if kind != _K and kind != _O:
-        raise DecodeError(f"expected 'K' or 'O' in pgoutput delete, got {buf[5:6]!r}")
-    old, off = _tuple(buf, 6)
-    _end(buf, off)
-    return Delete(relid, old, "K" if kind == _K else "O")
+    _, relid, old, _ = _decode_row_py(buf)
+    return Delete(relid, old, "K" if buf[5] == _K else "O")
 
 
 def _truncate(buf: bytes) -> Truncate:
