@@ -86,7 +86,8 @@ def test_copy_then_replicate(pair, spark):
 def test_running_stream_keeps_one_replication_connection(pair, spark):
     """While Running, one play task holds the walsender for as long as the stream runs (a new walsender would
     decode the WAL again from the slot's restart_lsn: seconds after a big transaction), past the old 10 s
-    slices; stopping the engine cancels it, and the walsender goes with it."""
+    slices and through an idle source several times wal_sender_timeout long (its keepalives are answered);
+    stopping the engine cancels it, and the walsender goes with it."""
     import time
 
     from sluicegate.workflow.engine import SHARED_SLICE_SECONDS
@@ -107,6 +108,16 @@ def test_running_stream_keeps_one_replication_connection(pair, spark):
             time.sleep(0.2)
         wait_for(lambda: pair.dst("SELECT count(*) FROM ticks")[0][0] == i, what="every tick on the target")
         assert pair.src(active, (slot,))[0][0] == walsender  # the same replication connection throughout
+        pair.src("ALTER SYSTEM SET wal_sender_timeout = '1s'")
+        pair.src("SELECT pg_reload_conf()")
+        try:
+            time.sleep(4)  # the source idle for four of its walsender timeouts
+        finally:
+            pair.src("ALTER SYSTEM RESET wal_sender_timeout")
+            pair.src("SELECT pg_reload_conf()")
+        assert pair.src(active, (slot,))[0][0] == walsender and stream_row(pair, "tk")["message"] == ""
+        pair.src("INSERT INTO ticks (id) VALUES (%s)", (i + 1,))
+        wait_for(lambda: pair.dst("SELECT count(*) FROM ticks")[0][0] == i + 1, what="a tick after the idle time")
         run.stop_event.set()
         stopped = time.monotonic()
         run.thread.join(timeout=30)
