@@ -113,6 +113,7 @@ class Bench:
         self.wf_log = self.tmp / "workflow-run.log"
         self.memory = MemorySampler()
         self.contenders: dict[str, str] = {}  # live replicas: "native"/"sluicegate" -> target URL
+        self.copied: list[str] = []  # target databases already filled (vacuumed before the next copy)
         self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
 
     def pgbench(self, *args: str, timeout: float) -> str:
@@ -217,24 +218,33 @@ class Bench:
         return {"sluicegate_s": done - t0, "sluicegate_excl_startup_s": (created - t0) + (done - started),
                 "sluicegate_create_s": created - t0, "spark_startup_s": started - created}
 
-    def checkpoint(self) -> None:
-        """Each copy starts with clean buffers on both servers: none pays for the writes of the one before."""
+    def quiesce(self) -> None:
+        """Each copy starts on quiet servers: the maintenance the copies before it left behind (autovacuum of
+        their millions of new rows, on 2 cores) and their dirty buffers are dealt with first, not during the
+        next contender's measurement."""
+        for db in self.copied:
+            self.target.psql("VACUUM", db)
         for server in (self.source, self.target):
             server.psql("CHECKPOINT")
+        # The servers run with fsync off: what they wrote is still dirty in the page cache, and the kernel's
+        # writeback of gigabytes would otherwise land in the next measurement.
+        os.sync()
 
     def phase_copy(self) -> None:
         copy: dict = {}
         if "raw" not in self.skip:
             log("copy: raw COPY pipe")
-            self.checkpoint()
+            self.quiesce()
             copy["raw_pipe_s"] = self.copy_raw()
+            self.copied.append("raw")
         if "native" not in self.skip:
             log("copy: native subscription")
-            self.checkpoint()
+            self.quiesce()
             copy["native_s"] = self.copy_native()
+            self.copied.append("native")
         if "sluicegate" not in self.skip:
             log("copy: Sluicegate movetables create + workflow run")
-            self.checkpoint()
+            self.quiesce()
             copy.update(self.copy_sluicegate())
         for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if key in copy:
