@@ -76,11 +76,10 @@ class Engine:
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
         """Run until stopped (event, `workflow stop`) or in Error; the stream's final state."""
-        failures = 0
         done = threading.Event()
         threading.Thread(target=self._cancel_on_stop, args=(done,), name="sg-engine-stop", daemon=True).start()
         try:
-            return self._loop(failures)
+            return self._loop()
         finally:
             done.set()
 
@@ -95,7 +94,8 @@ class Engine:
                 except Exception:  # noqa: BLE001 - the session may be stopping too
                     log.debug("could not cancel the jobs of %s", self.tag)
 
-    def _loop(self, failures: int) -> str:
+    def _loop(self) -> str:
+        failures = 0
         while not self.stop.is_set():
             try:
                 self._hold_run_lock()
