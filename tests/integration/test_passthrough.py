@@ -1,4 +1,5 @@
-"""The copy's COPY passthrough (postgres/passthrough.py) on real servers: rows, and each side's failure."""
+"""The copy's COPY passthrough (postgres/passthrough.py) on real servers: rows, and each side's failure; and
+dropping a slot that a lingering reader holds."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def test_unreachable_sides_are_connect_errors(pair):
     with pytest.raises(ConnectError, match="cannot connect to target 127.0.0.1:1/") as err:
         passthrough.connect("postgresql://u:secret@127.0.0.1:1/db", "target")
     assert "secret" not in str(err.value)
+
+
+def test_dropping_a_slot_that_a_lingering_reader_still_holds(pair):
+    """`workflow delete` right after a driver stopped: the cancelled task's walsender may still hold the slot.
+    The drop ends that reader and waits for the slot to be free instead of failing with "is active"."""
+    import psycopg
+
+    from sluicegate.postgres import capture
+    from sluicegate.postgres.replication import ChangeStream
+
+    pair.src("CREATE TABLE t (id int PRIMARY KEY)")
+    with psycopg.connect(pair.source, autocommit=True) as c:
+        c.execute("CREATE PUBLICATION lingering FOR TABLE t")
+        start = capture.ensure_slot(c, "lingering")
+        reader = ChangeStream(pair.source, "lingering", "lingering", start)
+        try:
+            assert capture.slot_info(c, "lingering").active_pid is not None
+            assert capture.drop_capture(c, "lingering", "lingering") == ["replication slot lingering",
+                                                                        "publication lingering"]
+            assert capture.slot_info(c, "lingering") is None
+        finally:
+            reader.close()

@@ -130,8 +130,9 @@ def drop_capture(conn: psycopg.Connection, slot: str, publication: str) -> list[
     dropped = []
     info = slot_info(conn, slot)
     if info is not None:
-        if info.active_pid:
-            conn.execute("SELECT pg_terminate_backend(%s)", (info.active_pid,))
+        # A reader may still hold it (a driver's cancelled task whose worker is on its way out): end it and
+        # wait until the slot is free, or the drop fails with "is active for PID".
+        release_slot(conn, slot, info)
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         dropped.append(f"replication slot {slot}")
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
