@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -72,6 +73,7 @@ class Engine:
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
         self.recovering = False  # the stream's message says "retrying …": the next committed batch clears it
+        self._last_stream: st.Stream | None = None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
@@ -82,6 +84,26 @@ class Engine:
             return self._loop()
         finally:
             done.set()
+            if self.stop.is_set():
+                self._wait_reader_gone()
+
+    def _wait_reader_gone(self, timeout: float = 20.0) -> None:
+        """A cancelled task's worker is killed a moment after its job is (Spark waits for it to finish first):
+        until then it may still apply a batch. Stopped means stopped: return only once the stream's slot has no
+        reader left (its walsender ends with the worker). Best effort."""
+        stream = self._last_stream
+        if stream is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            with connect(stream.source_url, role="source", autocommit=True, connect_timeout=3) as src:
+                while (info := capture.slot_info(src, stream.slot_name)) is not None and info.active_pid:
+                    if time.monotonic() > deadline:
+                        log.warning("replication slot %s still has a reader after stop", stream.slot_name)
+                        return
+                    time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the source may be the thing that is down
+            log.debug("could not check replication slot %s after stop", stream.slot_name)
 
     def _cancel_on_stop(self, done: threading.Event) -> None:
         """A play task may run until interrupted: once stop is set, cancel this engine's jobs (again, until
@@ -100,7 +122,7 @@ class Engine:
             try:
                 self._hold_run_lock()
                 wf = self._load()
-                stream = self._stream(wf)
+                stream = self._last_stream = self._stream(wf)
                 if stream.state in (st.STOPPED, st.ERROR):
                     return stream.state
                 self.recovering = failures > 0
