@@ -56,6 +56,14 @@ def is_retryable(err: BaseException) -> bool:
                         psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable,
                         psycopg.errors.ObjectInUse, psycopg.errors.QueryCanceled)):
         return True
+    # psycopg2 carries the replication stream and the copy's passthrough: the same classes, its own types.
+    import psycopg2
+    import psycopg2.errors
+
+    if isinstance(err, (psycopg2.OperationalError, psycopg2.errors.SerializationFailure,
+                        psycopg2.errors.DeadlockDetected, psycopg2.errors.LockNotAvailable,
+                        psycopg2.errors.ObjectInUse, psycopg2.errors.QueryCanceled)):
+        return True
     return isinstance(err, (ConnectionError, TimeoutError, EOFError))
 
 

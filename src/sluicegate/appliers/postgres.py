@@ -100,7 +100,6 @@ class PostgresApplier:
             self.add_table(t)
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.pending_rows = self.pending_bytes = 0
-        self.checked: set[int] = set()
         self.staged: set[int] = set()
         self.applied_rows = 0
 
@@ -113,20 +112,20 @@ class PostgresApplier:
 
     # -- intake ---------------------------------------------------------------------------------------
     def _target(self, rel: Relation) -> TargetTable | None:
-        t = self.by_name.get((rel.schema, rel.name))
-        if t is None or t.mode == "skip":
-            return None
-        if rel.oid not in self.checked:
-            check_columns(rel, t.table)
-            self.checked.add(rel.oid)
-        return t
+        """The table a Relation's changes go to (None: not replicated), its columns checked; memoized per
+        Relation message, so a new one (after a schema change) is checked again."""
+        hit = self._rels.get(rel.oid)
+        if hit is None or hit[0] is not rel:
+            t = self.by_name.get((rel.schema, rel.name))
+            if t is not None and t.mode != "skip":
+                check_columns(rel, t.table)
+            else:
+                t = None
+            hit = self._rels[rel.oid] = (rel, t)
+        return hit[1]
 
     def change(self, ch: Change) -> None:
-        rel = ch.relation
-        hit = self._rels.get(rel.oid)
-        if hit is None or hit[0] is not rel:  # a new Relation message (columns checked again) or a new table
-            hit = self._rels[rel.oid] = (rel, self._target(rel))
-        t = hit[1]
+        t = self._target(ch.relation)
         if t is None:
             return
         key_of = t.key_of

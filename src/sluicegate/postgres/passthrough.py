@@ -13,18 +13,12 @@ import os
 import threading
 
 import psycopg2
-import psycopg2.errors
-import psycopg2.extensions
 
-from ..errors import ConnectError, RetryableError, TerminalError
-from .connect import SESSION_OPTIONS, describe, redact
+from ..errors import ConnectError, RetryableError, TerminalError, is_retryable
+from .connect import SESSION_OPTIONS, describe, first_line
 
 _PIPE_BUFFER = 1 << 20
 _BLOCK = 1 << 16
-
-# Passing faults: the step is retried (as errors.is_retryable does for psycopg 3).
-_RETRYABLE = (psycopg2.OperationalError, psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected,
-              psycopg2.errors.LockNotAvailable, psycopg2.errors.ObjectInUse, psycopg2.errors.QueryCanceled)
 
 
 def connect(url: str, role: str):
@@ -32,7 +26,7 @@ def connect(url: str, role: str):
     try:
         return psycopg2.connect(url, options=SESSION_OPTIONS, application_name="sluicegate", connect_timeout=10)
     except psycopg2.OperationalError as exc:
-        raise ConnectError(f"cannot connect to {role} {describe(url)}: {_first_line(exc)}") from None
+        raise ConnectError(f"cannot connect to {role} {describe(url)}: {first_line(exc)}") from None
 
 
 def pipe(source, select: str, target, insert: str) -> int:
@@ -73,11 +67,6 @@ def _translate(exc: BaseException, role: str, dsn: str) -> BaseException:
     if not isinstance(exc, psycopg2.Error):
         return exc
     where = f"{role} {describe(dsn)}"
-    if isinstance(exc, _RETRYABLE):
-        return RetryableError(f"copy from/to {where} failed: {_first_line(exc)}; will retry")
-    return TerminalError(f"copy from/to {where} failed: {_first_line(exc)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact(text[0].strip() if text else type(exc).__name__)
+    if is_retryable(exc):
+        return RetryableError(f"copy from/to {where} failed: {first_line(exc)}; will retry")
+    return TerminalError(f"copy from/to {where} failed: {first_line(exc)}")

@@ -124,7 +124,7 @@ def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | No
     if mine is not None:
         where.append(mine)
     cond = sql.SQL(" AND ").join(where) if where else sql.SQL("true")
-    if where:
+    if lastpk is not None:
         # Rows above lastpk are few or none: an index range scan, never a scan of all that was copied (the
         # planner has no statistics for a table the copy just filled). Local to the caller's transaction.
         target.execute("SET LOCAL enable_seqscan = off")
