@@ -56,6 +56,7 @@ def get_spark(master: str | None = None, app_name: str = "sluicegate", extra_jav
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
+        "spark.python.daemon.module": "sluicegate.spark.python_daemon",  # PySpark's, minus its zips (see there)
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.extraJavaOptions": " ".join(filter(None, (
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
