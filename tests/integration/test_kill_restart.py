@@ -31,9 +31,10 @@ def start_driver(pair, workflow: str, log: Path, fault: str | None = None, fault
     )
 
 
-# The four the issue names run in CI; the rest with SLUICEGATE_ALL_TESTS=1.
+# The issue's four and the deferred index build run in CI; the rest with SLUICEGATE_ALL_TESTS=1.
 POINTS = [
     "copy.before_progress",      # copy: rows committed on the target, lastpk not yet advanced
+    "copy.before_index_build",   # first cycle recorded in the open transaction, its deferred indexes not built
     "caught_up.mid_batch",       # catchup: inside a replay batch, target transaction open
     "position.mid_batch",        # fast-forward to a new snapshot, mid-batch
     "slice.mid_batch",           # replicate, mid-batch
@@ -79,6 +80,7 @@ def test_kill_9_then_resume(pair, tmp_path, point):
     finally:
         writer.stop_event.set()
     assert assert_same(pair, "public.items", ["id"]) > 1000
+    assert pair.dst("SELECT indexname FROM pg_indexes WHERE tablename = 'items'") == [("items_pkey",)]
     s = stream_row(pair, "k9")
     assert s["state"] == "Running"
     assert slot_confirmed(pair, s["slot"]) <= s["position"]

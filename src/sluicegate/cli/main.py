@@ -99,14 +99,18 @@ def _rule_options(fn):
 @TARGET
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
 @_rule_options
+@click.option("--keep-indexes", is_flag=True,
+              help="Keep each target table's indexes while it is copied (default: a table copied without a rule "
+                   "has them dropped before its first copy cycle and built again when that cycle commits).")
 @friendly
-def movetables_create(name, source, target, tables, rules, rules_file, udfs, cycle_rows, chunk_rows):
+def movetables_create(name, source, target, tables, rules, rules_file, udfs, cycle_rows, chunk_rows, keep_indexes):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
+    options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {})
     created = create_movetables(name, source, target, _table_names(tables), _all_rules(rules, rules_file),
-                                _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)))
+                                options, parse_udfs(list(udfs)))
     _created(name, f"{len(created)} tables ({', '.join(created)})")
 
 

@@ -4,7 +4,8 @@ A cycle plans its key ranges inside the snapshot, then Spark tasks copy the rang
 imports the exported snapshot and pipes `COPY (SELECT …) TO STDOUT` straight into `COPY … FROM STDIN` on
 the target (raw passthrough, no Python per row: postgres/passthrough.py; binary when the types allow). Target
 rows above lastpk are by definition not yet copied, so a cycle first deletes them: a cycle killed halfway is
-simply redone.
+simply redone. A whole table copied in one cycle is split by heap pages instead of keys: a TID range scan
+reads its pages in order with no index walk (5M rows: ~0.35 s less on 2 cores), whatever the key's type.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class CopyRange:
     table: dict  # Table.to_json(): plain data pickles small
     snapshot: str
     lo: list[str] | None
-    hi: list[str]
+    hi: list[str] | None
+    pages: tuple[int, int | None] | None = None  # instead of lo/hi: heap pages first <= page < end (None: open)
 
 
 @dataclass(frozen=True)
@@ -38,18 +40,27 @@ class CyclePlan:
     new_lastpk: list[str] | None
     rows: int
     done: bool  # the table has no rows left after new_lastpk in this snapshot
+    pages: list[tuple[int, int | None]] | None = None  # the whole table by heap pages (then ranges is empty)
+
+    def tasks(self, source_url: str, target_url: str, table: Table, snapshot: str) -> list[CopyRange]:
+        spec = table.to_json()
+        if self.pages is not None:
+            return [CopyRange(source_url, target_url, spec, snapshot, None, None, p) for p in self.pages]
+        return [CopyRange(source_url, target_url, spec, snapshot, lo, hi) for lo, hi in self.ranges]
 
 
 def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | None, cycle_rows: int,
-               chunk_rows: int, slots: int = 1) -> CyclePlan:
+               chunk_rows: int, slots: int = 1, by_pages: bool = False) -> CyclePlan:
     """Split the next `cycle_rows` keys above lastpk into ranges of `chunk_rows`, inside the snapshot.
 
     Each bound is the chunk_rows-th key above the previous one (`ORDER BY key OFFSET n-1 LIMIT 1`, an
     index-only walk); only the table's last, shorter chunk is counted. A whole table that fits in one cycle
-    with one integer key column is split by value instead (`_plan_by_value`), into a multiple of `slots`
-    ranges (the tasks Spark runs at once) so that no slot idles through the last wave.
+    is split by heap pages when `by_pages` (`_plan_by_pages`), else, with one integer key column, by value
+    (`_plan_by_value`), into a multiple of `slots` ranges (the tasks Spark runs at once) so that no slot idles
+    through the last wave.
     """
-    fast = _plan_by_value(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots)
+    fast = (_plan_by_pages(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots) if by_pages else None) \
+        or _plan_by_value(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots)
     if fast is not None:
         return fast
     keys, order, order_desc = keyrange.key_texts(table), keyrange.key_order(table), keyrange.key_order(table, "DESC")
@@ -96,24 +107,63 @@ def _plan_by_value(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
     column = next(c for c in table.columns if c.name == table.key[0])
     if column.type_oid not in _INTEGER_TYPES:
         return None
-    # The planner's own estimate: rows per page at the last ANALYZE, times the pages there are now.
-    est = snap_conn.execute(
-        sql.SQL("""SELECT CASE WHEN reltuples > 0 AND relpages > 0
-                          THEN reltuples / relpages * (pg_relation_size(oid) / current_setting('block_size')::int)
-                          END
-                   FROM pg_class WHERE oid = {}::regclass""").format(sql.Literal(table.ident.as_string(snap_conn)))
-    ).fetchone()
-    if est is None or est[0] is None or est[0] > cycle_rows:
+    est, _ = _estimate(snap_conn, table)
+    if est is None or est > cycle_rows:
         return None
     key = sql.Identifier(column.name)
     lo, hi = snap_conn.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(key, key, table.ident)).fetchone()
     if lo is None:
         return CyclePlan([], None, 0, True)
-    n = max(1, -(-int(est[0]) // chunk_rows))
-    n = min(-(-n // slots) * slots, hi - lo + 1)
+    n = min(_tasks(est, chunk_rows, slots), hi - lo + 1)
     bounds = [lo - 1 + (hi - lo + 1) * i // n for i in range(1, n + 1)]
     ranges = [([str(a)] if i else None, [str(b)]) for i, (a, b) in enumerate(zip([lo - 1, *bounds], bounds))]
-    return CyclePlan(ranges, [str(hi)], int(est[0]), True)
+    return CyclePlan(ranges, [str(hi)], est, True)
+
+
+def _plan_by_pages(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | None, cycle_rows: int,
+                   chunk_rows: int, slots: int = 1) -> CyclePlan | None:
+    """The first cycle of a table that fits in one cycle, split into ranges of heap pages (TID range scans,
+    PostgreSQL 14+): every row version visible in the snapshot sits on exactly one page, so each is copied
+    once, and each task reads only its pages. The last range is open: pages added since are covered too. The
+    cycle ends at the greatest key (one index lookup). None when that does not apply."""
+    if lastpk is not None or snap_conn.info.server_version < 140000:
+        return None
+    est, pages = _estimate(snap_conn, table)
+    if est is None or est > cycle_rows:
+        return None
+    last = snap_conn.execute(
+        sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
+            keyrange.key_texts(table), table.ident, keyrange.key_order(table, "DESC"))
+    ).fetchone()
+    if last is None:
+        return CyclePlan([], None, 0, True)
+    n = max(1, min(_tasks(est, chunk_rows, slots), pages))
+    bounds = [pages * i // n for i in range(n)] + [None]
+    return CyclePlan([], list(last), est, True, pages=list(zip(bounds[:-1], bounds[1:])))
+
+
+def _estimate(snap_conn: psycopg.Connection, table: Table) -> tuple[int | None, int]:
+    """(rows, pages): the planner's own estimate, rows per page at the last ANALYZE times the pages there are
+    now (None without statistics), and the pages there are now."""
+    est, pages = snap_conn.execute(
+        sql.SQL("""SELECT CASE WHEN reltuples > 0 AND relpages > 0 THEN reltuples / relpages * pages END, pages
+                   FROM (SELECT reltuples, relpages,
+                                pg_relation_size(oid) / current_setting('block_size')::int AS pages
+                         FROM pg_class WHERE oid = {}::regclass) c""").format(
+            sql.Literal(table.ident.as_string(snap_conn)))
+    ).fetchone()
+    return (None if est is None else int(est)), int(pages)
+
+
+def _tasks(est: int, chunk_rows: int, slots: int) -> int:
+    """Tasks of about chunk_rows rows, rounded up to a multiple of the slots that run them."""
+    n = max(1, -(-est // chunk_rows))
+    return -(-n // slots) * slots
+
+
+def truncate(target: psycopg.Connection, table: Table) -> None:
+    """Empty a table whose first cycle did not finish (its indexes deferred): nothing else wrote to it."""
+    target.execute(sql.SQL("TRUNCATE {}").format(table.ident))
 
 
 def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | None,
@@ -131,13 +181,24 @@ def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | No
     return target.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, cond)).rowcount
 
 
+def task_where(table: Table, task: CopyRange) -> sql.Composable:
+    """The rows of one task: its heap pages, or its key range."""
+    if task.pages is None:
+        return keyrange.in_range(table, task.lo, task.hi)
+    first, end = task.pages
+    where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)"))
+    if end is not None:
+        where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({end},0)"))
+    return where
+
+
 def copy_range(task: CopyRange) -> int:
     """Runs in a Spark task: pipe one key range from the snapshot into the target. Returns rows copied."""
     table = Table.from_json(task.table)
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
-        cols, table.ident, keyrange.in_range(table, task.lo, task.hi), fmt
+        cols, table.ident, task_where(table, task), fmt
     )
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
     src = passthrough.connect(task.source_url, "source")

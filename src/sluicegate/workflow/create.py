@@ -6,7 +6,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError
-from ..postgres import capture, catalog, replication
+from ..postgres import capture, catalog, indexes, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from ..rules.compile import CompiledRule
@@ -186,9 +186,15 @@ def _check_no_leftovers(src: psycopg.Connection, name: str, slot: str | None = N
 
 
 def delete_workflow(name: str, target_url: str) -> list[str]:
-    """Drop the source's slot and publication, then the state. The target tables stay."""
+    """Drop the source's slot and publication, then the state. The target tables stay, with their indexes."""
     with connect(target_url, role="target") as dst:
         wf = st.load_workflow(dst, name)
+        for s in wf.streams:  # a copy stopped in its first cycle: the target table gets its indexes back
+            for t in s.tables:
+                if t.deferred_indexes and dst.execute("SELECT to_regclass(%s)",
+                                                      (t.table.ident.as_string(dst),)).fetchone()[0]:
+                    indexes.build(dst, t.table, t.deferred_indexes)
+                    st.save_deferred_indexes(dst, s.id, t.table.qualified, None)
     dropped: list[str] = []
     for s in wf.streams:
         with connect(s.source_url, role="source", autocommit=True) as src:

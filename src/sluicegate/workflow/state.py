@@ -83,6 +83,8 @@ CREATE TABLE IF NOT EXISTS sluicegate.vdiff_ranges (
 );
 -- Reshard: a stream per source shard, each with its own source (NULL: the workflow's source_url).
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_url text;
+-- Indexes dropped for a table's first copy cycle: the statements that build them again (postgres/indexes.py).
+ALTER TABLE sluicegate.copy_state ADD COLUMN IF NOT EXISTS deferred_indexes jsonb;
 """
 
 
@@ -93,6 +95,8 @@ class TableState:
     rows_copied: int
     done: bool
     rule: dict | None = None  # CompiledRule.to_json(): the table is written through a rule
+    # Indexes dropped for the first copy cycle and built when it is recorded (postgres/indexes.py).
+    deferred_indexes: list[dict] | None = None
 
     @property
     def mode(self) -> str:
@@ -203,12 +207,14 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
         (wf.source_url, name),
     ).fetchall():
         stream = Stream(*s[:8], parse_lsn(s[8]) if s[8] else None, *s[9:])
-        for spec, lastpk, rows, done in conn.execute(
-            """SELECT spec, lastpk, rows_copied, done FROM sluicegate.copy_state
-               WHERE stream_id = %s ORDER BY ordinal""",
+        # to_jsonb(c): state made before deferred_indexes existed reads as NULL
+        for spec, lastpk, rows, done, deferred in conn.execute(
+            """SELECT spec, lastpk, rows_copied, done, to_jsonb(c) -> 'deferred_indexes'
+               FROM sluicegate.copy_state c WHERE stream_id = %s ORDER BY ordinal""",
             (stream.id,),
         ):
-            stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done, spec.get("rule")))
+            stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done, spec.get("rule"),
+                                            deferred or None))
         wf.streams.append(stream)
     return wf
 
@@ -280,6 +286,16 @@ def save_copy_progress(conn: psycopg.Connection, stream_id: int, table: str, old
          json.dumps(old_lastpk) if old_lastpk is not None else None),
     )
     return cur.rowcount == 1
+
+
+def save_deferred_indexes(conn: psycopg.Connection, stream_id: int, table: str, deferred: list[dict] | None) -> None:
+    """Record the indexes dropped for a table's copy (None: built again), in the caller's transaction."""
+    if deferred:  # state made by an older version lacks the column
+        conn.execute("ALTER TABLE sluicegate.copy_state ADD COLUMN IF NOT EXISTS deferred_indexes jsonb")
+    conn.execute(
+        "UPDATE sluicegate.copy_state SET deferred_indexes = %s WHERE stream_id = %s AND table_name = %s",
+        (json.dumps(deferred) if deferred else None, stream_id, table),
+    )
 
 
 def delete_workflow(conn: psycopg.Connection, name: str) -> None:
