@@ -192,7 +192,7 @@ def workflow_run(name, target, spark_master, no_progress):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
     from ..spark.runner import SparkRunner
-    from ..spark.session import get_spark
+    from ..spark.session import get_spark, get_spark_context
     from ..workflow import state as st
     from ..workflow.engine import Engine
 
@@ -202,8 +202,8 @@ def workflow_run(name, target, spark_master, no_progress):
     # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases).
     ruled = kind == "Reshard" or any(t.rule for s in wf.streams for t in s.tables)
     stop = threading.Event()
-    spark = get_spark(spark_master, light_jvm=not ruled)
-    runner = SparkRunner(spark)
+    # Without rules, Python tasks alone: no SparkSession (Spark SQL's state) to build.
+    runner = SparkRunner(get_spark(spark_master) if ruled else get_spark_context(spark_master, light_jvm=True))
 
     def on_signal(signum, frame):
         stop.set()

@@ -142,12 +142,12 @@ class _Demo:
 
     def _start_spark(self) -> None:
         """Spark's JVM takes seconds to start: let it start while the data loads."""
-        from ..spark.session import get_spark
+        from ..spark.session import get_spark_context
 
         def start() -> None:
             t0 = time.monotonic()
-            try:
-                self.spark = get_spark(light_jvm=True)  # a MoveTables without rules: no rows through the JVM
+            try:  # a MoveTables without rules: Python tasks only, no rows through the JVM, no Spark SQL
+                self.spark = get_spark_context(light_jvm=True)
             except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
                 self.spark_error = exc
             self.spark_started = time.monotonic() - t0
@@ -192,7 +192,7 @@ class _Demo:
             msg = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
             raise DemoError(f"Spark did not start: {msg}")
         self.runner = SparkRunner(self.spark)
-        self.say(f"Spark {self.spark.version} ready (master {self.spark.sparkContext.master}, "
+        self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
                  f"started in {self.spark_started:.1f}s)")
         self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
         self.engine.start()

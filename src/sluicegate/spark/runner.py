@@ -35,8 +35,20 @@ class SparkRunner:
     """Each call is one Spark job with one task per item."""
 
     def __init__(self, spark):
-        self.spark = spark
-        self.sc = spark.sparkContext
+        """`spark`: a SparkSession, or a SparkContext alone (session.get_spark_context); a session is then made
+        the first time one is asked for (a rule's Spark SQL)."""
+        if hasattr(spark, "sparkContext"):
+            self._spark, self.sc = spark, spark.sparkContext
+        else:
+            self._spark, self.sc = None, spark
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from .session import get_spark
+
+            self._spark = get_spark()  # on the running context
+        return self._spark
 
     def map(self, fn: Callable, items: list, description: str = "", tag: str | None = None) -> list:
         """`tag`: what `cancel(tag)` cancels (an engine tags its own jobs: several share one application)."""
