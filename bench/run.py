@@ -188,6 +188,8 @@ class Bench:
         url = self.target.url("sg")
         t0 = time.monotonic()
         options = {k: getattr(self.args, k) for k in ("cycle_rows", "chunk_rows") if getattr(self.args, k, None)}
+        if self.args.keep_indexes:
+            options["defer_indexes"] = False
         create_movetables(WF, self.source.url(DB), url, TABLES, list(self.args.rule or []), options)
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
@@ -219,11 +221,11 @@ class Bench:
                 "sluicegate_create_s": created - t0, "spark_startup_s": started - created}
 
     def quiesce(self) -> None:
-        """Each copy starts on quiet servers: the maintenance the copies before it left behind (autovacuum of
-        their millions of new rows, on 2 cores) and their dirty buffers are dealt with first, not during the
-        next contender's measurement."""
+        """Each copy, and the burst, starts on quiet servers: the maintenance the copies before it left behind
+        (autovacuum and autoanalyze of their millions of new rows, on 2 cores) and their dirty buffers are
+        dealt with first, not during a contender's measurement."""
         for db in self.copied:
-            self.target.psql("VACUUM", db)
+            self.target.psql("VACUUM (ANALYZE)", db)
         for server in (self.source, self.target):
             server.psql("CHECKPOINT")
         # The servers run with fsync off: what they wrote is still dirty in the page cache, and the kernel's
@@ -246,6 +248,7 @@ class Bench:
             log("copy: Sluicegate movetables create + workflow run")
             self.quiesce()
             copy.update(self.copy_sluicegate())
+            self.copied.append("sg")
         for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if key in copy:
                 copy[key[:-2] + "_rows_per_s"] = self.rows / copy[key]
@@ -261,6 +264,9 @@ class Bench:
         per_txn = self.args.burst_updates // 20
         self.memory.phase = "burst"
         src_url = self.source.url(DB)
+        # The copies' tables are due for autovacuum (5M new rows each): done now, not at some moment of one
+        # contender's catch-up.
+        self.quiesce()
         log(f"burst: {20 * per_txn} updates in 20 transactions")
         t = time.monotonic()
         burst = {"updates": 0}
@@ -449,6 +455,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
     parser.add_argument("--cycle-rows", type=int, help="Sluicegate's rows per copy cycle (default: its own)")
     parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
+    parser.add_argument("--keep-indexes", action="store_true",
+                        help="Sluicegate keeps the target's indexes during the copy (movetables create --keep-indexes)")
     parser.add_argument("--rule", action="append", help="copy and replicate through this Spark SQL rule (it must "
                         "keep the table's name and rows, e.g. 'pgbench_accounts: SELECT *, abalance * 2 AS "
                         "doubled FROM pgbench_accounts'): measures the rule path")
