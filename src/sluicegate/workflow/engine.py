@@ -52,7 +52,8 @@ class Settings:
     slice_seconds: float | None = None
     idle_poll: float = 0.1
     # Drop a target table's indexes before its first copy cycle and build them when the cycle is recorded
-    # (postgres/indexes.py): COPY into a 5M-row table took 8.7 s with its key, 5.5 s without it and the build.
+    # (postgres/indexes.py): 5M rows through 2 pipes on 2 cores took 7.4 s with the key in place, 4.1 s
+    # without it plus 1.4 s to build it.
     defer_indexes: bool = True
 
     @classmethod
