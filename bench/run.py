@@ -102,6 +102,16 @@ class MemorySampler(threading.Thread):
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), total / 2**20)
 
 
+def page_cache_mb() -> float | None:
+    """The kernel's page cache now: on this 2-core VM, copies ran 1-2.5 s slower while it held a few GB that
+    earlier work had left (`sync; echo 1 > /proc/sys/vm/drop_caches` as root empties it)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Cached:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 class Bench:
     def __init__(self, args):
         self.args, self.skip = args, set(args.skip)
@@ -114,7 +124,8 @@ class Bench:
         self.memory = MemorySampler()
         self.contenders: dict[str, str] = {}  # live replicas: "native"/"sluicegate" -> target URL
         self.copied: list[str] = []  # target databases already filled (vacuumed before the next copy)
-        self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
+        self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
+                          "page_cache_mb_start": page_cache_mb()}
 
     def pgbench(self, *args: str, timeout: float) -> str:
         cmd = [str(find_bindir() / "pgbench"), "-h", self.source.host, "-p", str(self.source.port),
