@@ -13,6 +13,16 @@ from sluicegate.postgres import passthrough
 SELECT = "COPY (SELECT id, 100 / (id - %d) AS v FROM generate_series(1, %d) id) TO STDOUT (FORMAT binary)"
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def pump(request, monkeypatch):
+    """Each test with the C row pump and with the Python pipe (SLUICEGATE_COPY_PUMP=python)."""
+    if request.param == "python":
+        monkeypatch.setattr(passthrough, "_c_pump", lambda: (None, None))
+    elif passthrough._c_pump()[0] is None:
+        pytest.skip("the C row pump is not built here")
+    return request.param
+
+
 def _pipe(pair, select, insert):
     src, dst = passthrough.connect(pair.source, "source"), passthrough.connect(pair.target, "target")
     try:

@@ -2,17 +2,23 @@
 
 psycopg 3 hands every row of a COPY to Python (one CopyData message each): ~1.6 µs of interpreter time per
 row on the copy's hot path, on machines where the two servers need the CPU. psycopg2's `copy_expert` runs the
-loop in C against a file object, so the rows go libpq → an OS pipe → libpq with no Python per row (a 2M-row
-pipe: 0.6 s of the worker's CPU instead of 3.2 s). This module is the one place that copies that way; every
-other connection is psycopg 3. Errors come out as Sluicegate's own (terminal or retryable), named by side.
+loop in C against a file object, so the rows go libpq → an OS pipe → libpq (a 2M-row pipe: 0.6 s of the
+worker's CPU instead of 3.2 s), though still as one Python bytes object and one write() per row. When the C
+pump (_copy_pump.c) is built and psycopg2's libpq can be found, the rows go from libpq to libpq with no
+Python at all, on the connections psycopg2 opened; SLUICEGATE_COPY_PUMP=python keeps the pipe. This module
+is the one place that copies that way; every other connection is psycopg 3. Errors come out as Sluicegate's
+own (terminal or retryable), named by side.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
 import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
 
 from ..errors import ConnectError, RetryableError, TerminalError, is_retryable
 from .connect import SESSION_OPTIONS, describe, first_line
@@ -33,6 +39,21 @@ def pipe(source, select: str, target, insert: str) -> int:
     """Run `select` (a COPY TO STDOUT) on `source` into `insert` (a COPY FROM STDIN) on `target`; the rows
     copied. Neither side is committed here. A source that fails part way raises: the target's COPY may have
     taken what came before it, so the caller must roll the target back (it never commits after an error)."""
+    pump, libpq = _c_pump()
+    if pump is not None:
+        for conn in (source, target):  # psycopg2 opens the transaction, and later commits or rolls it back
+            if conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE and not conn.autocommit:
+                conn.cursor().execute("SELECT 1")
+        ok, side, sqlstate, message, rows = pump(source.pgconn_ptr, target.pgconn_ptr, libpq, select, insert)
+        if ok:
+            return rows
+        message = message.strip().removeprefix("ERROR:").strip() or "connection lost"
+        try:
+            cls = psycopg2.errors.lookup(sqlstate) if sqlstate else psycopg2.OperationalError
+        except KeyError:
+            cls = psycopg2.DatabaseError
+        conn = source if side == "source" else target
+        raise _translate(cls(message), side, conn.dsn)
     read_end, write_end = os.pipe()
     produced: list[BaseException] = []
 
@@ -70,3 +91,27 @@ def _translate(exc: BaseException, role: str, dsn: str) -> BaseException:
     if is_retryable(exc):
         return RetryableError(f"copy from/to {where} failed: {first_line(exc)}; will retry")
     return TerminalError(f"copy from/to {where} failed: {first_line(exc)}")
+
+
+@functools.cache
+def _c_pump():
+    """(the C pump, the path of the libpq psycopg2 runs on), or (None, None): not built, turned off, or no
+    libpq that is surely psycopg2's own (the pump must call the very library its connections belong to)."""
+    if os.environ.get("SLUICEGATE_COPY_PUMP", "").lower() == "python":
+        return None, None
+    try:
+        from ._copy_pump import pump
+    except ImportError:
+        return None, None
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = {line.split(None, 5)[5].strip() for line in maps if "libpq" in line and len(line.split()) > 5}
+    except OSError:
+        return None, None
+    libpqs = {p for p in loaded if os.path.basename(p).startswith("libpq")}
+    # psycopg2-binary brings its own libpq beside the package; psycopg (3)'s binary wheel brings another.
+    bundled = os.path.dirname(os.path.dirname(psycopg2.__file__)) + os.sep + "psycopg2_binary.libs" + os.sep
+    own = [p for p in libpqs if p.startswith(bundled)]
+    others = [p for p in libpqs if os.sep + "psycopg_binary.libs" + os.sep not in p]
+    path = own[0] if len(own) == 1 else (others[0] if not own and len(others) == 1 else None)
+    return (pump, path) if path else (None, None)
