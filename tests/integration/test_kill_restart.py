@@ -118,9 +118,17 @@ def test_lost_slot_stops_in_error_never_skips(pair, spark):
         slot = stream_row(pair, "lost")["slot"]
 
         def drop_slot():
-            pair.src("SELECT pg_drop_replication_slot(%s)", (slot,))  # fails while a batch holds it
+            # As an administrator would: end the stream's walsender (the play task holds it for as long as the
+            # stream runs), then drop the slot while the engine backs off before its next try.
+            pair.src("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                     "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))
+            wait_for(lambda: pair.src("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s",
+                                      (slot,))[0][0], timeout=10, what="the walsender gone")
+            pair.src("SELECT pg_drop_replication_slot(%s)", (slot,))  # fails if a new walsender came first
             return True
 
+        wait_for(lambda: pair.src("SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
+                                  (slot,))[0][0], what="the stream's walsender")  # the lost slot is a live one
         wait_for(drop_slot, what="slot dropped")
         pair.src("UPDATE items SET qty = 1")
         wait_for(lambda: stream_row(pair, "lost")["state"] == "Error", what="Error")
