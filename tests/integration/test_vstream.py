@@ -470,6 +470,13 @@ def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
         for out in (run2, other):
             wait_for(lambda out=out: last in [x for x, _ in complete_json(json_lines(out))], timeout=120,
                      what=f"the last transaction in {out.name}")
+        # Transactions rolled back after the last commit end later in the WAL: the clients have them all once a
+        # heartbeat (never taken inside a transaction still being sent) passes the writer's end.
+        end = flushed(pair)
+        for out in (run2, other):
+            wait_for(lambda out=out: any(parse_lsn(j["heartbeat"]["position"]) >= end
+                                         for j in json_lines(out) if "heartbeat" in j),
+                     timeout=120, what=f"{out.name} past the writer's end")
         third.send_signal(signal.SIGTERM)  # stops cleanly, saying where to resume
         assert third.wait(timeout=30) == 0
         assert "resume with --position" in (tmp_path / "resumer.err").read_text()
