@@ -104,11 +104,11 @@ def _c_pump():
     except ImportError:
         return None, None
     try:
-        with open("/proc/self/maps") as maps:
-            loaded = {line.split(None, 5)[5].strip() for line in maps if "libpq" in line and len(line.split()) > 5}
+        with open("/proc/self/maps") as maps:  # address perms offset dev inode [path]
+            mapped = {fields[5].strip() for fields in (line.split(None, 5) for line in maps) if len(fields) == 6}
     except OSError:
         return None, None
-    libpqs = {p for p in loaded if os.path.basename(p).startswith("libpq")}
+    libpqs = {p for p in mapped if os.path.basename(p).startswith("libpq")}
     # psycopg2-binary brings its own libpq beside the package; psycopg (3)'s binary wheel brings another.
     bundled = os.path.dirname(os.path.dirname(psycopg2.__file__)) + os.sep + "psycopg2_binary.libs" + os.sep
     own = [p for p in libpqs if p.startswith(bundled)]

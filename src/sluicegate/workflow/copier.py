@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from ..postgres import keyrange, passthrough
+from ..postgres import indexes, keyrange, passthrough
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
+from . import state as st
 from .faults import fault_point
 
 
@@ -164,6 +165,21 @@ def _tasks(est: int, chunk_rows: int, slots: int) -> int:
 def truncate(target: psycopg.Connection, table: Table) -> None:
     """Empty a table whose first cycle did not finish (its indexes deferred): nothing else wrote to it."""
     target.execute(sql.SQL("TRUNCATE {}").format(table.ident))
+
+
+def defer_indexes(target: psycopg.Connection, stream_id: int, state: st.TableState) -> None:
+    """Drop the table's indexes for its first cycle and record them (postgres/indexes.py), in the caller's
+    transaction; `state.deferred_indexes` says what was dropped (None: nothing)."""
+    state.deferred_indexes = indexes.defer(target, state.table) or None
+    if state.deferred_indexes:
+        st.save_deferred_indexes(target, stream_id, state.table.qualified, state.deferred_indexes)
+
+
+def build_deferred_indexes(target: psycopg.Connection, stream_id: int, state: st.TableState) -> None:
+    """Build the indexes `defer_indexes` dropped and clear their record, in the caller's transaction."""
+    indexes.build(target, state.table, state.deferred_indexes)
+    st.save_deferred_indexes(target, stream_id, state.table.qualified, None)
+    state.deferred_indexes = None
 
 
 def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | None,

@@ -6,11 +6,12 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError
-from ..postgres import capture, catalog, indexes, replication
+from ..postgres import capture, catalog, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from ..rules.compile import CompiledRule
 from ..rules.spec import RuleSpec, parse_rules
+from . import copier
 from . import state as st
 
 
@@ -193,8 +194,7 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
             for t in s.tables:
                 if t.deferred_indexes and dst.execute("SELECT to_regclass(%s)",
                                                       (t.table.ident.as_string(dst),)).fetchone()[0]:
-                    indexes.build(dst, t.table, t.deferred_indexes)
-                    st.save_deferred_indexes(dst, s.id, t.table.qualified, None)
+                    copier.build_deferred_indexes(dst, s.id, t)
     dropped: list[str] = []
     for s in wf.streams:
         with connect(s.source_url, role="source", autocommit=True) as src:

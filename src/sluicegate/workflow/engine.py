@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
-from ..postgres import capture, indexes
+from ..postgres import capture
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import take_snapshot
 from ..rules.compile import CompiledRule
@@ -224,9 +224,7 @@ class Engine:
                     # Only this stream writes the table (a rule's target may be shared): build its indexes
                     # after the first cycle, not row by row.
                     if current.lastpk is None and settings.defer_indexes:
-                        current.deferred_indexes = indexes.defer(dst, table) or None
-                        if current.deferred_indexes:
-                            st.save_deferred_indexes(dst, stream.id, table.qualified, current.deferred_indexes)
+                        copier.defer_indexes(dst, stream.id, current)
                 else:
                     copier.clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
@@ -246,8 +244,7 @@ class Engine:
                     return
                 if current.deferred_indexes:  # with the cycle: a kill before this commit redoes the cycle
                     fault_point("copy.before_index_build")
-                    indexes.build(dst, table, current.deferred_indexes)
-                    st.save_deferred_indexes(dst, stream.id, table.qualified, None)
+                    copier.build_deferred_indexes(dst, stream.id, current)
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)

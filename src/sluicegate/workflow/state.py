@@ -290,8 +290,8 @@ def save_copy_progress(conn: psycopg.Connection, stream_id: int, table: str, old
 
 def save_deferred_indexes(conn: psycopg.Connection, stream_id: int, table: str, deferred: list[dict] | None) -> None:
     """Record the indexes dropped for a table's copy (None: built again), in the caller's transaction."""
-    if deferred:  # state made by an older version lacks the column
-        conn.execute("ALTER TABLE sluicegate.copy_state ADD COLUMN IF NOT EXISTS deferred_indexes jsonb")
+    if deferred:  # state made by an older version lacks the column: the schema's own DDL adds it
+        ensure_schema(conn)
     conn.execute(
         "UPDATE sluicegate.copy_state SET deferred_indexes = %s WHERE stream_id = %s AND table_name = %s",
         (json.dumps(deferred) if deferred else None, stream_id, table),
