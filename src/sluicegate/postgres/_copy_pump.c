@@ -108,35 +108,59 @@ static int start(PGconn *conn, const char *query, int want, failure *f, const ch
     return ok;
 }
 
+/* Rows go to the target in CopyData messages of up to BATCH bytes, not one message per row: the COPY data stream
+ * has no row boundaries, and a ~100-byte row per message cost the pump a libpq call (and every ~80 rows a send)
+ * and the target backend a protocol message each. */
+#define BATCH (1 << 16)
+
+static int put(PGconn *dst, const char *data, size_t len, failure *f) {
+    if (len > 0 && pq.put_copy_data(dst, data, (int)len) != 1) {
+        fail_conn(f, "target", dst);
+        return 0;
+    }
+    return 1;
+}
+
+/* The source's rows into the target's COPY, in batches; 0 on a failure, with the side in `f`. */
+static int pipe_rows(PGconn *src, PGconn *dst, failure *f) {
+    char batch[BATCH];
+    size_t used = 0;
+    for (;;) {
+        char *buf = NULL;
+        int n = pq.get_copy_data(src, &buf, 0);
+        if (n == -1)  /* the source's COPY is over: did it end well? */
+            return finish(src, PGRES_COMMAND_OK, f, "source", NULL) && put(dst, batch, used, f);
+        if (n < 0) {  /* -2: the source's connection failed */
+            fail_conn(f, "source", src);
+            return 0;
+        }
+        int ok = 1;
+        if (used + (size_t)n > BATCH) {
+            ok = put(dst, batch, used, f);
+            used = 0;
+        }
+        if (ok && (size_t)n >= BATCH)  /* a row as big as a batch goes alone */
+            ok = put(dst, buf, (size_t)n, f);
+        else if (ok) {
+            memcpy(batch + used, buf, (size_t)n);
+            used += (size_t)n;
+        }
+        pq.freemem(buf);
+        if (!ok)
+            return 0;
+    }
+}
+
 static int run(PGconn *src, PGconn *dst, const char *select, const char *insert, failure *f, long long *rows) {
     if (!start(src, select, PGRES_COPY_OUT, f, "source"))
         return 0;
     if (!start(dst, insert, PGRES_COPY_IN, f, "target"))
         return 0;  /* the source is left mid-COPY: the caller closes it */
-    for (;;) {
-        char *buf = NULL;
-        int n = pq.get_copy_data(src, &buf, 0);
-        if (n > 0) {
-            int put = pq.put_copy_data(dst, buf, n);
-            pq.freemem(buf);
-            if (put != 1) {
-                fail_conn(f, "target", dst);
-                return 0;
-            }
-            continue;
+    if (!pipe_rows(src, dst, f)) {
+        if (strcmp(f->side, "source") == 0) {  /* end the target's COPY as failed: it keeps nothing */
+            pq.put_copy_end(dst, "the source failed");
+            finish(dst, PGRES_COMMAND_OK, &(failure){0}, "target", NULL);
         }
-        if (n == -1) {  /* the source's COPY is over: did it end well? */
-            if (!finish(src, PGRES_COMMAND_OK, f, "source", NULL)) {
-                pq.put_copy_end(dst, "the source failed");
-                finish(dst, PGRES_COMMAND_OK, &(failure){0}, "target", NULL);
-                return 0;
-            }
-            break;
-        }
-        /* -2: the source's connection failed */
-        fail_conn(f, "source", src);
-        pq.put_copy_end(dst, "the source failed");
-        finish(dst, PGRES_COMMAND_OK, &(failure){0}, "target", NULL);
         return 0;
     }
     if (pq.put_copy_end(dst, NULL) != 1) {
