@@ -8,8 +8,10 @@ process tree. Progress goes to stderr, one JSON line of figures and ratios (Slui
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -203,23 +205,19 @@ class Bench:
             options["defer_indexes"] = False
         create_movetables(WF, self.source.url(DB), url, TABLES, list(self.args.rule or []), options)
         created = time.monotonic()
-        cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
+        cmd = [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", WF, "--target", url,
+               "--no-progress"]
+        launched = time.time()
         with open(self.wf_log, "w") as out:
             self.workflow = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.memory.root = self.workflow.pid
-        # The engine takes its advisory run lock right after the SparkSession is up: start-up ends there.
-        poll = sql.SQL("""SELECT s.state, s.message, bool_and(c.done), EXISTS (SELECT 1 FROM pg_locks l
-                   JOIN pg_database d ON d.oid = l.database
-                   WHERE l.locktype = 'advisory' AND d.datname = current_database())
+        poll = sql.SQL("""SELECT s.state, s.message, bool_and(c.done)
             FROM sluicegate.streams s JOIN sluicegate.copy_state c ON c.stream_id = s.id
             WHERE s.workflow = {} GROUP BY s.id""").format(sql.Literal(WF))
-        started: list[float] = []
         with connect(url) as conn:
             def ready() -> bool:
                 self.check_workflow()
-                state, message, all_done, locked = conn.execute(poll).fetchone()
-                if locked and not started:
-                    started.append(time.monotonic())
+                state, message, all_done = conn.execute(poll).fetchone()
                 if state == "Error":
                     raise BenchError(f"Sluicegate workflow {WF} is in Error: {message}")
                 return state == "Running" and all_done
@@ -227,9 +225,19 @@ class Bench:
         done = time.monotonic()
         self.contenders["sluicegate"] = url
         self.check_count(url, "Sluicegate")
-        started = started[0] if started else created
-        return {"sluicegate_s": done - t0, "sluicegate_excl_startup_s": (created - t0) + (done - started),
-                "sluicegate_create_s": created - t0, "spark_startup_s": started - created}
+        # Spark starts while the engine prepares the copy; start-up is the wait until Spark could take a job.
+        startup = self.spark_ready_at() - launched
+        return {"sluicegate_s": done - t0, "sluicegate_excl_startup_s": done - t0 - startup,
+                "sluicegate_create_s": created - t0, "spark_startup_s": startup}
+
+    def spark_ready_at(self) -> float:
+        """When `workflow run` logged Spark ready (its -v line), as a Unix time."""
+        for line in self.wf_log.read_text(errors="replace").splitlines():
+            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) Spark \S+ ready in", line)
+            if found:
+                stamp = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S")
+                return stamp.timestamp() + int(found[2]) / 1000
+        raise BenchError(f"no 'Spark … ready' line in {self.wf_log}")
 
     def quiesce(self) -> None:
         """Each copy, and the burst, starts on quiet servers: the maintenance the copies before it left behind

@@ -191,19 +191,24 @@ def workflow() -> None:
 def workflow_run(name, target, spark_master, no_progress):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
-    from ..spark.runner import SparkRunner
-    from ..spark.session import get_spark, get_spark_context
     from ..workflow import state as st
-    from ..workflow.engine import Engine
 
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
     kind = wf.kind
-    # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases).
+    # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases): no
+    # SparkSession (Spark SQL's state) to build, and a JVM that only coordinates.
     ruled = kind == "Reshard" or any(t.rule for s in wf.streams for t in s.tables)
+    from ..spark.session import start_in_background
+
+    # Spark starts while this process imports the engine and the engine takes its snapshot; the first Spark
+    # job waits for it.
+    spark = start_in_background(spark_master, session=ruled, light_jvm=not ruled)
+    from ..spark.runner import SparkRunner
+    from ..workflow.engine import Engine
+
     stop = threading.Event()
-    # Without rules, Python tasks alone: no SparkSession (Spark SQL's state) to build.
-    runner = SparkRunner(get_spark(spark_master) if ruled else get_spark_context(spark_master, light_jvm=True))
+    runner = SparkRunner(spark)
 
     def on_signal(signum, frame):
         stop.set()
@@ -214,6 +219,7 @@ def workflow_run(name, target, spark_master, no_progress):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if kind == "Reshard":
+        runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
         _run_reshard(name, target, runner, stop)
         return
     console = Console(stderr=True)

@@ -14,6 +14,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError only from 3.11
 from pathlib import Path
 
 import psycopg
@@ -87,8 +89,7 @@ class _Demo:
         self.pids: dict[str, int] = {}
         self.writer: shop.LiveWriter | None = None
         self.spark = None
-        self.spark_thread: threading.Thread | None = None
-        self.spark_error: BaseException | None = None
+        self.spark_future: Future | None = None
         self.spark_started = 0.0
         self.runner = None
         self.stop = threading.Event()
@@ -142,19 +143,12 @@ class _Demo:
 
     def _start_spark(self) -> None:
         """Spark's JVM takes seconds to start: let it start while the data loads."""
-        from ..spark.session import get_spark_context
-
-        def start() -> None:
-            t0 = time.monotonic()
-            try:  # a MoveTables without rules: Python tasks only, no rows through the JVM, no Spark SQL
-                self.spark = get_spark_context(light_jvm=True)
-            except BaseException as exc:  # noqa: BLE001 - reported when the engine needs Spark
-                self.spark_error = exc
-            self.spark_started = time.monotonic() - t0
+        from ..spark.session import start_in_background
 
         self.say("starting Spark in the background (local, on 127.0.0.1)")
-        self.spark_thread = threading.Thread(target=start, name="sluicegate-demo-spark", daemon=True)
-        self.spark_thread.start()
+        self.spark_started = time.monotonic()
+        # A MoveTables without rules: Python tasks only, no rows through the JVM, no Spark SQL.
+        self.spark_future = start_in_background(light_jvm=True)
 
     def _load(self) -> None:
         t0 = time.monotonic()
@@ -183,17 +177,17 @@ class _Demo:
         self.writer = shop.LiveWriter(self.source_url)
         self.writer.start()
         self.say("live writer started on the source: new orders and customers, updates, deletes")
-        self.spark_thread.join(300)
-        if self.spark_thread.is_alive():
+        try:
+            self.spark = self.spark_future.result(timeout=300)
+        except FutureTimeout:
             raise DemoError("Spark did not start within 300s: check that `java -version` works and "
-                            "that the machine is not overloaded")
-        if self.spark is None:
-            exc = self.spark_error
+                            "that the machine is not overloaded") from None
+        except Exception as exc:  # noqa: BLE001 - reported as the demo's one error line
             msg = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
-            raise DemoError(f"Spark did not start: {msg}")
+            raise DemoError(f"Spark did not start: {msg}") from None
         self.runner = SparkRunner(self.spark)
         self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
-                 f"started in {self.spark_started:.1f}s)")
+                 f"started {time.monotonic() - self.spark_started:.1f}s ago)")
         self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
         self.engine.start()
         self.say(f"engine running workflow {WORKFLOW} in the background: copying while the writer writes")
@@ -338,10 +332,13 @@ class _Demo:
                 self.say("[yellow]the engine did not stop within 60s; exiting anyway")
             else:
                 self.say("engine stopped")
-        if self.spark_thread is not None:
+        if self.spark is None and self.spark_future is not None:
             # On an interrupt, do not wait for a slow JVM start: Spark's gateway JVM exits with us anyway
             # (it ends when its stdin, our pipe, closes).
-            self.spark_thread.join(120 if outcome != "interrupted" else 5)
+            try:
+                self.spark = self.spark_future.result(timeout=120 if outcome != "interrupted" else 5)
+            except Exception:  # noqa: BLE001 - reported already, or nothing to stop
+                pass
         if self.spark is not None:
             self._quietly(self.spark.stop)
             self.say("Spark stopped")

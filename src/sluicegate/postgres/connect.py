@@ -7,10 +7,12 @@ Every Sluicegate session uses the same output settings, so the text form of a va
 from __future__ import annotations
 
 import re
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from ..errors import ConnectError
+
+if TYPE_CHECKING:
+    import psycopg
 
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres "
@@ -33,6 +35,8 @@ def redact(text: str) -> str:
 
 def describe(url: str) -> str:
     """'host:port/dbname' for messages."""
+    import psycopg  # here, not at the top: a Spark copy task imports this module and never needs psycopg 3
+
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
@@ -56,6 +60,8 @@ _CONNECT_HINTS = (
 
 def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psycopg.Connection:
     """Open a session with Sluicegate's settings. `role` ('source' or 'target') only names the side in errors."""
+    import psycopg
+
     try:
         return psycopg.connect(
             url, autocommit=autocommit, options=SESSION_OPTIONS, application_name="sluicegate",

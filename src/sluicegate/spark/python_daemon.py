@@ -6,6 +6,11 @@ from a zip afresh (no bytecode cache), and each new worker re-reads the zips' di
 task of a session started 1.25 s after its job on 2 cores, against ~0.1 s with the installed package. When the
 zips are the installed PySpark's own, they leave the path before PySpark is imported; otherwise (a cluster's
 SPARK_HOME) nothing changes.
+
+The daemon forks every Python worker, so it also imports what a copy task needs (workflow/copy_task.py and
+psycopg2) before its first fork: the workers of a job's first wave start with it imported instead of each importing it
+at once, on the cores the copy is about to need. The play task's modules stay out (another ~0.25 s before
+the first copy task could start); a worker imports them once, when it first plays.
 """
 
 from __future__ import annotations
@@ -29,5 +34,8 @@ def _drop_bundled_zips() -> None:
 if __name__ == "__main__":
     _drop_bundled_zips()
     from pyspark.daemon import manager
+
+    import sluicegate.spark.runner  # noqa: F401 - inherited by every worker (see above)
+    import sluicegate.workflow.copy_task  # noqa: F401
 
     manager()

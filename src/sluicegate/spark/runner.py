@@ -7,9 +7,10 @@ intact, with the terminal/retryable decision made where the error happened.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-from ..errors import RetryableError, SluicegateError, TerminalError, is_retryable
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres.connect import first_line
 
 
@@ -31,19 +32,52 @@ def unwrap(results: list) -> list:
     return [r[1] for r in results]
 
 
+class SparkUnavailable(UsageError):
+    """Spark did not start (no usable Java, a JVM that exited): the machine's to fix, not the workflow's, so
+    the engine raises it rather than record it on a stream."""
+
+
 class SparkRunner:
     """Each call is one Spark job with one task per item."""
 
     def __init__(self, spark):
         """`spark`: a SparkSession, or a SparkContext alone (session.get_spark_context); a session is then made
-        the first time one is asked for (a rule's Spark SQL)."""
-        if hasattr(spark, "sparkContext"):
-            self._spark, self.sc = spark, spark.sparkContext
+        the first time one is asked for (a rule's Spark SQL). Or a Future of either (session.start_in_background):
+        waited for when Spark is first needed."""
+        self._pending: Future | None = None
+        self._spark = self._sc = None
+        if isinstance(spark, Future):
+            self._pending = spark
         else:
-            self._spark, self.sc = None, spark
+            self._use(spark)
+
+    def _use(self, spark) -> None:
+        if hasattr(spark, "sparkContext"):
+            self._spark, self._sc = spark, spark.sparkContext
+        else:
+            self._spark, self._sc = None, spark
+
+    @property
+    def sc(self):
+        if self._sc is None:
+            try:
+                spark = self._pending.result()
+            except SluicegateError:
+                raise
+            except Exception as exc:
+                raise SparkUnavailable(f"Spark did not start: {first_line(exc)} (check that `java -version` "
+                                       "works, or set JAVA_HOME to a Java 17+ runtime)") from exc
+            self._use(spark)
+        return self._sc
+
+    @property
+    def ready(self) -> bool:
+        """Spark is up (a Future not yet done: still starting, or failed)."""
+        return self._sc is not None or (self._pending.done() and self._pending.exception() is None)
 
     @property
     def spark(self):
+        self.sc  # noqa: B018 - Spark still starting is waited for, never started twice
         if self._spark is None:
             from .session import get_spark
 
@@ -72,6 +106,8 @@ class SparkRunner:
     def cancel(self, tag: str | None = None) -> None:
         """Cancel the jobs tagged `tag`, or every job. A cancelled task's worker is killed: whatever it had
         not committed on the target is rolled back with its connection."""
+        if not self.ready:
+            return  # still starting: no job to cancel
         if tag:
             self.sc.cancelJobsWithTag(tag)
         else:

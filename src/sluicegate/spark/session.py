@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from . import classcache
+
+log = logging.getLogger("sluicegate")
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -82,6 +87,30 @@ def get_spark_context(master: str | None = None, app_name: str = "sluicegate", e
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     return sc
+
+
+def start_in_background(master: str | None = None, *, session: bool = False, light_jvm: bool = False) -> Future:
+    """Start Spark in a daemon thread; the Future holds the SparkContext (a SparkSession with `session`). The
+    JVM and its context take ~2 s on 2 cores, most of it in the JVM's own process and in Py4J calls (no GIL
+    held): the caller gets on with its own imports, the workflow's state and the copy's snapshot meanwhile.
+    SparkRunner takes the Future and waits for it at its first job."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    t0 = time.monotonic()
+
+    def start() -> None:
+        try:
+            spark = get_spark(master, light_jvm=light_jvm) if session else get_spark_context(master, light_jvm=light_jvm)
+        except BaseException as exc:  # noqa: BLE001 - raised where the Future is waited for
+            future.set_exception(exc)
+            return
+        sc = getattr(spark, "sparkContext", spark)
+        log.info("Spark %s ready in %.2fs (master %s)", sc.version, time.monotonic() - t0, sc.master)
+        future.set_result(spark)
+
+    # A daemon thread, not an executor's: a command that fails early exits without waiting for the JVM.
+    threading.Thread(target=start, name="sluicegate-spark-start", daemon=True).start()
+    return future
 
 
 # What the JVM prints on stderr at every start, whatever the log configuration says.

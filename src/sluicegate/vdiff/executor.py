@@ -11,7 +11,6 @@ import psycopg
 from ..postgres.connect import connect
 from ..workflow import state as st
 from . import store
-from .differ import VDiffRun, check_comparable, select_tables
 
 log = logging.getLogger("sluicegate")
 
@@ -41,6 +40,10 @@ class DriverVDiffs:
             vdiff_id = store.next_pending(conn, wf.name)
         if vdiff_id is None:
             return
+        # Imported once a vdiff is asked for: the differ's rule support brings pyarrow (~0.2 s of CPU), which
+        # `workflow run` would otherwise import while Spark's JVM starts on the same cores.
+        from .differ import VDiffRun
+
         run = VDiffRun(self.engine.target_url, vdiff_id, self.engine.runner, stop=self.engine.stop)
         if not run.claim("the workflow's driver"):
             return
@@ -55,7 +58,7 @@ class DriverVDiffs:
         self.thread.start()
 
     @staticmethod
-    def _compare(run: VDiffRun, prepared) -> None:
+    def _compare(run, prepared) -> None:
         try:
             run.compare(prepared)
         except Exception as exc:  # noqa: BLE001 - already recorded on the vdiff by compare()
@@ -68,6 +71,8 @@ class DriverVDiffs:
 
 def request(target_url: str, workflow: str, tables: list[str] | None, options: dict, *, resume: bool) -> int:
     """Create a vdiff of `workflow` (or make its latest unfinished one pending again): its id."""
+    from .differ import check_comparable, select_tables
+
     with connect(target_url, role="target") as conn:
         st.ensure_schema(conn)
         wf = st.load_workflow(conn, workflow)
@@ -92,6 +97,7 @@ def execute_or_wait(target_url: str, workflow: str, vdiff_id: int, make_runner, 
     If the driver goes away mid-way, this process takes over from the last finished range.
     """
     from ..workflow.engine import Engine
+    from .differ import VDiffRun
 
     runner = None
     while not stop.is_set():

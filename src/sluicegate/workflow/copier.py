@@ -2,7 +2,7 @@
 
 A cycle plans its key ranges inside the snapshot, then Spark tasks copy the ranges in parallel: each task
 imports the exported snapshot and pipes `COPY (SELECT …) TO STDOUT` straight into `COPY … FROM STDIN` on
-the target (raw passthrough, no Python per row: postgres/passthrough.py; binary when the types allow). Target
+the target (raw passthrough, no Python per row: copy_task.py; binary when the types allow). Target
 rows above lastpk are by definition not yet copied, so a cycle first deletes them: a cycle killed halfway is
 simply redone. A whole table copied in one cycle is split by heap pages instead of keys: a TID range scan
 reads its pages in order with no index walk (5M rows: ~0.35 s less on 2 cores), whatever the key's type.
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from ..postgres import indexes, keyrange, passthrough
+from ..postgres import indexes, keyrange
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from . import state as st
+from .copy_task import CopyTask
 from .faults import fault_point
 
 
@@ -208,8 +209,8 @@ def task_where(table: Table, task: CopyRange) -> sql.Composable:
     return where
 
 
-def copy_range(task: CopyRange) -> int:
-    """Runs in a Spark task: pipe one key range from the snapshot into the target. Returns rows copied."""
+def prepare(task: CopyRange) -> CopyTask:
+    """The task as a worker runs it (copy_task.py): its two COPY statements, written here on the driver."""
     table = Table.from_json(task.table)
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
@@ -217,21 +218,7 @@ def copy_range(task: CopyRange) -> int:
         cols, table.ident, task_where(table, task), fmt
     )
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
-    src = passthrough.connect(task.source_url, "source")
-    try:
-        dst = passthrough.connect(task.target_url, "target")
-        try:
-            src.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            src.cursor().execute(
-                sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)).as_string(None))
-            rows = passthrough.pipe(src, select.as_string(None), dst, insert.as_string(None))
-            fault_point("copy.before_commit")
-            dst.commit()
-        finally:
-            dst.close()  # uncommitted (an error): rolled back with the session
-    finally:
-        src.close()
-    return rows
+    return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None), insert.as_string(None))
 
 
 # -- a table with a rule: the copy is a Spark DataFrame job --------------------------------------------------

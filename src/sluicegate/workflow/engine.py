@@ -25,11 +25,10 @@ from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import take_snapshot
-from ..rules.compile import CompiledRule
-from ..rules.evaluate import RuleRunner
 from ..vdiff.executor import DriverVDiffs
 from . import copier
 from . import state as st
+from .copy_task import copy_range
 from .faults import fault_point
 from .player import PlayTask, play
 
@@ -214,8 +213,6 @@ class Engine:
                 if self.stop.is_set():
                     return
             rule = self._rule_runners(stream).get((table.schema, table.name))
-            plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
-                                     slots=self.runner.parallelism(), by_pages=rule is None)
             with connect(self.target_url, role="target") as dst:
                 if current.deferred_indexes:  # a first cycle that did not finish: its rows are all there is
                     copier.truncate(dst, table)
@@ -227,13 +224,16 @@ class Engine:
                         copier.defer_indexes(dst, stream.id, current)
                 else:
                     copier.clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
+            # The plan needs Spark's task slots: with `workflow run`, the first moment it waits for Spark to be up.
+            plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
+                                     slots=self.runner.parallelism(), by_pages=rule is None)
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
                 self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
                 rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
                                                    plan.ranges) if plan.ranges else 0
             else:
-                tasks = plan.tasks(stream.source_url, self.target_url, table, snap.name)
-                rows = sum(self.runner.map(copier.copy_range, tasks, f"copy {table.qualified}"))
+                tasks = [copier.prepare(t) for t in plan.tasks(stream.source_url, self.target_url, table, snap.name)]
+                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}"))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
@@ -283,6 +283,11 @@ class Engine:
                 continue
             name = (t.table.schema, t.table.name)
             if name not in self._runners:
+                # Imported here: rules bring pyarrow (~0.2 s of CPU), which a workflow without them never needs,
+                # and `workflow run` imports the engine while Spark's JVM starts on the same cores.
+                from ..rules.compile import CompiledRule
+                from ..rules.evaluate import RuleRunner
+
                 self._runners[name] = RuleRunner(self.runner.spark, CompiledRule.from_json(t.rule, t.table))
             runners[name] = self._runners[name]
         return runners

@@ -24,7 +24,6 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
 from ..postgres.replication import ChangeStream
-from ..rules.replicator import RuleReplicator
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
@@ -161,6 +160,8 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
             ruled[t.source] = (runner, t)
     base = applier = PostgresApplier(dst, tables, executor=writer)
     if ruled:
+        from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
+
         applier = RuleReplicator(applier, ruled)
     try:
         return _play_batch(task, stream, applier, framing, position, flushed, base)
