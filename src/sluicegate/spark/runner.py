@@ -66,7 +66,7 @@ class SparkRunner:
                 raise
             except Exception as exc:
                 raise SparkUnavailable(f"Spark did not start: {first_line(exc)} (check that `java -version` "
-                                       "works, or set JAVA_HOME to a Java 17+ runtime)") from exc
+                                       "shows Java 17+, or JAVA_HOME, and SPARK_HOME if it is set)") from exc
             self._use(spark)
         return self._sc
 

@@ -31,7 +31,6 @@ def copy_range(task: CopyTask) -> int:
         dst = passthrough.connect(task.target_url, "target")
         try:
             src.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            # The snapshot's name is one the source server made (pg_export_snapshot): no quote in it.
             src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
             rows = passthrough.pipe(src, task.select, dst, task.insert)
             fault_point("copy.before_commit")
