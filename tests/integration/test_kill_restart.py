@@ -142,19 +142,20 @@ def test_lost_slot_stops_in_error_never_skips(pair, spark):
 def test_spark_that_cannot_start_leaves_the_workflow_to_resume(pair, tmp_path):
     """`workflow run` starts Spark while the engine takes its snapshot and drops the indexes it defers
     (session.start_in_background). When Spark cannot start, the run ends with one error line and no row
-    copied, the stream is not put in Error (the machine is at fault, not the workflow), and the next run copies
-    every row and builds the indexes."""
+    copied, the stream is not put in Error (the machine is at fault, not the workflow), and the next run
+    copies every row and builds the indexes."""
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")
     create_movetables("nj", pair.source, pair.target, None, [], {})
     proc = subprocess.run(
         [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "nj", "--target", pair.target,
          "--no-progress"],
-        env={**os.environ, "JAVA_HOME": "/nonexistent-java-home"}, capture_output=True, text=True, timeout=120,
-        stdin=subprocess.DEVNULL)
+        env={**os.environ, "JAVA_HOME": "/nonexistent-java-home"}, capture_output=True, text=True,
+        timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: JAVA_HOME=/nonexistent-java-home has no bin/java"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: JAVA_HOME=/nonexistent-java-home has no bin/java"), lines
     s = stream_row(pair, "nj")
     assert (s["state"], s["message"]) == ("Copying", "")
     # The engine got as far as the copy's first job: the target's key was dropped, and recorded to be built.

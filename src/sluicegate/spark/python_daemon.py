@@ -8,9 +8,9 @@ zips are the installed PySpark's own, they leave the path before PySpark is impo
 SPARK_HOME) nothing changes.
 
 The daemon forks every Python worker, so it also imports what a copy task needs (workflow/copy_task.py and
-psycopg2) before its first fork: the workers of a job's first wave start with it imported instead of each importing it
-at once, on the cores the copy is about to need. The play task's modules stay out (another ~0.25 s before
-the first copy task could start); a worker imports them once, when it first plays.
+psycopg2) before its first fork: the workers of a job's first wave start with it imported instead of each
+importing it at once, on the cores the copy is about to need. The play task's modules stay out (another
+~0.25 s before the first copy task could start); a worker imports them once, when it first plays.
 """
 
 from __future__ import annotations

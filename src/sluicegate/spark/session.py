@@ -89,7 +89,8 @@ def get_spark_context(master: str | None = None, app_name: str = "sluicegate", e
     return sc
 
 
-def start_in_background(master: str | None = None, *, session: bool = False, light_jvm: bool = False) -> Future:
+def start_in_background(master: str | None = None, *, session: bool = False,
+                        light_jvm: bool = False) -> Future:
     """Start Spark in a daemon thread; the Future holds the SparkContext (a SparkSession with `session`). The
     JVM and its context take ~2 s on 2 cores, most of it in the JVM's own process and in Py4J calls (no GIL
     held): the caller gets on with its own imports, the workflow's state and the copy's snapshot meanwhile.
@@ -100,7 +101,8 @@ def start_in_background(master: str | None = None, *, session: bool = False, lig
 
     def start() -> None:
         try:
-            spark = get_spark(master, light_jvm=light_jvm) if session else get_spark_context(master, light_jvm=light_jvm)
+            start_spark = get_spark if session else get_spark_context
+            spark = start_spark(master, light_jvm=light_jvm)
         except BaseException as exc:  # noqa: BLE001 - raised where the Future is waited for
             future.set_exception(exc)
             return

@@ -218,7 +218,8 @@ def prepare(task: CopyRange) -> CopyTask:
         cols, table.ident, task_where(table, task), fmt
     )
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
-    return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None), insert.as_string(None))
+    return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None),
+                    insert.as_string(None))
 
 
 # -- a table with a rule: the copy is a Spark DataFrame job --------------------------------------------------

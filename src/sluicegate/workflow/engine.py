@@ -224,7 +224,7 @@ class Engine:
                         copier.defer_indexes(dst, stream.id, current)
                 else:
                     copier.clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
-            # The plan needs Spark's task slots: with `workflow run`, the first moment it waits for Spark to be up.
+            # The plan needs Spark's task slots: under `workflow run`, the first moment that waits for Spark.
             plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
                                      slots=self.runner.parallelism(), by_pages=rule is None)
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
@@ -232,7 +232,8 @@ class Engine:
                 rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
                                                    plan.ranges) if plan.ranges else 0
             else:
-                tasks = [copier.prepare(t) for t in plan.tasks(stream.source_url, self.target_url, table, snap.name)]
+                ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
+                tasks = [copier.prepare(t) for t in ranges]
                 rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}"))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
@@ -283,8 +284,8 @@ class Engine:
                 continue
             name = (t.table.schema, t.table.name)
             if name not in self._runners:
-                # Imported here: rules bring pyarrow (~0.2 s of CPU), which a workflow without them never needs,
-                # and `workflow run` imports the engine while Spark's JVM starts on the same cores.
+                # Imported here: rules bring pyarrow (~0.2 s of CPU), which a workflow without them never
+                # needs, and `workflow run` imports the engine while Spark's JVM starts on the same cores.
                 from ..rules.compile import CompiledRule
                 from ..rules.evaluate import RuleRunner
 
