@@ -90,7 +90,6 @@ class _Demo:
         self.writer: shop.LiveWriter | None = None
         self.spark = None
         self.spark_future: Future | None = None
-        self.spark_started = 0.0
         self.runner = None
         self.stop = threading.Event()
         self.engine: _EngineThread | None = None
@@ -146,7 +145,6 @@ class _Demo:
         from ..spark.session import start_in_background
 
         self.say("starting Spark in the background (local, on 127.0.0.1)")
-        self.spark_started = time.monotonic()
         # A MoveTables without rules: Python tasks only, no rows through the JVM, no Spark SQL.
         self.spark_future = start_in_background(light_jvm=True)
 
@@ -187,7 +185,7 @@ class _Demo:
             raise DemoError(f"Spark did not start: {msg}") from None
         self.runner = SparkRunner(self.spark)
         self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
-                 f"started {time.monotonic() - self.spark_started:.1f}s ago)")
+                 f"started in {self.spark_future.started_in:.1f}s)")
         self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
         self.engine.start()
         self.say(f"engine running workflow {WORKFLOW} in the background: copying while the writer writes")

@@ -107,7 +107,8 @@ def start_in_background(master: str | None = None, *, session: bool = False,
             future.set_exception(exc)
             return
         sc = getattr(spark, "sparkContext", spark)
-        log.info("Spark %s ready in %.2fs (master %s)", sc.version, time.monotonic() - t0, sc.master)
+        future.started_in = time.monotonic() - t0  # seconds, for whoever reports it
+        log.info("Spark %s ready in %.2fs (master %s)", sc.version, future.started_in, sc.master)
         future.set_result(spark)
 
     # A daemon thread, not an executor's: a command that fails early exits without waiting for the JVM.
