@@ -489,7 +489,8 @@ def main() -> int:
     parser.add_argument("--cycle-rows", type=int, help="Sluicegate's rows per copy cycle (default: its own)")
     parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
     parser.add_argument("--keep-indexes", action="store_true",
-                        help="Sluicegate keeps the target's indexes during the copy (movetables create --keep-indexes)")
+                        help="Sluicegate keeps the target's indexes during the copy "
+                             "(movetables create --keep-indexes)")
     parser.add_argument("--rule", action="append", help="copy and replicate through this Spark SQL rule (it must "
                         "keep the table's name and rows, e.g. 'pgbench_accounts: SELECT *, abalance * 2 AS "
                         "doubled FROM pgbench_accounts'): measures the rule path")

@@ -57,7 +57,8 @@ def test_many_rows_are_written_in_blocks():
 def test_non_ascii_text_and_a_row_of_another_shape():
     """UTF-8 passes through as it is; a row the C version does not take (here `keep` as a tuple) sends its
     block to the Python version, with the same text."""
-    rows = [("U", ("1", "é ☃ \u00a0", "x\\y"), None), ("U", ("2", None, "z"), (1,)), ("D", ("3", "", ""), None)]
+    rows = [("U", ("1", "é ☃ \u00a0", "x\\y"), None), ("U", ("2", None, "z"), (1,)),
+            ("D", ("3", "", ""), None)]
     text, deletes = render(rows, 3)
     assert text == "U\t\\N\t1\té ☃ \u00a0\tx\\\\y\nU\t{1}\t2\t\\N\tz\nD\t\\N\t3\t\t\n"
     assert deletes == 1

@@ -176,14 +176,15 @@ class _Demo:
         self.writer.start()
         self.say("live writer started on the source: new orders and customers, updates, deletes")
         try:
-            self.spark = self.spark_future.result(timeout=300)
+            self.spark_future.exception(timeout=300)  # waits; a failed start is the runner's to word
         except FutureTimeout:
             raise DemoError("Spark did not start within 300s: check that `java -version` works and "
                             "that the machine is not overloaded") from None
-        except Exception as exc:  # noqa: BLE001 - reported as the demo's one error line
-            msg = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
-            raise DemoError(f"Spark did not start: {msg}") from None
-        self.runner = SparkRunner(self.spark)
+        self.runner = SparkRunner(self.spark_future)
+        try:
+            self.spark = self.runner.sc
+        except SluicegateError as exc:
+            raise DemoError(str(exc)) from None
         self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
                  f"started in {self.spark_future.started_in:.1f}s)")
         self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))

@@ -3,11 +3,11 @@ the transaction that records the cycle, the order pg_restore loads in (VReplicat
 
 COPY into a table with its primary key maintains the B-tree row by row (and logs each entry); a sorted build
 afterwards is far cheaper: 5M pgbench rows through 2 pipes on 2 cores took 7.4 s with the key in place, 4.1 s
-without it plus 1.4 s to build it. Only tables nothing else leans on are deferred: no foreign key points at them, they are
-plain (no partitions or inheritance), and their replica identity is not an index. Exclusion constraints and
-invalid indexes stay as they are. The statements that build the indexes again come from the server itself
-(pg_get_indexdef, pg_get_constraintdef) and are kept in the workflow's state, so a kill at any point leaves
-either the indexes or the statements to make them.
+without it plus 1.4 s to build it. Only tables nothing else leans on are deferred: no foreign key points at
+them, they are plain (no partitions or inheritance), and their replica identity is not an index. Exclusion
+constraints and invalid indexes stay as they are. The statements that build the indexes again come from the
+server itself (pg_get_indexdef, pg_get_constraintdef) and are kept in the workflow's state, so a kill at any
+point leaves either the indexes or the statements to make them.
 """
 
 from __future__ import annotations

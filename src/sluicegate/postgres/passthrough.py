@@ -41,8 +41,9 @@ def pipe(source, select: str, target, insert: str) -> int:
     taken what came before it, so the caller must roll the target back (it never commits after an error)."""
     pump, libpq = _c_pump()
     if pump is not None:
+        idle = psycopg2.extensions.TRANSACTION_STATUS_IDLE
         for conn in (source, target):  # psycopg2 opens the transaction, and later commits or rolls it back
-            if conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE and not conn.autocommit:
+            if conn.get_transaction_status() == idle and not conn.autocommit:
                 conn.cursor().execute("SELECT 1")
         ok, side, sqlstate, message, rows = pump(source.pgconn_ptr, target.pgconn_ptr, libpq, select, insert)
         if ok:
@@ -105,7 +106,8 @@ def _c_pump():
         return None, None
     try:
         with open("/proc/self/maps") as maps:  # address perms offset dev inode [path]
-            mapped = {fields[5].strip() for fields in (line.split(None, 5) for line in maps) if len(fields) == 6}
+            rows = (line.split(None, 5) for line in maps)
+            mapped = {fields[5].strip() for fields in rows if len(fields) == 6}
     except OSError:
         return None, None
     libpqs = {p for p in mapped if os.path.basename(p).startswith("libpq")}

@@ -41,8 +41,8 @@ class SparkRunner:
     """Each call is one Spark job with one task per item."""
 
     def __init__(self, spark):
-        """`spark`: a SparkSession, or a SparkContext alone (session.get_spark_context); a session is then made
-        the first time one is asked for (a rule's Spark SQL). Or a Future of either
+        """`spark`: a SparkSession, or a SparkContext alone (session.get_spark_context); a session is then
+        made the first time one is asked for (a rule's Spark SQL). Or a Future of either
         (session.start_in_background): waited for when Spark is first needed."""
         self._pending: Future | None = None
         self._spark = self._sc = None

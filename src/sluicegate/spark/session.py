@@ -50,14 +50,14 @@ def get_spark(master: str | None = None, app_name: str = "sluicegate", extra_jav
     return spark
 
 
-def get_spark_context(master: str | None = None, app_name: str = "sluicegate", extra_java_options: str | None = None,
-                      light_jvm: bool = False):
-    """The SparkContext (local[*] unless `master` or SLUICEGATE_SPARK_MASTER say otherwise), without a SparkSession:
-    enough for Python tasks (copy ranges, play batches), and ~0.85 s sooner on 2 cores, the time a session takes
-    to build Spark SQL's state. `extra_java_options`: for the driver JVM, in place of the class archive's
-    (classcache.py). `light_jvm`: the JVM will only coordinate (no Spark SQL over rows, e.g. a workflow without
-    rules): compile with C1 alone, which starts Spark ~1 s sooner on a small machine (C2's compiler threads
-    compete with start-up) and costs nothing when no rows pass through the JVM."""
+def get_spark_context(master: str | None = None, app_name: str = "sluicegate",
+                      extra_java_options: str | None = None, light_jvm: bool = False):
+    """The SparkContext (local[*] unless `master` or SLUICEGATE_SPARK_MASTER say otherwise), without a
+    SparkSession: enough for Python tasks (copy ranges, play batches), and ~0.85 s sooner on 2 cores, the
+    time a session takes to build Spark SQL's state. `extra_java_options`: for the driver JVM, in place of the
+    class archive's (classcache.py). `light_jvm`: the JVM will only coordinate (no Spark SQL over rows, e.g. a
+    workflow without rules): compile with C1 alone, which starts Spark ~1 s sooner on a small machine (C2's
+    compiler threads compete with start-up) and costs nothing when no rows pass through the JVM."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # never bind the driver to a public interface
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

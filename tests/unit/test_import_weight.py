@@ -1,0 +1,28 @@
+"""What `workflow run` and a copy task's worker import: the imports kept lazy so that Spark's start and the
+first copy task do not wait for them (pyarrow for rules, psycopg 3 in a worker) stay lazy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("pyarrow", "psycopg", "pyspark")
+
+
+def loaded(*modules: str) -> list[str]:
+    """Which of HEAVY a fresh interpreter has imported after importing `modules`."""
+    code = (f"import sys, json; import {', '.join(modules)}; "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def test_workflow_run_without_rules_imports_no_pyarrow():
+    # cli.main and the engine load while Spark's JVM starts on the same cores (session.start_in_background).
+    assert "pyarrow" not in loaded("sluicegate.cli.main", "sluicegate.workflow.engine")
+
+
+def test_a_copy_task_imports_neither_psycopg_3_nor_pyarrow():
+    # What PySpark's daemon imports before it forks the workers (spark/python_daemon.py).
+    assert loaded("sluicegate.workflow.copy_task", "sluicegate.spark.runner") == []
