@@ -65,6 +65,7 @@ def get_spark_context(master: str | None = None, app_name: str = "sluicegate",
     _ensure_java()
     from pyspark import SparkConf, SparkContext
 
+    _lazy_numpy_converters()
     settings = {
         "spark.master": master or os.environ.get("SLUICEGATE_SPARK_MASTER", "local[*]"),
         "spark.app.name": app_name,
@@ -114,6 +115,34 @@ def start_in_background(master: str | None = None, *, session: bool = False,
     # A daemon thread, not an executor's: a command that fails early exits without waiting for the JVM.
     threading.Thread(target=start, name="sluicegate-spark-start", daemon=True).start()
     return future
+
+
+class _IfNumpyLoaded:
+    """A Py4J input converter for NumPy values that first checks whether NumPy is loaded at all.
+
+    PySpark registers converters for NumPy arrays and scalars whose `can_convert` imports
+    `pyspark.testing.utils` to learn whether NumPy is installed, and that module imports pandas, NumPy and
+    pyarrow: ~0.36 s of the driver's CPU at the first Py4J call that has arguments, which is the SparkConf of
+    Spark's start, while the JVM waits for it. An object cannot be a NumPy value unless NumPy is loaded."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def can_convert(self, obj) -> bool:
+        return "numpy" in sys.modules and self.inner.can_convert(obj)
+
+    def convert(self, obj, gateway_client):
+        return self.inner.convert(obj, gateway_client)
+
+
+def _lazy_numpy_converters() -> None:
+    from py4j import protocol
+    from pyspark.sql import types
+
+    numpy_kinds = tuple(getattr(types, name) for name in ("NumpyArrayConverter", "NumpyScalarConverter")
+                        if hasattr(types, name))
+    protocol.INPUT_CONVERTER[:] = [_IfNumpyLoaded(c) if isinstance(c, numpy_kinds) else c
+                                   for c in protocol.INPUT_CONVERTER]
 
 
 # What the JVM prints on stderr at every start, whatever the log configuration says.
