@@ -124,3 +124,29 @@ def test_running_stream_keeps_one_replication_connection(pair, spark):
         assert not run.thread.is_alive() and run.result == "stopping", run.result
         assert time.monotonic() - stopped < 15
     wait_for(lambda: pair.src(active, (slot,))[0][0] is None, what="the walsender gone with the cancelled task")
+
+
+def test_a_quiet_source_copies_table_after_table_without_catchup_replays(pair, spark):
+    """Between copy cycles the engine replays what the source wrote since the last one (catchup). A source
+    that wrote no WAL since has nothing to replay: no play task (a replication connection and a Spark job,
+    more than a small table's whole copy costs). What was written anyway is still replayed."""
+    for name in ("a", "b", "c"):
+        pair.src(f"CREATE TABLE {name} (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)")
+    pair.src("INSERT INTO a SELECT g, md5(g::text) FROM generate_series(1, 900) g")
+    pair.src("INSERT INTO c SELECT g, md5(g::text) FROM generate_series(1, 500) g")  # b stays empty
+    create_movetables("qs", pair.source, pair.target, ["a", "b", "c"], [], {"cycle_rows": 300, "chunk_rows": 150})
+    run = EngineThread(spark, pair.target, "qs")
+    plays = []
+    real_play = run.engine.play
+    run.engine.play = lambda wf, stream, **kw: plays.append(kw["until"]) or real_play(wf, stream, **kw)
+    with run:
+        wait_for(lambda: stream_row(pair, "qs")["state"] == "Running", what="Running")
+        # 3 + 1 + 2 cycles: without the check, a catchup before each of the 5 after the first. One may still
+        # run: the server logs a snapshot of running transactions (WAL) within 15 s of the setup's writes.
+        assert plays.count("caught_up") <= 1, plays
+        assert assert_same(pair, "public.a", ["id"]) == 900
+        assert assert_same(pair, "public.b", ["id"]) == 0
+        assert assert_same(pair, "public.c", ["id"]) == 500
+        pair.src("INSERT INTO b VALUES (1, 'after the copy')")
+        wait_for(lambda: caught_up(pair, "qs"), what="caught up")
+        assert assert_same(pair, "public.b", ["id"]) == 1

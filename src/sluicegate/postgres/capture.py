@@ -125,6 +125,11 @@ def wal_flush_position(conn: psycopg.Connection):
     return parse_lsn(lsn), now
 
 
+def wal_insert_position(conn: psycopg.Connection) -> int:
+    """Where the source's next WAL record will go: nothing was written since a position at or after it."""
+    return parse_lsn(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+
+
 def drop_capture(conn: psycopg.Connection, slot: str, publication: str) -> list[str]:
     """Drop the slot and publication if present; what was dropped. `conn` must be in autocommit."""
     dropped = []

@@ -182,8 +182,11 @@ class Engine:
         # Nothing copied yet: every change before the snapshot is to rows the copy brings; catchup and
         # fast-forward would read them all and skip each one.
         untouched = all(t.lastpk is None and not t.done for t in stream.tables)
-        # Catchup: replay what happened since the last cycle until the lag is small.
-        while not self.stop.is_set() and not untouched:
+        # Catchup: replay what happened since the last cycle until the lag is small. A source that has written
+        # no WAL since the stream's position has nothing to replay (a quiet source's next table): no play task,
+        # whose replication connection and Spark job would cost more than many a small table's copy.
+        nothing_to_replay = untouched or self._source_wrote_nothing_since(stream)
+        while not self.stop.is_set() and not nothing_to_replay:
             result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
             if result.interrupted:
                 return
@@ -249,6 +252,11 @@ class Engine:
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    @staticmethod
+    def _source_wrote_nothing_since(stream: st.Stream) -> bool:
+        with connect(stream.source_url, role="source") as src:
+            return capture.wal_insert_position(src) <= stream.position
 
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
         if self.vdiffs is not None:
