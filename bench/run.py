@@ -238,18 +238,39 @@ class Bench:
         startup = ready - launched if ready is not None else None
         return {"sluicegate_s": done - t0,
                 "sluicegate_excl_startup_s": done - t0 - startup if startup is not None else None,
-                "sluicegate_create_s": created - t0, "spark_startup_s": startup}
+                "sluicegate_create_s": created - t0, "spark_startup_s": startup,
+                "sluicegate_phases_s": self.copy_phases(launched, done)}
+
+    def logged_at(self, pattern: str) -> float | None:
+        """When `workflow run -v` first logged a line matching `pattern` (a Unix time); None if it did not."""
+        for line in self.wf_log.read_text(errors="replace").splitlines():
+            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (.*)", line)
+            if found and re.match(pattern, found[3]):
+                stamp = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S")
+                return stamp.timestamp() + int(found[2]) / 1000
+        return None
 
     def spark_ready_at(self) -> float | None:
         """When `workflow run` logged Spark ready (its -v line), as a Unix time; None from a version that
         does not log it."""
-        for line in self.wf_log.read_text(errors="replace").splitlines():
-            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) Spark \S+ ready in", line)
-            if found:
-                stamp = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S")
-                return stamp.timestamp() + int(found[2]) / 1000
-        log("no 'Spark … ready' line in the workflow's log: start-up not measured")
-        return None
+        ready = self.logged_at(r"Spark \S+ ready in")
+        if ready is None:
+            log("no 'Spark … ready' line in the workflow's log: start-up not measured")
+        return ready
+
+    def copy_phases(self, launched: float, done: float) -> dict | None:
+        """Where Sluicegate's copy of pgbench_accounts went, from `workflow run -v`'s lines: launch to Spark
+        ready, to the copy job's submission (the engine's preparation and whatever Spark still needed), the
+        job (its Python workers' start included), the deferred key's build, and the rest until Running."""
+        marks = [launched, self.logged_at(r"Spark \S+ ready in"),
+                 self.logged_at(r"copying public\.pgbench_accounts in"),
+                 self.logged_at(r"building index \S+ of public\.pgbench_accounts"),
+                 self.logged_at(r"copied \d+ rows of public\.pgbench_accounts"),
+                 time.time() - (time.monotonic() - done)]
+        if None in marks:
+            return None  # a version that does not log them all (or --keep-indexes: no build)
+        names = ("spark_start", "prepare", "copy_job", "index_build", "to_running")
+        return {name: round(b - a, 3) for name, a, b in zip(names, marks, marks[1:])}
 
     def quiesce(self) -> None:
         """Each copy, and the burst, starts on quiet servers: the maintenance the copies before it left behind

@@ -134,7 +134,8 @@ def test_a_quiet_source_copies_table_after_table_without_catchup_replays(pair, s
         pair.src(f"CREATE TABLE {name} (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)")
     pair.src("INSERT INTO a SELECT g, md5(g::text) FROM generate_series(1, 900) g")
     pair.src("INSERT INTO c SELECT g, md5(g::text) FROM generate_series(1, 500) g")  # b stays empty
-    create_movetables("qs", pair.source, pair.target, ["a", "b", "c"], [], {"cycle_rows": 300, "chunk_rows": 150})
+    create_movetables("qs", pair.source, pair.target, ["a", "b", "c"], [],
+                      {"cycle_rows": 300, "chunk_rows": 150})
     run = EngineThread(spark, pair.target, "qs")
     plays = []
     real_play = run.engine.play

@@ -182,9 +182,9 @@ class Engine:
         # Nothing copied yet: every change before the snapshot is to rows the copy brings; catchup and
         # fast-forward would read them all and skip each one.
         untouched = all(t.lastpk is None and not t.done for t in stream.tables)
-        # Catchup: replay what happened since the last cycle until the lag is small. A source that has written
-        # no WAL since the stream's position has nothing to replay (a quiet source's next table): no play task,
-        # whose replication connection and Spark job would cost more than many a small table's copy.
+        # Catchup: replay what happened since the last cycle until the lag is small. A source that has
+        # written no WAL since the stream's position has nothing to replay (a quiet source's next table): no
+        # play task, whose replication connection and Spark job would cost more than a small table's copy.
         nothing_to_replay = untouched or self._source_wrote_nothing_since(stream)
         while not self.stop.is_set() and not nothing_to_replay:
             result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
@@ -237,6 +237,7 @@ class Engine:
             else:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
                 tasks = [copier.prepare(t) for t in ranges]
+                log.info("copying %s in %d tasks", table.qualified, len(tasks))
                 rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}"))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
