@@ -144,25 +144,31 @@ class PostgresApplier:
         return hit[1]
 
     def change(self, ch: Change) -> None:
-        t = self._target(ch.relation)
+        rel = ch.relation
+        hit = self._rels.get(rel.oid)  # _target's memo, read inline: this runs once per replicated row
+        t = hit[1] if hit is not None and hit[0] is rel else self._target(rel)
         if t is None:
             return
         key_of = t.key_of
-        if ch.kind == "D":
+        kind = ch.kind
+        if kind == "D":
             t.rows[key_of(ch.old)] = ("D", ch.old, None)
         else:
-            new = ch.new
+            new, old = ch.new, ch.old
             key = key_of(new)
-            if ch.old is not None:
-                old_key = key_of(ch.old)
-                if old_key != key:  # the key changed: the old row goes away
-                    if UNCHANGED in new:
-                        new = self._moved_values(t, old_key, key, ch.old, new)
-                    t.rows[old_key] = ("D", ch.old, None)
-            keep = None
-            if ch.kind == "U" and UNCHANGED in new:
-                keep, new = self._resolve_unchanged(t, key, new)
-            t.rows[key] = ("U", new, keep)
+            if old is None and (kind == "I" or UNCHANGED not in new):
+                t.rows[key] = ("U", new, None)  # an insert, or an update of every value under the same key
+            else:
+                if old is not None:
+                    old_key = key_of(old)
+                    if old_key != key:  # the key changed: the old row goes away
+                        if UNCHANGED in new:
+                            new = self._moved_values(t, old_key, key, old, new)
+                        t.rows[old_key] = ("D", old, None)
+                keep = None
+                if kind == "U" and UNCHANGED in new:
+                    keep, new = self._resolve_unchanged(t, key, new)
+                t.rows[key] = ("U", new, keep)
         self.pending_rows += 1
         self.pending_bytes += ch.size
         if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:

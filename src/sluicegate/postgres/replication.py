@@ -27,6 +27,7 @@ from .connect import SESSION_OPTIONS, describe, redact
 
 BEGIN, COMMIT = ord("B"), ord("C")
 STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
+_FRAMING = frozenset((BEGIN, COMMIT, STREAM_START, STREAM_STOP, STREAM_COMMIT))  # a row's message is none
 _END_LSN = struct.Struct(">Q")
 NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedback of its own every 10 s
 
@@ -82,6 +83,8 @@ class ChangeStream:
         streams through whole (the applier stages it)."""
         start = last = time.monotonic()
         count = 0
+        received = False  # since `last`: its time is taken when the next read finds nothing (not per row)
+        read = self.cur.read_message
         self.ended_by = ""
         while True:
             if not self.in_transaction and until and self.sent_upto >= until and (
@@ -96,15 +99,17 @@ class ChangeStream:
                     self.ended_by = "time"
                     return
             try:
-                msg = self.cur.read_message()
+                msg = read()
             except psycopg2.Error as exc:
                 text = str(exc).strip()
                 raise RetryableError(f"replication connection to {describe(self.url)} lost: "
                                      f"{redact(text.splitlines()[0] if text else 'closed')}") from None
             if msg is not None:
-                payload = msg.payload
+                payload = msg.payload  # bytes: the stream was started with decode=False
                 kind = payload[0]
-                if kind == BEGIN:
+                if kind not in _FRAMING:
+                    pass  # a row, most of the time
+                elif kind == BEGIN:
                     self.in_transaction = True
                 elif kind == COMMIT:
                     self.in_transaction = False
@@ -117,9 +122,11 @@ class ChangeStream:
                 elif kind == STREAM_COMMIT:  # xid, flags, commit_lsn, end_lsn, time
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 14)[0])
                 count += 1
-                yield msg.data_start, bytes(payload)
-                last = time.monotonic()
+                received = True
+                yield msg.data_start, payload
                 continue
+            if received:
+                last, received = time.monotonic(), False
             wait = idle - (time.monotonic() - last)
             if wait <= 0 and not self.in_transaction:
                 self.ended_by = "idle"
