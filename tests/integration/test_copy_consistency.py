@@ -157,8 +157,10 @@ def test_cycle_plan_by_value_for_a_whole_table_with_an_integer_key(pair):
         assert (plan.new_lastpk, plan.done) == (["3000"], True)
         counts = [c.execute(sql_count(table, keyrange.in_range(table, lo, hi))).fetchone()[0] for lo, hi in plan.ranges]
         assert sum(counts) == 1000 and min(counts) >= 240, counts
-        spread = plan_cycle(c, table, None, cycle_rows=5000, chunk_rows=300, slots=3)  # 4 chunks: 2 waves of 3
-        assert len(spread.ranges) == 6 and spread.ranges[-1][1] == ["3000"]
+        spread = plan_cycle(c, table, None, cycle_rows=5000, chunk_rows=300, slots=3)  # 4 chunks: 1 wave of 3
+        assert len(spread.ranges) == 3 and spread.ranges[-1][1] == ["3000"]
+        waves = plan_cycle(c, table, None, cycle_rows=5000, chunk_rows=150, slots=3)  # 7 chunks: 2 waves of 3
+        assert len(waves.ranges) == 6 and waves.ranges[-1][1] == ["3000"]
         assert plan_cycle(c, table, None, cycle_rows=500, chunk_rows=300).ranges[0] == (None, ["900"])  # too big
         assert plan_cycle(c, table, ["900"], cycle_rows=5000, chunk_rows=300).ranges[0] == (["900"], ["1800"])
 

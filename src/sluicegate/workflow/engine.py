@@ -42,8 +42,9 @@ class Settings:
     # Rows per copy cycle (one snapshot; catchup and fast-forward between cycles). Vitess copies for up to an
     # hour before it catches up; ~30 s of copying here keeps the per-cycle cost small and the snapshot short.
     cycle_rows: int = 10_000_000
-    # Rows per Spark copy task: each opens two sessions and imports the snapshot; bigger tasks spend less on
-    # that (a 5M-row table: 0.7 s less in 4 tasks than in 20 on 2 cores).
+    # Rows per Spark copy task, about (whole waves of tasks: up to twice this, copier._tasks): each opens two
+    # sessions and imports the snapshot; bigger tasks spend less on that (a 5M-row table: 0.7 s less in 4
+    # tasks than in 20 on 2 cores).
     chunk_rows: int = 1_000_000
     batch_changes: int = 20_000  # pgoutput messages per replay batch
     # How long a play task (one replication stream) runs before the driver re-reads state. None: a workflow
