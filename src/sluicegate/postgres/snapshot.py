@@ -26,6 +26,7 @@ class TableSnapshot:
     name: str  # for SET TRANSACTION SNAPSHOT in other sessions
     position: int
     conn: psycopg.Connection  # holds the snapshot open: keep it idle-in-transaction while others import it
+    xids: str = ""  # the snapshot as txid_current_snapshot() shows it (xmin:xmax:in-progress): see committed_since
 
     def close(self) -> None:
         try:
@@ -63,11 +64,25 @@ def take_snapshot(source_url: str, tables: Table | list[Table], *, lock_timeout_
                 f"could not lock {shown} for a snapshot in {attempts} tries of {lock_timeout_ms} ms: "
                 f"a long transaction holds it; will retry"
             )
-        name, lsn = holder.execute("SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text").fetchone()
+        name, lsn, xids = holder.execute(
+            "SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text, txid_current_snapshot()::text"
+        ).fetchone()
         locker.rollback()  # release the lock: the snapshot is taken
-        return TableSnapshot(name, parse_lsn(lsn), holder)
+        return TableSnapshot(name, parse_lsn(lsn), holder, xids)
     except BaseException:
         holder.close()
         raise
     finally:
         locker.close()
+
+
+def committed_since(conn: psycopg.Connection, xids: str) -> bool:
+    """Whether any transaction has ended since a snapshot was taken (`TableSnapshot.xids`), by comparing it
+    with a new one: a commit or an abort moves xmax (the latest ended xid + 1) or leaves the in-progress list,
+    and every change to a table commits with an xid. Equal snapshots: nothing committed in between, whatever
+    WAL the server wrote meanwhile (checkpoints, its running-transactions records every 15 s)."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ValueError("committed_since needs a session outside a transaction (a fresh snapshot)")
+    now = conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
+    conn.rollback()
+    return now != xids

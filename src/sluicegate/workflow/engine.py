@@ -24,7 +24,7 @@ import psycopg
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
 from ..postgres.connect import connect, first_line
-from ..postgres.snapshot import take_snapshot
+from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
 from . import copier
 from . import state as st
@@ -78,6 +78,9 @@ class Engine:
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
         self.recovering = False  # the stream's message says "retrying …": the next committed batch clears it
         self._last_stream: st.Stream | None = None
+        # stream id -> (position, txid snapshot) of its last copy cycle: the target has everything committed as
+        # of that snapshot. Lets the next cycle skip catchup and fast-forward when nothing committed since.
+        self._copied_as_of: dict[int, tuple[int, str]] = {}
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
@@ -186,7 +189,7 @@ class Engine:
         # Catchup: replay what happened since the last cycle until the lag is small. A source that has
         # written no WAL since the stream's position has nothing to replay (a quiet source's next table): no
         # play task, whose replication connection and Spark job would cost more than a small table's copy.
-        nothing_to_replay = untouched or self._source_wrote_nothing_since(stream)
+        nothing_to_replay = untouched or self._nothing_committed_since(stream)
         while not self.stop.is_set() and not nothing_to_replay:
             result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
             if result.interrupted:
@@ -200,7 +203,11 @@ class Engine:
         fault_point("catchup.done")
         table = current.table
         with take_snapshot(stream.source_url, table) as snap:
-            if untouched and stream.position < snap.position:
+            # Nothing committed since the last cycle's snapshot (checked now, after this one's position was
+            # read): nothing lies between the two positions either, so none to fast-forward through.
+            skip_to_snapshot = untouched or (stream.position < snap.position
+                                             and self._nothing_committed_since(stream, check_wal=False))
+            if skip_to_snapshot and stream.position < snap.position:
                 with connect(self.target_url, role="target") as dst:
                     state, position = st.lock_stream(dst, stream.id)
                     if state != st.COPYING or position != stream.position:
@@ -248,6 +255,7 @@ class Engine:
                 if not st.save_copy_progress(dst, stream.id, table.qualified, current.lastpk, plan.new_lastpk,
                                              rows, plan.done):
                     return
+                self._copied_as_of[stream.id] = (snap.position, snap.xids)
                 if current.deferred_indexes:  # with the cycle: a kill before this commit redoes the cycle
                     fault_point("copy.before_index_build")
                     copier.build_deferred_indexes(dst, stream.id, current)
@@ -255,10 +263,16 @@ class Engine:
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
-    @staticmethod
-    def _source_wrote_nothing_since(stream: st.Stream) -> bool:
-        with connect(stream.source_url, role="source") as src:
-            return capture.wal_insert_position(src) <= stream.position
+    def _nothing_committed_since(self, stream: st.Stream, check_wal: bool = True) -> bool:
+        """Whether the source has committed nothing since the stream's position: it has written no WAL since
+        (`check_wal`), or the position is the last copy cycle's and no transaction has ended since its snapshot
+        (WAL of no transaction, a checkpoint or a running-transactions record, does not count)."""
+        copied_as_of = self._copied_as_of.get(stream.id)
+        with connect(stream.source_url, role="source", autocommit=True) as src:
+            if check_wal and capture.wal_insert_position(src) <= stream.position:
+                return True
+            return (copied_as_of is not None and copied_as_of[0] == stream.position
+                    and not committed_since(src, copied_as_of[1]))
 
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
         if self.vdiffs is not None:
