@@ -144,9 +144,7 @@ class PostgresApplier:
         return hit[1]
 
     def change(self, ch: Change) -> None:
-        rel = ch.relation
-        hit = self._rels.get(rel.oid)  # _target's memo, read inline: this runs once per replicated row
-        t = hit[1] if hit is not None and hit[0] is rel else self._target(rel)
+        t = self._target(ch.relation)
         if t is None:
             return
         key_of = t.key_of

@@ -59,16 +59,14 @@ def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None) -
     framing = framing if framing is not None else Framing()
     rels = framing.relations
     begin: Begin | None = None
-    # The hot path, once per replicated row: names bound here, the C decoder called without its wrapper,
-    # and the Change made by tuple.__new__ (the named tuple's own __new__ is a Python function).
-    row_changes, decode_c, unchanged = ROW_CHANGES, pgoutput.decode_row_c, pgoutput.UNCHANGED
-    decode_row, new_tuple, change = pgoutput.decode_row, tuple.__new__, Change
+    # The hot path, once per replicated row: names bound here, and the Change made by tuple.__new__ (the
+    # named tuple's own __new__ is a Python function).
+    row_changes, decode_row, new_tuple, change = ROW_CHANGES, pgoutput.decode_row, tuple.__new__, Change
     for lsn, data in raw:
         if data[0] in row_changes and not framing.block:  # a row of an ordinary transaction
             if begin is None:
                 raise DecodeError(f"row change at {lsn} outside a transaction")
-            row = decode_c(data, unchanged) if decode_c is not None and type(data) is bytes else None
-            kind, relid, old, new = row if row is not None else decode_row(data)
+            kind, relid, old, new = decode_row(data)
             rel = rels.get(relid)
             if rel is None:
                 rel = _relation(rels, relid, lsn)

@@ -343,9 +343,9 @@ ROW_CHANGES = frozenset(b"IUD")
 
 
 try:  # the C twin of _decode_row_py (built with the package when a compiler is at hand)
-    from ._pgoutput_rows import decode_row as decode_row_c
+    from ._pgoutput_rows import decode_row as _decode_row_c
 except ImportError:  # pragma: no cover - no compiler where it was installed: the Python one does it all
-    decode_row_c = None
+    _decode_row_c = None
 
 
 def decode_row(data: bytes) -> tuple[str, int, tuple | None, tuple | None]:
@@ -354,8 +354,8 @@ def decode_row(data: bytes) -> tuple[str, int, tuple | None, tuple | None]:
     takes well-formed messages; for anything else it answers None and the Python one says what is wrong."""
     if type(data) is not bytes:
         data = bytes(data)
-    if decode_row_c is not None:
-        row = decode_row_c(data, UNCHANGED)
+    if _decode_row_c is not None:
+        row = _decode_row_c(data, UNCHANGED)
         if row is not None:
             return row
     return _decode_row_py(data)

@@ -187,8 +187,8 @@ class Engine:
         # fast-forward would read them all and skip each one.
         untouched = all(t.lastpk is None and not t.done for t in stream.tables)
         # Catchup: replay what happened since the last cycle until the lag is small. A source that has
-        # written no WAL since the stream's position has nothing to replay (a quiet source's next table): no
-        # play task, whose replication connection and Spark job would cost more than a small table's copy.
+        # committed nothing since the stream's position has nothing to replay (a quiet source's next table):
+        # no play task, whose replication connection and Spark job would cost more than a small table's copy.
         nothing_to_replay = untouched or self._nothing_committed_since(stream)
         while not self.stop.is_set() and not nothing_to_replay:
             result = self.play(wf, stream, until="caught_up", expect=st.COPYING)
@@ -206,7 +206,7 @@ class Engine:
             # Nothing committed since the last cycle's snapshot (checked now, after this one's position was
             # read): nothing lies between the two positions either, so none to fast-forward through.
             skip_to_snapshot = untouched or (stream.position < snap.position
-                                             and self._nothing_committed_since(stream, check_wal=False))
+                                             and self._nothing_committed_since(stream))
             if skip_to_snapshot and stream.position < snap.position:
                 with connect(self.target_url, role="target") as dst:
                     state, position = st.lock_stream(dst, stream.id)
@@ -263,13 +263,13 @@ class Engine:
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
-    def _nothing_committed_since(self, stream: st.Stream, check_wal: bool = True) -> bool:
-        """Whether the source has committed nothing since the stream's position: it has written no WAL since
-        (`check_wal`), or the position is the last copy cycle's and no transaction has ended since its snapshot
-        (WAL of no transaction, a checkpoint or a running-transactions record, does not count)."""
+    def _nothing_committed_since(self, stream: st.Stream) -> bool:
+        """Whether the source has committed nothing since the stream's position: it has written no WAL since,
+        or the position is the last copy cycle's and no transaction has ended since its snapshot (WAL of no
+        transaction, a checkpoint or a running-transactions record, does not count)."""
         copied_as_of = self._copied_as_of.get(stream.id)
         with connect(stream.source_url, role="source", autocommit=True) as src:
-            if check_wal and capture.wal_insert_position(src) <= stream.position:
+            if capture.wal_insert_position(src) <= stream.position:
                 return True
             return (copied_as_of is not None and copied_as_of[0] == stream.position
                     and not committed_since(src, copied_as_of[1]))
