@@ -41,6 +41,7 @@ class TargetTable:
     has_keep: bool = False
     _plan: dict | None = None
     key_of: object = None  # row -> its key tuple (set by the applier): read per row
+    key_indices: tuple = ()  # the key's column positions (set by the applier), for the C path
 
 
 def check_columns(rel: Relation, source: Table) -> None:
@@ -61,10 +62,11 @@ def key_getter(indices: tuple[int, ...]):
     return itemgetter(*indices)
 
 
-try:  # the C version (postgres/_pgoutput_rows.c): ~10x faster; optional, like the decoder's
-    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c
+try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
+    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
+    from ..postgres._pgoutput_rows import stage_change as _stage_change_c  # ~0.9 us a row less
 except ImportError:  # pragma: no cover - a build without a compiler
-    _copy_lines_c = None
+    _copy_lines_c = _stage_change_c = None
 
 _LINES_PER_WRITE = 1000
 
@@ -125,7 +127,8 @@ class PostgresApplier:
     def add_table(self, t: TargetTable) -> None:
         """A table met on the way (the Transaction applier learns tables from the messages)."""
         t.index = len(self.by_name)
-        t.key_of = key_getter(t.table.key_indices)
+        t.key_indices = tuple(t.table.key_indices)
+        t.key_of = key_getter(t.key_indices)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self._rels.clear()
 
@@ -147,6 +150,17 @@ class PostgresApplier:
         t = self._target(ch.relation)
         if t is None:
             return
+        # An insert, a whole-row update or a delete (nearly every change) is staged in C, as _stage would.
+        if _stage_change_c is None or not _stage_change_c(t.rows, t.key_indices, ch, UNCHANGED):
+            self._stage(t, ch)
+        self.pending_rows += 1
+        self.pending_bytes += ch.size
+        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
+            self.flush()
+
+    def _stage(self, t: TargetTable, ch: Change) -> None:
+        """A change into the chunk's net effect: the row's last state by key (deletes, upserts, unchanged
+        TOAST values kept, a key change as a delete of the old key)."""
         key_of = t.key_of
         kind = ch.kind
         if kind == "D":
@@ -167,10 +181,6 @@ class PostgresApplier:
                 if kind == "U" and UNCHANGED in new:
                     keep, new = self._resolve_unchanged(t, key, new)
                 t.rows[key] = ("U", new, keep)
-        self.pending_rows += 1
-        self.pending_bytes += ch.size
-        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
-            self.flush()
 
     def put(self, t: TargetTable, op: str, key: tuple, values: tuple, keep: list[int] | None = None) -> None:
         """A row already in the target's shape (a rule's output): 'U' upserts it, 'D' deletes its key.

@@ -1,5 +1,6 @@
 /* The replay's hot path in C: a pgoutput Insert, Update or Delete message as (kind, relation oid, old, new),
- * and the applier's staged rows as COPY text (copy_lines).
+ * a row change staged in the applier's net effect (stage_change), and the applier's staged rows as COPY text
+ * (copy_lines).
  *
  * Same result as pgoutput._decode_row_py, about five times faster. It decodes only well-formed messages:
  * for anything else (truncated, unknown marker or value kind, bad UTF-8, trailing bytes) it returns None,
@@ -137,6 +138,75 @@ fallback:
     PyBuffer_Release(&view);
     if (PyErr_Occurred()) return NULL; /* out of memory: not a decoding matter */
     Py_RETURN_NONE;
+}
+
+/* ---- a row change into the applier's net effect (appliers/postgres.PostgresApplier.change) ---- */
+
+/* The key of `values` at `key` (a tuple of column positions), as a new tuple; NULL with no exception set
+ * when a position is not an int within `values`. */
+static PyObject *key_of(PyObject *values, PyObject *key) {
+    Py_ssize_t n = PyTuple_GET_SIZE(key), width = PyTuple_GET_SIZE(values);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pos = PyTuple_GET_ITEM(key, i);
+        Py_ssize_t at = PyLong_Check(pos) ? PyLong_AsSsize_t(pos) : -1;
+        if (at < 0 || at >= width) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *v = PyTuple_GET_ITEM(values, at);
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+/* stage_change(rows, key, change, unchanged) -> bool
+ * The common cases of PostgresApplier.change, with the same result: an insert, an update that carries every
+ * value and no old row (its key unchanged), rows[key of new] = ("U", new, None); a delete,
+ * rows[key of old] = ("D", old, None). False, with `rows` untouched, for anything else (an update with an old
+ * row, an unchanged TOAST value, not a Change's shape): the Python path handles it. */
+static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "stage_change(rows, key, change, unchanged)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *key = args[1], *change = args[2], *unchanged = args[3];
+    if (!PyDict_CheckExact(rows) || !PyTuple_CheckExact(key) || !PyTuple_Check(change) ||
+        PyTuple_GET_SIZE(change) < 4)
+        Py_RETURN_FALSE;
+    PyObject *kind = PyTuple_GET_ITEM(change, 0), *old = PyTuple_GET_ITEM(change, 2),
+             *new = PyTuple_GET_ITEM(change, 3), *op, *values;
+    if (kind == KIND_D) {
+        op = KIND_D;
+        values = old;
+    } else if ((kind == KIND_I || kind == KIND_U) && old == Py_None) {
+        op = KIND_U;
+        values = new;
+    } else {
+        Py_RETURN_FALSE;
+    }
+    if (!PyTuple_CheckExact(values)) Py_RETURN_FALSE;
+    if (kind == KIND_U)  /* an insert carries every value; an update may leave a TOAST value out */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
+            if (PyTuple_GET_ITEM(values, i) == unchanged) Py_RETURN_FALSE;
+    PyObject *k = key_of(values, key);
+    if (k == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_FALSE;
+    }
+    PyObject *entry = PyTuple_Pack(3, op, values, Py_None);
+    if (entry == NULL) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    int failed = PyDict_SetItem(rows, k, entry);
+    Py_DECREF(k);
+    Py_DECREF(entry);
+    if (failed) return NULL;
+    Py_RETURN_TRUE;
 }
 
 /* ---- the applier's staging rows as COPY text (appliers/postgres.copy_text) ---- */
@@ -278,6 +348,9 @@ static PyObject *copy_lines(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"decode_row", decode_row, METH_VARARGS,
      "decode_row(data, unchanged) -> (kind, relation oid, old, new), or None if not a well-formed row change"},
+    {"stage_change", (PyCFunction)(void (*)(void))stage_change, METH_FASTCALL,
+     "stage_change(rows, key, change, unchanged) -> bool: an insert, a whole-row update or a delete staged in "
+     "rows (the applier's net effect); False for other changes, left to the Python path"},
     {"copy_lines", copy_lines, METH_VARARGS,
      "copy_lines(rows, start, stop, unchanged) -> (COPY text bytes, deletes) of rows[start:stop], or None if a "
      "row is not (str, tuple of str/None/unchanged, list of int or None)"},
