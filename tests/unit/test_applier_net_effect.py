@@ -3,13 +3,15 @@ order, whether the C path (postgres/_pgoutput_rows.c stage_change) or the Python
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from sluicegate.appliers import postgres
 from sluicegate.appliers.postgres import PostgresApplier, TargetTable
-from sluicegate.postgres.assembler import Change
+from sluicegate.postgres.assembler import Change, Framing, assemble
 from sluicegate.postgres.catalog import Table
-from sluicegate.postgres.pgoutput import UNCHANGED, Column, Relation
+from sluicegate.postgres.pgoutput import UNCHANGED, Begin, Column, Relation
 
 U = UNCHANGED
 
@@ -19,8 +21,8 @@ def table(key: list[str]) -> Table:
         ["a", "integer", 23, True, None], ["b", "text", 25, "b" in key, None], ["c", "text", 25, False, None]]})
 
 
-def relation(key: list[str]) -> Relation:
-    return Relation(16400, "public", "t", "d", tuple(Column(int(n in key), n, 23 if n == "a" else 25, -1)
+def relation(key: list[str], oid: int = 16400) -> Relation:
+    return Relation(oid, "public", "t", "d", tuple(Column(int(n in key), n, 23 if n == "a" else 25, -1)
                                                       for n in ("a", "b", "c")))
 
 
@@ -104,3 +106,132 @@ def test_c_declines_what_it_does_not_handle():
     assert rows == {}
     assert stage_c(rows, (0,), Change("I", rel, None, ("1", "b", "c"), 1), U) is True
     assert rows == {("1",): ("U", ("1", "b", "c"), None)}
+
+
+# -- the fast lane: row messages staged by the RowSink straight from their bytes (assemble's `rows`) -------
+
+def _tuple(values) -> bytes:
+    out = struct.pack(">H", len(values))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v is U:
+            out += b"u"
+        else:
+            out += b"t" + struct.pack(">I", len(v.encode())) + v.encode()
+    return out
+
+
+def _relation(oid: int, name: str, key: list[str]) -> bytes:
+    out = b"R" + struct.pack(">I", oid) + b"public\0" + name.encode() + b"\0d" + struct.pack(">H", 3)
+    for n in ("a", "b", "c"):
+        out += bytes([n in key]) + n.encode() + b"\0" + struct.pack(">Ii", 23 if n == "a" else 25, -1)
+    return out
+
+
+def _row(kind: str, oid: int, old, new, old_marker: bytes = b"K") -> bytes:
+    out = kind.encode() + struct.pack(">I", oid)
+    if old is not None:
+        out += old_marker + _tuple(old)
+    if new is not None:
+        out += b"N" + _tuple(new)
+    return out
+
+
+def _transaction(xid: int, lsn: int, rows: list[bytes]) -> list[bytes]:
+    return ([b"B" + struct.pack(">QqI", lsn, 0, xid)] + rows
+            + [b"C" + struct.pack(">BQQq", 0, lsn, lsn + 8, 0)])
+
+
+class Recording(PostgresApplier):
+    """Writes nothing: records each flushed chunk (what the target would get) in order."""
+
+    def __init__(self, *args, **kwargs):
+        self.written: list = []
+        super().__init__(None, *args, **kwargs)
+
+    def _write(self, chunk: list) -> None:
+        self.written.append([(t.table.name, list(rows.items()), has_keep) for t, rows, has_keep in chunk])
+
+
+T1, T2, OTHER = 16401, 16402, 16403
+
+
+def _messages() -> list[bytes]:
+    """Two tables, one not replicated, a transaction to skip, a Relation sent again, every kind of change."""
+    msgs = [_relation(T1, "t", ["a"]), _relation(T2, "u", ["a", "b"]), _relation(OTHER, "other", ["a"])]
+    msgs += _transaction(700, 1000, [
+        _row("I", T1, None, ("1", "x", "one")),
+        _row("I", T1, None, ("2", "y", None)),
+        _row("I", T2, None, ("1", "x", "t2")),
+        _row("I", OTHER, None, ("1", "x", "not replicated")),
+        _row("U", T1, None, ("1", "x", "uno")),
+        _row("U", T1, None, ("2", "y", U)),  # unchanged TOAST: the Python path
+        _row("U", T1, ("2", None, None), ("4", "y", "moved")),  # a key change: the Python path
+        _row("D", T2, ("1", "x", None), None),
+        _row("D", T1, ("9", "w", "full"), None, b"O"),
+    ])
+    msgs += _transaction(701, 2000, [_row("I", T1, None, (str(i), "s", "skipped")) for i in range(10, 14)])
+    msgs += [_relation(T1, "t", ["a"])]  # sent again (a new decoding session or a schema change)
+    msgs += _transaction(702, 3000, [_row("I", T1, None, (str(i), "z", "after")) for i in range(20, 45)]
+                         + [_row("D", T1, ("20", None, None), None)])
+    return msgs
+
+
+def _replay(msgs: list[bytes], use_sink: bool, skip_xids=(701,)):
+    """The player's loop (workflow/player._play_batch) over `msgs`, with the fast lane or without it."""
+    tables = [TargetTable(table(["a"])), TargetTable(Table.from_json({
+        "schema": "public", "name": "u", "key": ["a", "b"], "columns": [
+            ["a", "integer", 23, True, None], ["b", "text", 25, True, None], ["c", "text", 25, False, None]]}))]
+    applier = Recording(tables, chunk_rows=7, chunk_bytes=1 << 30)
+    framing = Framing()
+    sink = applier.row_sink(framing) if use_sink else None
+    skipping, rows = False, 0
+    for ev in assemble(((lsn, m) for lsn, m in enumerate(msgs, 1)), framing, sink):
+        if isinstance(ev, Change):
+            if not skipping:
+                applier.change(ev)
+                rows += 1
+        elif isinstance(ev, Begin):
+            skipping = ev.xid in skip_xids
+            if sink is not None:
+                sink.active = not skipping
+    applier.flush()
+    return applier.written, rows + (sink.taken if sink is not None else 0)
+
+
+def test_the_fast_lane_stages_and_flushes_as_the_python_path():
+    if postgres._RowSink is None:
+        pytest.skip("the C extension is not built")
+    msgs = _messages()
+    with_sink, rows_with = _replay(msgs, True)
+    without, rows_without = _replay(msgs, False)
+    assert with_sink == without
+    assert rows_with == rows_without == 35  # the skipped transaction's 4 are not counted
+    flat = [row for chunk in without for _, rows, _ in chunk for row in rows]
+    assert (("20",), ("D", ("20", None, None), None)) in flat
+    assert not any(values[2] == "skipped" for _, (_, values, _) in flat)
+    assert len(without) == 5  # chunks of 7 changes
+
+
+def test_the_fast_lane_takes_only_what_it_stages_alike():
+    if postgres._RowSink is None:
+        pytest.skip("the C extension is not built")
+    applier = Recording([TargetTable(table(["a"]))], chunk_rows=100, chunk_bytes=1 << 30)
+    framing = Framing()
+    sink = applier.row_sink(framing)
+    insert = _row("I", T1, None, ("1", "x", "one"))
+    sink.active = True
+    assert sink.take(insert) is False  # no Relation message yet
+    framing.relations[T1] = relation(["a"], T1)
+    assert sink.take(insert) is False  # the applier has not checked this Relation yet
+    applier.change(Change("I", framing.relations[T1], None, ("0", "x", "first"), 1, 10))
+    assert sink.take(insert) is True
+    for declined in (_row("U", T1, None, ("1", "x", U)), _row("U", T1, ("1", None, None), ("2", "x", "y")),
+                     insert + b"trailing", insert[:-2], b"T" + insert[1:]):
+        assert sink.take(declined) is False
+    sink.active = False
+    assert sink.take(insert) is False
+    assert sink.taken == 1
+    assert applier.pending_rows == 2 and applier.pending_bytes == 10 + len(insert)
+    assert list(applier.by_name[("public", "t")].rows) == [("0",), ("1",)]

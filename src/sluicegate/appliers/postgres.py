@@ -21,7 +21,7 @@ from psycopg import sql
 
 from ..errors import TerminalError
 from ..postgres import keyrange
-from ..postgres.assembler import Change
+from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
 
@@ -64,9 +64,10 @@ def key_getter(indices: tuple[int, ...]):
 
 try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
     from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
-    from ..postgres._pgoutput_rows import stage_change as _stage_change_c  # ~0.9 us a row less
+    from ..postgres._pgoutput_rows import RowSink as _RowSink
+    from ..postgres._pgoutput_rows import stage_change as _stage_change_c
 except ImportError:  # pragma: no cover - a build without a compiler
-    _copy_lines_c = _stage_change_c = None
+    _copy_lines_c = _stage_change_c = _RowSink = None
 
 _LINES_PER_WRITE = 1000
 
@@ -181,6 +182,15 @@ class PostgresApplier:
                 if kind == "U" and UNCHANGED in new:
                     keep, new = self._resolve_unchanged(t, key, new)
                 t.rows[key] = ("U", new, keep)
+
+    def row_sink(self, framing: Framing):
+        """A fast lane for `assemble(..., rows=)`: row messages staged here straight from their bytes, as
+        change() stages their Changes and with the same counting (postgres/_pgoutput_rows.c RowSink), or
+        declined to the usual path. The caller sets its `active` per transaction (False: one already
+        applied). None without the C extension."""
+        if _RowSink is None:
+            return None
+        return _RowSink(self, framing.relations, self._rels, UNCHANGED, self.chunk_rows, self.chunk_bytes)
 
     def put(self, t: TargetTable, op: str, key: tuple, values: tuple, keep: list[int] | None = None) -> None:
         """A row already in the target's shape (a rule's output): 'U' upserts it, 'D' deletes its key.

@@ -1,6 +1,6 @@
 /* The replay's hot path in C: a pgoutput Insert, Update or Delete message as (kind, relation oid, old, new),
- * a row change staged in the applier's net effect (stage_change), and the applier's staged rows as COPY text
- * (copy_lines).
+ * a row change staged in the applier's net effect (stage_change, and RowSink straight from the message), and
+ * the applier's staged rows as COPY text (copy_lines).
  *
  * Same result as pgoutput._decode_row_py, about five times faster. It decodes only well-formed messages:
  * for anything else (truncated, unknown marker or value kind, bad UTF-8, trailing bytes) it returns None,
@@ -9,8 +9,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 static PyObject *KIND_I, *KIND_U, *KIND_D;
+static PyObject *S_ROWS, *S_KEY_INDICES, *S_PENDING_ROWS, *S_PENDING_BYTES, *S_FLUSH;
 
 static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
@@ -163,6 +165,22 @@ static PyObject *key_of(PyObject *values, PyObject *key) {
     return out;
 }
 
+/* rows[key of values] = (op, values, None): 1; 0 (rows untouched) when `key` does not fit `values`; -1 with
+ * an exception set on errors. */
+static int stage_into(PyObject *rows, PyObject *key, PyObject *op, PyObject *values) {
+    PyObject *k = key_of(values, key);
+    if (k == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *entry = PyTuple_Pack(3, op, values, Py_None);
+    if (entry == NULL) {
+        Py_DECREF(k);
+        return -1;
+    }
+    int failed = PyDict_SetItem(rows, k, entry);
+    Py_DECREF(k);
+    Py_DECREF(entry);
+    return failed ? -1 : 1;
+}
+
 /* stage_change(rows, key, change, unchanged) -> bool
  * The common cases of PostgresApplier.change, with the same result: an insert, an update that carries every
  * value and no old row (its key unchanged), rows[key of new] = ("U", new, None); a delete,
@@ -192,22 +210,207 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (kind == KIND_U)  /* an insert carries every value; an update may leave a TOAST value out */
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
             if (PyTuple_GET_ITEM(values, i) == unchanged) Py_RETURN_FALSE;
-    PyObject *k = key_of(values, key);
-    if (k == NULL) {
-        if (PyErr_Occurred()) return NULL;
+    int staged = stage_into(rows, key, op, values);
+    if (staged < 0) return NULL;
+    return PyBool_FromLong(staged);
+}
+
+/* ---- RowSink: a row message of an ordinary transaction straight into the applier's net effect ----
+ *
+ * assemble (assembler.py) offers it each Insert, Update or Delete message of an ordinary transaction before
+ * decoding one itself: take(data) stages what PostgresApplier.change would stage for the Change, counts it
+ * as change does (flushing at the applier's chunk limits), and returns True; or returns False, touching
+ * nothing, and the message goes the usual way (a Change to the player and the applier). It takes only what
+ * stage_change takes, only while `active` (the player clears it for transactions already applied), and only
+ * for a relation whose Relation message the applier has already checked: the applier's memo (_rels) holds
+ * that very Relation with its table. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *applier;    /* the PostgresApplier: pending_rows, pending_bytes, flush() */
+    PyObject *relations;  /* assemble's Framing.relations: oid -> the Relation in force */
+    PyObject *targets;    /* the applier's _rels: oid -> (Relation, TargetTable or None) */
+    PyObject *unchanged;
+    Py_ssize_t chunk_rows, chunk_bytes;
+    char active;
+    Py_ssize_t taken;
+} RowSink;
+
+static int sink_init(RowSink *self, PyObject *args, PyObject *kwds) {
+    PyObject *applier, *relations, *targets, *unchanged;
+    Py_ssize_t chunk_rows, chunk_bytes;
+    if (!PyArg_ParseTuple(args, "OO!O!Onn:RowSink", &applier, &PyDict_Type, &relations, &PyDict_Type, &targets,
+                          &unchanged, &chunk_rows, &chunk_bytes))
+        return -1;
+    Py_INCREF(applier); Py_XSETREF(self->applier, applier);
+    Py_INCREF(relations); Py_XSETREF(self->relations, relations);
+    Py_INCREF(targets); Py_XSETREF(self->targets, targets);
+    Py_INCREF(unchanged); Py_XSETREF(self->unchanged, unchanged);
+    self->chunk_rows = chunk_rows;
+    self->chunk_bytes = chunk_bytes;
+    self->active = 0;
+    self->taken = 0;
+    return 0;
+}
+
+static int sink_traverse(RowSink *self, visitproc visit, void *arg) {
+    Py_VISIT(self->applier);
+    Py_VISIT(self->relations);
+    Py_VISIT(self->targets);
+    Py_VISIT(self->unchanged);
+    return 0;
+}
+
+static int sink_clear(RowSink *self) {
+    Py_CLEAR(self->applier);
+    Py_CLEAR(self->relations);
+    Py_CLEAR(self->targets);
+    Py_CLEAR(self->unchanged);
+    return 0;
+}
+
+static void sink_dealloc(RowSink *self) {
+    PyObject_GC_UnTrack(self);
+    sink_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* attr += by, as a Py_ssize_t; the new value, or -1 with an exception set. */
+static Py_ssize_t add_to(PyObject *obj, PyObject *attr, Py_ssize_t by) {
+    PyObject *v = PyObject_GetAttr(obj, attr);
+    if (v == NULL) return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    n += by;
+    v = PyLong_FromSsize_t(n);
+    if (v == NULL) return -1;
+    int failed = PyObject_SetAttr(obj, attr, v);
+    Py_DECREF(v);
+    return failed ? -1 : n;
+}
+
+/* The target table's staged rows and key positions for the message's relation, as new references; 0 when
+ * the applier has not checked this Relation (or does not replicate it); -1 on errors. */
+static int sink_target(RowSink *self, uint32_t relid, PyObject **rows, PyObject **key) {
+    PyObject *oid = PyLong_FromUnsignedLong(relid);
+    if (oid == NULL) return -1;
+    PyObject *rel = PyDict_GetItemWithError(self->relations, oid);
+    PyObject *hit = rel != NULL ? PyDict_GetItemWithError(self->targets, oid) : NULL;
+    Py_DECREF(oid);
+    if (hit == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || PyTuple_GET_ITEM(hit, 0) != rel ||
+        PyTuple_GET_ITEM(hit, 1) == Py_None)
+        return 0;
+    PyObject *target = PyTuple_GET_ITEM(hit, 1);
+    Py_INCREF(target);  /* held while its attributes are read */
+    *rows = PyObject_GetAttr(target, S_ROWS);
+    *key = *rows != NULL ? PyObject_GetAttr(target, S_KEY_INDICES) : NULL;
+    Py_DECREF(target);
+    if (*key == NULL) {
+        Py_CLEAR(*rows);
+        return -1;
+    }
+    if (!PyDict_CheckExact(*rows) || !PyTuple_CheckExact(*key)) {
+        Py_CLEAR(*rows);
+        Py_CLEAR(*key);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *sink_take(RowSink *self, PyObject *data) {
+    if (!self->active || !PyBytes_CheckExact(data)) Py_RETURN_FALSE;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t len = PyBytes_GET_SIZE(data), off = 6;
+    if (len < 6) Py_RETURN_FALSE;
+    unsigned char marker = buf[5];
+    PyObject *op;
+    switch (buf[0]) {
+    case 'I':
+    case 'U':  /* an update with an old row ('K', 'O') may change the key: Python's path */
+        if (marker != 'N') Py_RETURN_FALSE;
+        op = KIND_U;
+        break;
+    case 'D':
+        if (marker != 'K' && marker != 'O') Py_RETURN_FALSE;
+        op = KIND_D;
+        break;
+    default:
         Py_RETURN_FALSE;
     }
-    PyObject *entry = PyTuple_Pack(3, op, values, Py_None);
-    if (entry == NULL) {
-        Py_DECREF(k);
-        return NULL;
+    PyObject *rows = NULL, *key = NULL, *values = NULL;
+    int found = sink_target(self, be32(buf + 1), &rows, &key);
+    if (found <= 0) {
+        if (found < 0) return NULL;
+        Py_RETURN_FALSE;
     }
-    int failed = PyDict_SetItem(rows, k, entry);
-    Py_DECREF(k);
-    Py_DECREF(entry);
-    if (failed) return NULL;
+    int staged = 0;
+    values = tuple_at(buf, len, &off, self->unchanged);
+    if (values == NULL) {
+        if (PyErr_Occurred()) goto failed;
+        goto declined;
+    }
+    if (off != len) goto declined;
+    if (buf[0] == 'U')  /* an insert carries every value; an update may leave a TOAST value out */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
+            if (PyTuple_GET_ITEM(values, i) == self->unchanged) goto declined;
+    staged = stage_into(rows, key, op, values);
+    if (staged < 0) goto failed;
+    if (staged == 0) goto declined;
+    Py_DECREF(rows);
+    Py_DECREF(key);
+    Py_DECREF(values);
+    self->taken++;
+    /* Counted as PostgresApplier.change counts a Change (its size: the message's length). */
+    Py_ssize_t pending_rows = add_to(self->applier, S_PENDING_ROWS, 1);
+    if (pending_rows < 0) return NULL;
+    Py_ssize_t pending_bytes = add_to(self->applier, S_PENDING_BYTES, len);
+    if (pending_bytes < 0) return NULL;
+    if (pending_rows >= self->chunk_rows || pending_bytes >= self->chunk_bytes) {
+        PyObject *r = PyObject_CallMethodNoArgs(self->applier, S_FLUSH);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
     Py_RETURN_TRUE;
+declined:
+    Py_DECREF(rows);
+    Py_DECREF(key);
+    Py_XDECREF(values);
+    Py_RETURN_FALSE;
+failed:
+    Py_DECREF(rows);
+    Py_DECREF(key);
+    Py_XDECREF(values);
+    return NULL;
 }
+
+static PyMethodDef sink_methods[] = {
+    {"take", (PyCFunction)sink_take, METH_O,
+     "take(data) -> bool: the row message staged in the applier's net effect and counted, or False (untouched)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef sink_members[] = {
+    {"active", T_BOOL, offsetof(RowSink, active), 0, "take rows (False: a transaction already applied)"},
+    {"taken", T_PYSSIZET, offsetof(RowSink, taken), READONLY, "rows staged"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RowSinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluicegate.postgres._pgoutput_rows.RowSink",
+    .tp_basicsize = sizeof(RowSink),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "RowSink(applier, relations, targets, unchanged, chunk_rows, chunk_bytes)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sink_init,
+    .tp_dealloc = (destructor)sink_dealloc,
+    .tp_traverse = (traverseproc)sink_traverse,
+    .tp_clear = (inquiry)sink_clear,
+    .tp_methods = sink_methods,
+    .tp_members = sink_members,
+};
 
 /* ---- the applier's staging rows as COPY text (appliers/postgres.copy_text) ---- */
 
@@ -364,5 +567,22 @@ PyMODINIT_FUNC PyInit__pgoutput_rows(void) {
     KIND_U = PyUnicode_InternFromString("U");
     KIND_D = PyUnicode_InternFromString("D");
     if (KIND_I == NULL || KIND_U == NULL || KIND_D == NULL) return NULL;
-    return PyModule_Create(&module);
+    S_ROWS = PyUnicode_InternFromString("rows");
+    S_KEY_INDICES = PyUnicode_InternFromString("key_indices");
+    S_PENDING_ROWS = PyUnicode_InternFromString("pending_rows");
+    S_PENDING_BYTES = PyUnicode_InternFromString("pending_bytes");
+    S_FLUSH = PyUnicode_InternFromString("flush");
+    if (S_ROWS == NULL || S_KEY_INDICES == NULL || S_PENDING_ROWS == NULL || S_PENDING_BYTES == NULL ||
+        S_FLUSH == NULL)
+        return NULL;
+    if (PyType_Ready(&RowSinkType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&RowSinkType);
+    if (PyModule_AddObject(m, "RowSink", (PyObject *)&RowSinkType) < 0) {
+        Py_DECREF(&RowSinkType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -54,18 +54,23 @@ class Framing:
         self.block: int = 0  # xid of the open stream block, 0 outside one
 
 
-def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None) -> Iterator[Event]:
-    """(lsn, pgoutput bytes) -> events; `framing` carries what a reader learnt across calls."""
+def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, rows=None) -> Iterator[Event]:
+    """(lsn, pgoutput bytes) -> events; `framing` carries what a reader learnt across calls. `rows`: a fast
+    lane for the row changes of ordinary transactions (PostgresApplier.row_sink): each is offered to it
+    first, and one it takes (stages in the applier) is not yielded."""
     framing = framing if framing is not None else Framing()
     rels = framing.relations
     begin: Begin | None = None
     # The hot path, once per replicated row: names bound here, and the Change made by tuple.__new__ (the
     # named tuple's own __new__ is a Python function).
     row_changes, decode_row, new_tuple, change = ROW_CHANGES, pgoutput.decode_row, tuple.__new__, Change
+    take = rows.take if rows is not None else None
     for lsn, data in raw:
         if data[0] in row_changes and not framing.block:  # a row of an ordinary transaction
             if begin is None:
                 raise DecodeError(f"row change at {lsn} outside a transaction")
+            if take is not None and take(data):
+                continue
             kind, relid, old, new = decode_row(data)
             rel = rels.get(relid)
             if rel is None:

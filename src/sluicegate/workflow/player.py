@@ -159,26 +159,29 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
     base = applier = PostgresApplier(dst, tables, executor=writer)
+    rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
 
         applier = RuleReplicator(applier, ruled)
+    else:  # rows through no rule: most go from their message bytes straight into the applier
+        rows = base.row_sink(framing)
     try:
-        return _play_batch(task, stream, applier, framing, position, flushed, base)
+        return _play_batch(task, stream, applier, framing, position, flushed, base, rows)
     except BaseException:
         base.abandon()  # nothing may still be writing when the caller rolls back
         raise
 
 
 def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,
-                base: PostgresApplier) -> _Batch:
+                base: PostgresApplier, rows=None) -> _Batch:
     batch = _Batch(position)
     skipping = False
     last_end = None
     reached_stop = False
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
-    for ev in assemble(raw, framing):
+    for ev in assemble(raw, framing, rows):
         if isinstance(ev, Change):
             if not skipping:
                 applier.change(ev)
@@ -188,6 +191,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 reached_stop = True  # commits after the snapshot: not part of this fast-forward
                 break
             skipping = ev.final_lsn < position  # applied by an earlier batch
+            if rows is not None:
+                rows.active = not skipping
         elif isinstance(ev, Commit):
             last_end = ev.end_lsn  # applied now or earlier: either way behind us
             if not skipping:
@@ -198,6 +203,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
             applier.truncate(ev.relations)
     applier.flush()
     base.settle()  # the batch's rows are on the target before its position is saved
+    if rows is not None:
+        batch.rows += rows.taken
     # Caught up only when the server says it has sent everything before `until`: a quiet socket may just
     # mean the walsender is still decoding a big transaction.
     batch.limited = not reached_stop and stream.ended_by != "reached"
