@@ -9,14 +9,12 @@ from sluicegate.appliers import postgres
 from sluicegate.appliers.postgres import copy_text
 from sluicegate.postgres.pgoutput import UNCHANGED
 
+from .accelerated import c_or_python
+
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def mode(request, monkeypatch):
-    if request.param == "python":
-        monkeypatch.setattr(postgres, "_copy_lines_c", None)
-    elif postgres._copy_lines_c is None:
-        pytest.skip("the C extension is not built")
-    return request.param
+    return c_or_python(request, monkeypatch, postgres, "_copy_lines_c")
 
 
 def text_of(out: list) -> str:

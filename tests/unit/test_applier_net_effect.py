@@ -13,6 +13,8 @@ from sluicegate.postgres.assembler import Change, Framing, assemble
 from sluicegate.postgres.catalog import Table
 from sluicegate.postgres.pgoutput import UNCHANGED, Begin, Column, Relation
 
+from .accelerated import c_or_python
+
 U = UNCHANGED
 
 
@@ -43,11 +45,7 @@ CHANGES = [
 
 @pytest.fixture(params=["c", "python"])
 def mode(request, monkeypatch):
-    if request.param == "python":
-        monkeypatch.setattr(postgres, "_stage_change_c", None)
-    elif postgres._stage_change_c is None:
-        pytest.skip("the C extension is not built")
-    return request.param
+    return c_or_python(request, monkeypatch, postgres, "_stage_change_c")
 
 
 def stage(key: list[str]) -> TargetTable:
