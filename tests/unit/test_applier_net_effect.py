@@ -20,7 +20,8 @@ U = UNCHANGED
 
 def table(key: list[str]) -> Table:
     return Table.from_json({"schema": "public", "name": "t", "key": key, "columns": [
-        ["a", "integer", 23, True, None], ["b", "text", 25, "b" in key, None], ["c", "text", 25, False, None]]})
+        ["a", "integer", 23, True, None], ["b", "text", 25, "b" in key, None],
+        ["c", "text", 25, False, None]]})
 
 
 def relation(key: list[str], oid: int = 16400) -> Relation:
@@ -180,7 +181,8 @@ def _replay(msgs: list[bytes], use_sink: bool, skip_xids=(701,)):
     """The player's loop (workflow/player._play_batch) over `msgs`, with the fast lane or without it."""
     tables = [TargetTable(table(["a"])), TargetTable(Table.from_json({
         "schema": "public", "name": "u", "key": ["a", "b"], "columns": [
-            ["a", "integer", 23, True, None], ["b", "text", 25, True, None], ["c", "text", 25, False, None]]}))]
+            ["a", "integer", 23, True, None], ["b", "text", 25, True, None],
+            ["c", "text", 25, False, None]]}))]
     applier = Recording(tables, chunk_rows=7, chunk_bytes=1 << 30)
     framing = Framing()
     sink = applier.row_sink(framing) if use_sink else None
