@@ -94,52 +94,58 @@ static PyObject *row(PyObject *kind, uint32_t relid, PyObject *old, PyObject *ne
     return out;
 }
 
-/* decode_row(data: bytes, unchanged) -> (kind, relation oid, old, new) | None */
-static PyObject *decode_row(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    PyObject *unchanged;
-    if (!PyArg_ParseTuple(args, "y*O", &view, &unchanged)) return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t len = view.len, off = 6;
-    PyObject *old = NULL, *new = NULL, *kind = NULL, *out = NULL;
-    if (len < 6) goto fallback;
-    uint32_t relid = be32(buf + 1);
+/* An Insert, Update or Delete message in buf[0:len]: its kind (KIND_*, borrowed) and its old and new rows (new
+ * references, NULL when the message has none). 1; 0 with no exception set when the message is not
+ * well-formed; -1 with one set on memory errors. */
+static int parse_row(const unsigned char *buf, Py_ssize_t len, PyObject *unchanged, PyObject **kind,
+                     PyObject **old, PyObject **new) {
+    Py_ssize_t off = 6;
+    *kind = *old = *new = NULL;
+    if (len < 6) return 0;
     unsigned char marker = buf[5];
     switch (buf[0]) {
     case 'I':
-        if (marker != 'N') goto fallback;
-        kind = KIND_I;
-        if ((new = tuple_at(buf, len, &off, unchanged)) == NULL) goto fallback;
+        if (marker != 'N') return 0;
+        *kind = KIND_I;
+        if ((*new = tuple_at(buf, len, &off, unchanged)) == NULL) goto malformed;
         break;
     case 'U':
-        kind = KIND_U;
+        *kind = KIND_U;
         if (marker == 'K' || marker == 'O') {
-            if ((old = tuple_at(buf, len, &off, unchanged)) == NULL) goto fallback;
-            if (off >= len || buf[off] != 'N') goto fallback;
+            if ((*old = tuple_at(buf, len, &off, unchanged)) == NULL) goto malformed;
+            if (off >= len || buf[off] != 'N') goto malformed;
             off += 1;
         } else if (marker != 'N') {
-            goto fallback;
+            return 0;
         }
-        if ((new = tuple_at(buf, len, &off, unchanged)) == NULL) goto fallback;
+        if ((*new = tuple_at(buf, len, &off, unchanged)) == NULL) goto malformed;
         break;
     case 'D':
-        if (marker != 'K' && marker != 'O') goto fallback;
-        kind = KIND_D;
-        if ((old = tuple_at(buf, len, &off, unchanged)) == NULL) goto fallback;
+        if (marker != 'K' && marker != 'O') return 0;
+        *kind = KIND_D;
+        if ((*old = tuple_at(buf, len, &off, unchanged)) == NULL) goto malformed;
         break;
     default:
-        goto fallback;
+        return 0;
     }
-    if (off != len) goto fallback;
-    out = row(kind, relid, old, new);
+    if (off == len) return 1;
+malformed:
+    Py_CLEAR(*old);
+    Py_CLEAR(*new);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* decode_row(data: bytes, unchanged) -> (kind, relation oid, old, new) | None */
+static PyObject *decode_row(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *unchanged, *kind, *old, *new;
+    if (!PyArg_ParseTuple(args, "y*O", &view, &unchanged)) return NULL;
+    const unsigned char *buf = view.buf;
+    int parsed = parse_row(buf, view.len, unchanged, &kind, &old, &new);
+    PyObject *out = parsed == 1 ? row(kind, be32(buf + 1), old, new) : NULL;
     PyBuffer_Release(&view);
-    return out;
-fallback:
-    Py_XDECREF(old);
-    Py_XDECREF(new);
-    PyBuffer_Release(&view);
-    if (PyErr_Occurred()) return NULL; /* out of memory: not a decoding matter */
-    Py_RETURN_NONE;
+    if (parsed == 0) Py_RETURN_NONE;  /* the Python decoder says what is wrong */
+    return out;  /* NULL: out of memory, not a decoding matter */
 }
 
 /* ---- a row change into the applier's net effect (appliers/postgres.PostgresApplier.change) ---- */
@@ -181,11 +187,31 @@ static int stage_into(PyObject *rows, PyObject *key, PyObject *op, PyObject *val
     return failed ? -1 : 1;
 }
 
-/* stage_change(rows, key, change, unchanged) -> bool
- * The common cases of PostgresApplier.change, with the same result: an insert, an update that carries every
- * value and no old row (its key unchanged), rows[key of new] = ("U", new, None); a delete,
- * rows[key of old] = ("D", old, None). False, with `rows` untouched, for anything else (an update with an old
- * row, an unchanged TOAST value, not a Change's shape): the Python path handles it. */
+/* The common cases of PostgresApplier.change (its _stage), with the same result: an insert, or an update that
+ * carries every value and no old row (its key unchanged): rows[key of new] = ("U", new, None); a delete:
+ * rows[key of old] = ("D", old, None). 1 when staged; 0, rows untouched, for anything else (an update with an
+ * old row, an unchanged TOAST value, values not a tuple): Python's path handles it; -1 on errors. */
+static int stage_row(PyObject *rows, PyObject *key, PyObject *kind, PyObject *old, PyObject *new,
+                     PyObject *unchanged) {
+    PyObject *op, *values;
+    if (kind == KIND_D) {
+        op = KIND_D;
+        values = old;
+    } else if ((kind == KIND_I || kind == KIND_U) && (old == NULL || old == Py_None)) {
+        op = KIND_U;
+        values = new;
+    } else {
+        return 0;
+    }
+    if (values == NULL || !PyTuple_CheckExact(values)) return 0;
+    if (kind == KIND_U)  /* an insert carries every value; an update may leave a TOAST value out */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
+            if (PyTuple_GET_ITEM(values, i) == unchanged) return 0;
+    return stage_into(rows, key, op, values);
+}
+
+/* stage_change(rows, key, change, unchanged) -> bool: stage_row for a Change; False (rows untouched) for what
+ * stage_row leaves to Python, or anything not a Change's shape. */
 static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "stage_change(rows, key, change, unchanged)");
@@ -195,22 +221,8 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!PyDict_CheckExact(rows) || !PyTuple_CheckExact(key) || !PyTuple_Check(change) ||
         PyTuple_GET_SIZE(change) < 4)
         Py_RETURN_FALSE;
-    PyObject *kind = PyTuple_GET_ITEM(change, 0), *old = PyTuple_GET_ITEM(change, 2),
-             *new = PyTuple_GET_ITEM(change, 3), *op, *values;
-    if (kind == KIND_D) {
-        op = KIND_D;
-        values = old;
-    } else if ((kind == KIND_I || kind == KIND_U) && old == Py_None) {
-        op = KIND_U;
-        values = new;
-    } else {
-        Py_RETURN_FALSE;
-    }
-    if (!PyTuple_CheckExact(values)) Py_RETURN_FALSE;
-    if (kind == KIND_U)  /* an insert carries every value; an update may leave a TOAST value out */
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
-            if (PyTuple_GET_ITEM(values, i) == unchanged) Py_RETURN_FALSE;
-    int staged = stage_into(rows, key, op, values);
+    int staged = stage_row(rows, key, PyTuple_GET_ITEM(change, 0), PyTuple_GET_ITEM(change, 2),
+                           PyTuple_GET_ITEM(change, 3), unchanged);
     if (staged < 0) return NULL;
     return PyBool_FromLong(staged);
 }
@@ -220,10 +232,10 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
  * assemble (assembler.py) offers it each Insert, Update or Delete message of an ordinary transaction before
  * decoding one itself: take(data) stages what PostgresApplier.change would stage for the Change, counts it
  * as change does (flushing at the applier's chunk limits), and returns True; or returns False, touching
- * nothing, and the message goes the usual way (a Change to the player and the applier). It takes only what
- * stage_change takes, only while `active` (the player clears it for transactions already applied), and only
- * for a relation whose Relation message the applier has already checked: the applier's memo (_rels) holds
- * that very Relation with its table. */
+ * nothing, and the message goes the usual way (a Change to the player and the applier). It parses as
+ * decode_row does and takes only what stage_row stages, only while `active` (the player clears it for
+ * transactions already applied), and only for a relation whose Relation message the applier has already
+ * checked: the applier's memo (_rels) holds that very Relation with its table. */
 
 typedef struct {
     PyObject_HEAD
@@ -322,45 +334,24 @@ static int sink_target(RowSink *self, uint32_t relid, PyObject **rows, PyObject 
 static PyObject *sink_take(RowSink *self, PyObject *data) {
     if (!self->active || !PyBytes_CheckExact(data)) Py_RETURN_FALSE;
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t len = PyBytes_GET_SIZE(data), off = 6;
+    Py_ssize_t len = PyBytes_GET_SIZE(data);
     if (len < 6) Py_RETURN_FALSE;
-    unsigned char marker = buf[5];
-    PyObject *op;
-    switch (buf[0]) {
-    case 'I':
-    case 'U':  /* an update with an old row ('K', 'O') may change the key: Python's path */
-        if (marker != 'N') Py_RETURN_FALSE;
-        op = KIND_U;
-        break;
-    case 'D':
-        if (marker != 'K' && marker != 'O') Py_RETURN_FALSE;
-        op = KIND_D;
-        break;
-    default:
-        Py_RETURN_FALSE;
-    }
-    PyObject *rows = NULL, *key = NULL, *values = NULL;
+    PyObject *rows, *key, *kind, *old, *new;
     int found = sink_target(self, be32(buf + 1), &rows, &key);
     if (found <= 0) {
         if (found < 0) return NULL;
         Py_RETURN_FALSE;
     }
-    int staged = 0;
-    values = tuple_at(buf, len, &off, self->unchanged);
-    if (values == NULL) {
-        if (PyErr_Occurred()) goto failed;
-        goto declined;
+    int staged = parse_row(buf, len, self->unchanged, &kind, &old, &new);
+    if (staged == 1) {
+        staged = stage_row(rows, key, kind, old, new, self->unchanged);
+        Py_XDECREF(old);
+        Py_XDECREF(new);
     }
-    if (off != len) goto declined;
-    if (buf[0] == 'U')  /* an insert carries every value; an update may leave a TOAST value out */
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
-            if (PyTuple_GET_ITEM(values, i) == self->unchanged) goto declined;
-    staged = stage_into(rows, key, op, values);
-    if (staged < 0) goto failed;
-    if (staged == 0) goto declined;
     Py_DECREF(rows);
     Py_DECREF(key);
-    Py_DECREF(values);
+    if (staged < 0) return NULL;
+    if (staged == 0) Py_RETURN_FALSE;
     self->taken++;
     /* Counted as PostgresApplier.change counts a Change (its size: the message's length). */
     Py_ssize_t pending_rows = add_to(self->applier, S_PENDING_ROWS, 1);
@@ -373,16 +364,6 @@ static PyObject *sink_take(RowSink *self, PyObject *data) {
         Py_DECREF(r);
     }
     Py_RETURN_TRUE;
-declined:
-    Py_DECREF(rows);
-    Py_DECREF(key);
-    Py_XDECREF(values);
-    Py_RETURN_FALSE;
-failed:
-    Py_DECREF(rows);
-    Py_DECREF(key);
-    Py_XDECREF(values);
-    return NULL;
 }
 
 static PyMethodDef sink_methods[] = {
