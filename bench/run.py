@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -338,15 +339,29 @@ class Bench:
         # The copies' tables are due for autovacuum (5M new rows each): done now, not at some moment of one
         # contender's catch-up.
         self.quiesce()
-        log(f"burst: {20 * per_txn} updates in 20 transactions")
+        keys = self.args.burst_keys
+        log(f"burst: {20 * per_txn} updates in 20 transactions, keys: {keys}")
+        # random: each transaction's keys drawn beforehand (outside the measurement)
+        draws = random.Random(4) if keys == "random" else None
+        samples = [draws.sample(range(1, self.rows + 1), per_txn) for _ in range(20)] if draws else []
         t = time.monotonic()
-        burst = {"updates": 0}
+        burst = {"keys": keys, "updates": 0}
         with psycopg.connect(src_url, connect_timeout=10) as src:
             for i in range(20):
-                lo = (i * per_txn) % self.rows + 1
-                hi = min(lo + per_txn - 1, self.rows)
-                burst["updates"] += src.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 "
-                                                "WHERE aid BETWEEN %s AND %s", (lo, hi)).rowcount
+                if draws:
+                    # One row after another in the drawn order, like many OLTP updates (a nested loop over
+                    # the array; a hash or merge join would update them in the table's order).
+                    src.execute("SET LOCAL enable_hashjoin = off")
+                    src.execute("SET LOCAL enable_mergejoin = off")
+                    burst["updates"] += src.execute(
+                        "UPDATE pgbench_accounts AS a SET abalance = a.abalance + 1 "
+                        "FROM unnest(%s::int[]) AS u(aid) WHERE a.aid = u.aid", (samples[i],)).rowcount
+                    hi = samples[i][-1]
+                else:
+                    lo = (i * per_txn) % self.rows + 1
+                    hi = min(lo + per_txn - 1, self.rows)
+                    burst["updates"] += src.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 "
+                                                    "WHERE aid BETWEEN %s AND %s", (lo, hi)).rowcount
                 src.commit()
         end = time.monotonic()
         burst["source_s"] = end - t
@@ -532,6 +547,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=50, help="pgbench scale (100,000 accounts each)")
     parser.add_argument("--burst-updates", type=int, default=2_000_000, help="row updates in the burst")
+    parser.add_argument("--burst-keys", choices=("ranges", "random"), default="ranges",
+                        help="the burst's rows: 20 ranges of consecutive keys (the default), or keys drawn at "
+                             "random and updated one after another in that order (OLTP-like)")
     parser.add_argument("--steady-seconds", type=int, default=30, help="length of the pgbench TPC-B run")
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma-separated, any of: {', '.join(sorted(SKIPPABLE))}")
