@@ -28,11 +28,10 @@ def key_text_names(table: Table) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(f"_sg_k{i}") for i in range(len(table.key)))
 
 
-def key_order(table: Table, direction: str = "", alias: str | None = None) -> sql.Composable:
-    """`k1, k2` (or `k1 DESC, k2 DESC`, or `a.k1, a.k2`): the key's own order."""
+def key_order(table: Table, direction: str = "") -> sql.Composable:
+    """`k1, k2` (or `k1 DESC, k2 DESC`): the key's own order."""
     suffix = sql.SQL(f" {direction}" if direction in ("ASC", "DESC") else "")
-    return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(*filter(None, (alias, k))), suffix)
-                              for k in table.key)
+    return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(k), suffix) for k in table.key)
 
 
 def key_value(table: Table, values: list[str]) -> sql.Composable:
