@@ -130,7 +130,11 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
         settings = {"max_wal_size": "4GB"}  # fewer checkpoints in the middle of a measurement
         self.source = LocalPostgres(self.tmp / "source", settings=settings)
-        self.target = LocalPostgres(self.tmp / "target", settings=settings)
+        # PostgreSQL 15's replication launcher starts apply workers at most once per wal_retrieve_retry_interval
+        # (5 s): native's second subscription would wait up to that long for its worker. Native's copies start
+        # at once at 100 ms; nothing else on the target uses it.
+        self.target = LocalPostgres(self.tmp / "target",
+                                    settings={**settings, "wal_retrieve_retry_interval": "100ms"})
         self.workflow: subprocess.Popen | None = None
         self.wf_log = self.tmp / "workflow-run.log"
         self.memory = MemorySampler()
