@@ -44,7 +44,7 @@ class TargetTable:
     _plan: dict | None = None
     key_of: object = None  # row -> its key tuple (set by the applier): read per row
     key_indices: tuple = ()  # the key's column positions (set by the applier), for the C path
-    order_of: object = None  # key -> what sorts it in about the target's key order (set by the applier)
+    order_of: object = None  # keys -> values that sort them in (about) the key's order (set by the applier)
 
 
 def check_columns(rel: Relation, source: Table) -> None:
@@ -65,18 +65,17 @@ def key_getter(indices: tuple[int, ...]):
     return itemgetter(*indices)
 
 
-# Key types whose text form does not sort in the type's order, and how to read it so it does. Any other type
-# sorts by its text form: the same order for uuid, ISO dates and times in UTC, and text in the C collation;
-# close to it otherwise.
-# NaN sorts above every number, as in PostgreSQL.
 def _float_key(v: str) -> tuple:
-    return (1, 0.0) if v == "NaN" else (0, float(v))
+    return (1, 0.0) if v == "NaN" else (0, float(v))  # NaN above every number, as in PostgreSQL
 
 
 def _numeric_key(v: str) -> tuple:
     return (1, 0) if v == "NaN" else (0, Decimal(v))
 
 
+# Key types whose text form does not sort in the type's order, and how to read it so it does. Any other type
+# sorts by its text form: the same order for uuid, ISO dates and times in UTC, and text in the C collation;
+# close to it otherwise.
 _KEY_READERS = {20: int, 21: int, 23: int, 26: int, 700: _float_key, 701: _float_key, 1700: _numeric_key}
 
 
