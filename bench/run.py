@@ -130,9 +130,9 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
         settings = {"max_wal_size": "4GB"}  # fewer checkpoints in the middle of a measurement
         self.source = LocalPostgres(self.tmp / "source", settings=settings)
-        # PostgreSQL 15's replication launcher starts apply workers at most once per wal_retrieve_retry_interval
-        # (5 s): native's second subscription would wait up to that long for its worker. Native's copies start
-        # at once at 100 ms; nothing else on the target uses it.
+        # PostgreSQL 15's replication launcher starts apply workers at most once per
+        # wal_retrieve_retry_interval (5 s): native's second subscription would wait up to that long for its
+        # worker. At 100 ms both of native's copies start at once; nothing else on the target uses it.
         self.target = LocalPostgres(self.tmp / "target",
                                     settings={**settings, "wal_retrieve_retry_interval": "100ms"})
         self.workflow: subprocess.Popen | None = None
@@ -299,29 +299,41 @@ class Bench:
 
     def phase_copy(self) -> None:
         copy: dict = {}
-        if "raw" not in self.skip:
+
+        def raw() -> None:
             log("copy: raw COPY pipe")
             self.quiesce()
             copy["raw_pipe_s"] = self.copy_raw()
             self.copied.append("raw")
-        if "native" not in self.skip:
+
+        def native() -> None:
             log("copy: native subscription")
             self.quiesce()
             copy["native_s"] = self.copy_native()
             self.copied.append("native")
-        if "sluicegate" not in self.skip:
+
+        def sluicegate() -> None:
             log("copy: Sluicegate movetables create + workflow run")
             self.quiesce()
             copy.update(self.copy_sluicegate())
             self.copied.append("sg")
-        if "native" not in self.skip and "sluicegate" not in self.skip:
-            # Native once more, after Sluicegate: a contender's place in the order (page cache, WAL segments
-            # to recycle, what the previous run left to the disk) has moved native's copy by ~2 s between runs.
+
+        def native_again() -> None:
+            # Native once more, after Sluicegate: what a contender's place in the order does to its copy.
             log("copy: native subscription again, after Sluicegate (the order's effect)")
             self.quiesce()
             self.target.create_database(AGAIN)
             copy["native_again_s"] = self.copy_native(AGAIN, AGAIN)
             self.drop_again()
+
+        steps = {"raw": raw, "native": native, "sluicegate": sluicegate}
+        first = self.args.sluicegate_first
+        order = ["sluicegate", "raw", "native"] if first else ["raw", "native", "sluicegate"]
+        for name in order:
+            if name not in self.skip:
+                steps[name]()
+        if not first and "native" not in self.skip and "sluicegate" not in self.skip:
+            native_again()
         for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if copy.get(key) is not None:
                 copy[key[:-2] + "_rows_per_s"] = self.rows / copy[key]
@@ -560,6 +572,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
     parser.add_argument("--cycle-rows", type=int, help="Sluicegate's rows per copy cycle (default: its own)")
     parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
+    parser.add_argument("--sluicegate-first", action="store_true",
+                        help="copy with Sluicegate first, then the raw pipe and native (no second native copy)")
     parser.add_argument("--keep-indexes", action="store_true",
                         help="Sluicegate keeps the target's indexes during the copy "
                              "(movetables create --keep-indexes)")
