@@ -574,13 +574,24 @@ def test_slow_client_backpressure_and_throughput(pair, tmp_path):
         txns = (ev for ev in events if isinstance(ev, m.Transaction))
         first = [next(txns) for _ in range(4)]
         # The client pauses: the server reads no further than the transport holds, its memory stays flat.
+        def sent() -> int:
+            rows = pair.src("""SELECT r.sent_lsn::text FROM pg_stat_replication r JOIN pg_replication_slots s
+                               ON s.active_pid = r.pid WHERE s.slot_name = 'sg_vstream_slow'""")
+            return parse_lsn(rows[0][0])
+
+        # First the transport's buffers fill (on a slow machine, for seconds): until the position holds.
+        last: list = [None]
+
+        def holds() -> bool:
+            now = sent()
+            held, last[0] = now == last[0], now
+            return held
+
+        wait_for(holds, timeout=60, interval=1.0, what="the paused stream's walsender to stop sending")
         samples = []
-        time.sleep(2)  # the transport's buffers fill: a duration to let pass, not a condition
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
-            sent = pair.src("""SELECT r.sent_lsn::text FROM pg_stat_replication r JOIN pg_replication_slots s
-                               ON s.active_pid = r.pid WHERE s.slot_name = 'sg_vstream_slow'""")
-            samples.append((parse_lsn(sent[0][0]), srv.rss_kb()))
+            samples.append((sent(), srv.rss_kb()))
             time.sleep(0.5)  # sampling a paused reader over time: there is no condition to wait for
         behind = [end - s for s, _ in samples]
         assert min(behind) > 30 * 2**20, [format_lsn(s) for s, _ in samples]
