@@ -83,10 +83,10 @@ def key_order_getter(table: Table):
     """keys -> a list of values that sort them in (about) the target's key order, one a key; map-based, so a
     chunk's 20k keys take ~2 ms."""
     readers = tuple(_KEY_READERS.get(table.columns[i].type_oid) for i in table.key_indices)
+    if not any(readers):
+        return list  # the key tuples sort as they are
     if len(readers) == 1:
         first, read = itemgetter(0), readers[0]
-        if read is None:
-            return lambda keys: list(map(first, keys))
         return lambda keys: list(map(read, map(first, keys)))
     return lambda keys: [tuple(v if r is None else r(v) for r, v in zip(readers, key)) for key in keys]
 
