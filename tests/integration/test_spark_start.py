@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,3 +28,64 @@ def test_starting_spark_and_running_a_python_job_loads_no_pandas_numpy_or_pyarro
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"loaded": [], "length": 3}
+
+
+KEPT_DRIVER = """
+import json, os
+from sluicegate.spark.session import get_spark_context
+sc = get_spark_context()
+seeds = sc.parallelize(range(2), 2).map(lambda _: os.environ.get("PYTHONHASHSEED")).collect()
+marked = sc._jvm.java.lang.System.getProperty("sluicegate.test.kept")
+sc.stop()
+print(json.dumps({"seeds": seeds, "marked": marked}))
+"""
+
+
+def _start(env: dict) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", KEPT_DRIVER], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def _kept_env(tmp_path) -> dict:
+    # The kept commands live beside the class archive: here a directory of the test's own (and no archive).
+    return {**os.environ, "SLUICEGATE_SPARK_CLASS_ARCHIVE": str(tmp_path / "classes.jsa"),
+            "SLUICEGATE_SPARK_DIRECT_LAUNCH": ""}
+
+
+def test_spark_starts_from_the_command_its_launcher_wrote_last_time(tmp_path):
+    env = _kept_env(tmp_path)
+    first, _ = _start(env)  # through Spark's launcher, whose command is kept
+    kept = list((tmp_path / "launch").glob("*.json"))
+    assert len(kept) == 1
+    cmd = json.loads(kept[0].read_text())
+    assert "org.apache.spark.deploy.SparkSubmit" in cmd and cmd[-1] == "pyspark-shell"
+    # Mark the kept command: the next start runs it as it is, not the launcher's new one.
+    at = cmd.index("org.apache.spark.deploy.SparkSubmit")
+    kept[0].write_text(json.dumps(cmd[:at] + ["-Dsluicegate.test.kept=1"] + cmd[at:]))
+    second, _ = _start(env)
+    assert first == {"seeds": ["0", "0"], "marked": None}
+    # The scripts' environment is the driver's too: Python workers hash strings alike (PYTHONHASHSEED=0).
+    assert second == {"seeds": ["0", "0"], "marked": "1"}
+
+
+def test_a_kept_command_whose_jvm_exits_is_forgotten_and_spark_starts_the_usual_way(tmp_path):
+    env = _kept_env(tmp_path)
+    _start(env)
+    [kept] = (tmp_path / "launch").glob("*.json")
+    cmd = json.loads(kept.read_text())
+    at = cmd.index("org.apache.spark.deploy.SparkSubmit")
+    # The last -Xmx counts: the JVM cannot start.
+    kept.write_text(json.dumps(cmd[:at] + ["-Xmx1k"] + cmd[at:]))
+    result, stderr = _start(env)
+    assert result == {"seeds": ["0", "0"], "marked": None}
+    assert "heap" not in stderr  # the abandoned start says nothing
+    assert not kept.exists()  # forgotten: the next start asks Spark's launcher again
+
+
+def test_without_direct_launch_spark_starts_through_spark_submit(tmp_path):
+    env = {**_kept_env(tmp_path), "SLUICEGATE_SPARK_DIRECT_LAUNCH": "off"}
+    result, _ = _start(env)
+    assert result == {"seeds": ["0", "0"], "marked": None}
+    assert not (tmp_path / "launch").exists()

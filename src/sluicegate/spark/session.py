@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from . import classcache
+from . import classcache, launch
 
 log = logging.getLogger("sluicegate")
 
@@ -150,28 +150,80 @@ _STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level
 
 
 def _launch_jvm(settings: dict) -> None:
-    """Start Spark's JVM with its stderr piped through a filter: a command's own output (a one-line error)
-    stays readable; everything but the start-up banner still reaches stderr."""
+    """Start Spark's JVM (launch.py: straight from the command kept for these settings, else through
+    spark-submit) with its stderr piped through a filter: a command's own output (a one-line error) stays
+    readable; everything but the start-up banner still reaches stderr."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
-    conf = SparkConf(loadDefaults=False)
-    for key, value in settings.items():
-        conf.set(key, value)
-    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    gateway = _direct_gateway(settings) if launch.usable() else None
+    if gateway is None:
+        conf = SparkConf(loadDefaults=False)
+        for key, value in settings.items():
+            conf.set(key, value)
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        proc = getattr(gateway, "proc", None)
+        if proc is not None and proc.stderr is not None:
+            _Stderr(proc.stderr).release()
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
-    proc = getattr(gateway, "proc", None)
-    if proc is not None and proc.stderr is not None:
-        threading.Thread(target=_forward, args=(proc.stderr,), name="spark-stderr", daemon=True).start()
 
 
-def _forward(stream) -> None:
-    for line in iter(stream.readline, b""):
-        if not line.decode(errors="replace").startswith(_STARTUP_NOISE):
-            sys.stderr.buffer.write(line)
-            sys.stderr.flush()
+def _direct_gateway(settings: dict):
+    """The gateway of a driver JVM started from its kept command; None to go the usual way."""
+    from pyspark.java_gateway import launch_gateway
+
+    cmd = launch.command(settings)
+    if cmd is None:
+        return None
+    stderr: list[_Stderr] = []
+    started = launch.start_driver(cmd, lambda proc: stderr.append(_Stderr(proc.stderr)))
+    if started is None:  # what it printed is dropped: the usual way, tried next, will say it again
+        launch.forget(settings)
+        return None
+    proc, port, secret = started
+    # PySpark connects to a JVM started elsewhere when these name it; they go again at once (child processes
+    # must not take them for theirs).
+    os.environ.update(PYSPARK_GATEWAY_PORT=str(port), PYSPARK_GATEWAY_SECRET=secret)
+    try:
+        gateway = launch_gateway()
+    finally:
+        os.environ.pop("PYSPARK_GATEWAY_PORT", None)
+        os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
+    gateway.proc = proc
+    stderr[0].release()
+    return gateway
+
+
+class _Stderr:
+    """Drains the JVM's stderr from its start; holds it until `release`, then writes it to ours minus the
+    start-up banner (a start that is abandoned says nothing)."""
+
+    def __init__(self, stream):
+        self._lock = threading.Lock()
+        self._held: list[bytes] | None = []
+        threading.Thread(target=self._run, args=(stream,), name="spark-stderr", daemon=True).start()
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held or [], None
+            for line in held:
+                _write_stderr(line)
+
+    def _run(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            with self._lock:
+                if self._held is not None:
+                    self._held.append(line)
+                    continue
+            _write_stderr(line)
+
+
+def _write_stderr(line: bytes) -> None:
+    if not line.decode(errors="replace").startswith(_STARTUP_NOISE):
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
 
 
 def _quiet_query_errors() -> None:
