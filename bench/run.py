@@ -8,6 +8,7 @@ process tree. Progress goes to stderr, one JSON line of figures and ratios (Slui
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -116,6 +117,32 @@ def page_cache_mb() -> float | None:
         return None
 
 
+def warm(top: str) -> None:
+    """Read every file under `top` (into the page cache)."""
+    buf = bytearray(1 << 20)
+    for root, _, files in os.walk(top):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+            except OSError:
+                pass
+
+
+def cpu_times() -> dict | None:
+    """Seconds the machine's CPUs spent busy, waiting for I/O, and stolen by the VM's host (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _, iowait, irq, softirq, steal = fields[:8]
+    busy = user + nice + system + irq + softirq
+    return {"busy": busy / tick, "iowait": iowait / tick, "steal": steal / tick}
+
+
 def cpu_probe_s() -> float:
     """A fixed CPU-bound loop's time: this VM's host sometimes runs it (and everything else) ~2x slower, which
     moves every figure; a reader compares runs by it."""
@@ -143,6 +170,7 @@ class Bench:
         self.published = False
         self.again: str | None = None  # native's second copy, while its subscription exists
         self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
+                          "drop_caches": args.drop_caches,
                           "page_cache_mb_start": page_cache_mb(), "cpu_probe_s_start": cpu_probe_s()}
 
     def pgbench(self, *args: str, timeout: float) -> str:
@@ -317,26 +345,59 @@ class Bench:
         # The servers run with fsync off: what they wrote is still dirty in the page cache, and the kernel's
         # writeback of gigabytes would otherwise land in the next measurement.
         os.sync()
+        if self.args.drop_caches:
+            self.drop_caches()
+
+    def drop_caches(self) -> None:
+        """Empty the kernel's page cache, then read the source table back into it: every copy then writes into
+        memory just freed and reads its source from memory, whatever ran before it. On this VM the kernel
+        pages out page cache idle for 60 s (DAMON) and hands free memory back to the host; writing into
+        memory the host must back again cost ~3 µs a 4 kB page (1.5 GB through `dd`: 4.3-4.7 s against
+        0.43 s just after a drop), so a copy's place in the run moved its time by up to ~50%."""
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+        except OSError as exc:
+            raise BenchError(f"--drop-caches: cannot write /proc/sys/vm/drop_caches ({exc.strerror}): "
+                             "run the bench as root, or without --drop-caches") from None
+        self.source.psql("SELECT count(*) FROM pgbench_accounts", DB)
+        # What `workflow run` and its JVM read at start (the venv: PySpark's jars, the class archive; the Java
+        # runtime) is in the page cache as it was before the drop, as native's server binaries are.
+        java = shutil.which("java")
+        for top in filter(None, (sys.prefix, os.path.dirname(os.path.dirname(os.path.realpath(java or ""))))):
+            warm(top)
 
     def phase_copy(self) -> None:
         copy: dict = {}
+        cpu: dict = {}  # the machine's CPUs during each copy: busy, waiting for I/O, stolen by the host
+
+        @contextlib.contextmanager
+        def machine(name: str):
+            before = cpu_times()
+            yield
+            after = cpu_times()
+            if before and after:
+                cpu[name] = {k: round(after[k] - before[k], 2) for k in before}
 
         def raw() -> None:
             log("copy: raw COPY pipe")
             self.quiesce()
-            copy["raw_pipe_s"] = self.copy_raw()
+            with machine("raw"):
+                copy["raw_pipe_s"] = self.copy_raw()
             self.copied.append("raw")
 
         def native() -> None:
             log("copy: native subscription")
             self.quiesce()
-            copy["native_s"] = self.copy_native()
+            with machine("native"):
+                copy["native_s"] = self.copy_native()
             self.copied.append("native")
 
         def sluicegate() -> None:
             log("copy: Sluicegate movetables create + workflow run")
             self.quiesce()
-            copy.update(self.copy_sluicegate())
+            with machine("sluicegate"):
+                copy.update(self.copy_sluicegate())
             self.copied.append("sg")
 
         def native_again() -> None:
@@ -344,7 +405,8 @@ class Bench:
             log("copy: native subscription again, after Sluicegate (the order's effect)")
             self.quiesce()
             self.target.create_database(AGAIN)
-            copy["native_again_s"] = self.copy_native(AGAIN, AGAIN)
+            with machine("native_again"):
+                copy["native_again_s"] = self.copy_native(AGAIN, AGAIN)
             self.drop_again()
 
         steps = {"raw": raw, "native": native, "sluicegate": sluicegate}
@@ -355,6 +417,7 @@ class Bench:
                 steps[name]()
         if not first and "native" not in self.skip and "sluicegate" not in self.skip:
             native_again()
+        copy["cpu_s"] = cpu
         for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if copy.get(key) is not None:
                 copy[key[:-2] + "_rows_per_s"] = self.rows / copy[key]
@@ -595,6 +658,10 @@ def main() -> int:
     parser.add_argument("--chunk-rows", type=int, help="Sluicegate's rows per copy task (default: its own)")
     parser.add_argument("--sluicegate-first", action="store_true",
                         help="copy with Sluicegate first, then the raw pipe and native (no second native copy)")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="before each copy and the burst, empty the kernel's page cache (as root) and read "
+                             "the source table back: each contender starts with the same memory "
+                             "(see bench/README.md)")
     parser.add_argument("--keep-indexes", action="store_true",
                         help="Sluicegate keeps the target's indexes during the copy "
                              "(movetables create --keep-indexes)")
