@@ -557,6 +557,27 @@ def _rows(ev) -> int:
     return sum(len(st.rows) for st in ev.statements) if isinstance(ev, m.Transaction) else 0
 
 
+def read_until(stream, end: int, timeout: float = 120) -> list[m.Transaction]:
+    """The stream's transactions until it has sent all before WAL position `end`: a transaction ending there,
+    or a heartbeat at or past it (WAL after the last commit, e.g. a running-transactions record or an
+    autoanalyze, has no transaction of its own). Cancelled after `timeout` s, and the test fails."""
+    timer = threading.Timer(timeout, stream.cancel)
+    timer.start()
+    got: list[m.Transaction] = []
+    try:
+        for ev in stream:
+            if isinstance(ev, m.Transaction):
+                got.append(ev)
+                if ev.end_segment and ev.context.position >= end:
+                    return got
+            elif ev.position >= end:
+                return got
+    finally:
+        timer.cancel()
+    raise AssertionError(f"the stream ended (or took over {timeout:.0f}s) before {format_lsn(end)}: "
+                         f"{len(got)} transaction messages")
+
+
 def test_slow_client_backpressure_and_throughput(pair, tmp_path):
     pair.src("CREATE TABLE big (id int PRIMARY KEY, pad text)")
     srv = ServerProcess(pair.source, tmp_path / "server.log")
@@ -602,12 +623,7 @@ def test_slow_client_backpressure_and_throughput(pair, tmp_path):
         wait_for(lambda: not slot_active(pair, "slow"), timeout=30, what="the cancelled stream's walsender")
         # It comes back from its last complete position: the rest arrives, the cut transaction whole again.
         stream = client.stream(srv.address, "slow", position=stream.position)
-        rest = []
-        for ev in stream:
-            if isinstance(ev, m.Transaction):
-                rest.append(ev)
-                if ev.end_segment and ev.context.position >= end:
-                    break
+        rest = read_until(stream, end)
         got = complete(first + rest)
         assert len(got) == 20 and sum(_rows(t) for _, msgs in got for t in msgs) == 200_000
         position = stream.position
@@ -623,15 +639,10 @@ def test_slow_client_backpressure_and_throughput(pair, tmp_path):
                               "FROM generate_series(%s::int, %s::int) g", (i * 10_000 + 1, (i + 1) * 10_000))
             end = flushed(pair)
             started = time.monotonic()
-            messages = burst_rows = 0
             stream = client.stream(srv.address, "slow", position=position, threshold=threshold)
-            for ev in stream:
-                if isinstance(ev, m.Transaction):
-                    messages += 1
-                    burst_rows += _rows(ev)
-                    if ev.end_segment and ev.context.position >= end:
-                        break
+            read = read_until(stream, end)
             seconds = time.monotonic() - started
+            messages, burst_rows = len(read), sum(map(_rows, read))
             position = stream.position
             stream.cancel()
             assert burst_rows == 200_000
