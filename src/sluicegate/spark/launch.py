@@ -50,30 +50,33 @@ def _java() -> str | None:
     return os.path.join(home, "bin", "java") if home else shutil.which("java")
 
 
+def _conf_dir(home: Path) -> Path:
+    return Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+
+
 def driver_env(home: Path) -> dict[str, str]:
     """The environment spark-submit's scripts give the driver JVM (load-spark-env.sh, spark-submit)."""
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or str(home / "conf")
     cores = (p.name for p in (home / "jars").glob("spark-core_*.jar"))  # spark-core_2.13-4.3.0.jar
     scala = next((name.split("_")[1].split("-")[0] for name in cores), "2.13")
-    return {**os.environ, "SPARK_HOME": str(home), "SPARK_CONF_DIR": conf_dir, "SPARK_ENV_LOADED": "1",
-            "SPARK_SCALA_VERSION": scala, "PYTHONHASHSEED": "0"}
+    return {**os.environ, "SPARK_HOME": str(home), "SPARK_CONF_DIR": str(_conf_dir(home)),
+            "SPARK_ENV_LOADED": "1", "SPARK_SCALA_VERSION": scala, "PYTHONHASHSEED": "0"}
 
 
 def usable() -> bool:
     """Whether a start may skip the scripts (see the module's docstring for when it may not)."""
     if os.environ.get("SLUICEGATE_SPARK_DIRECT_LAUNCH", "").lower() == "off" or os.name != "posix":
         return False
-    if any(os.environ.get(v) for v in ("PYSPARK_SUBMIT_ARGS", "SPARK_TESTING", "PYSPARK_GATEWAY_PORT")):
+    if any(os.environ.get(v) for v in ("PYSPARK_SUBMIT_ARGS", "SPARK_TESTING")):
         return False
     home = spark_home()
-    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
-    return (home / "jars").is_dir() and not (conf_dir / "spark-env.sh").exists() and _java() is not None
+    spark_env = _conf_dir(home) / "spark-env.sh"
+    return (home / "jars").is_dir() and not spark_env.exists() and _java() is not None
 
 
 def _digest(home: Path, args: list[str]) -> str:
     """What the launcher's output depends on, hashed: a change to any of it misses the kept command."""
     java = os.path.realpath(_java() or "")
-    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+    conf_dir = _conf_dir(home)
     files = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in conf_dir.glob("*")) \
         if conf_dir.is_dir() else []
     jars = home / "jars"
