@@ -5,6 +5,7 @@ Staged keys are unique within a chunk, so the order cannot change what the targe
 from __future__ import annotations
 
 import random
+import re
 
 import psycopg
 
@@ -59,3 +60,56 @@ def test_a_chunk_meets_the_target_in_key_order(pair):
     assert met("INSERT") == in_key_order(inserted)
     expected = sorted((int(key(i)[0]), key(i)[1], f"new{i}") for i in [*updated, *inserted])
     assert [tuple(r) for r in pair.dst("SELECT a, b, v FROM t ORDER BY a, b")] == expected
+
+
+def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
+    """A chunk whose integer keys are a dense range is joined with the target by a merge join over that range
+    of the key index (appliers/postgres.py dense_range); spread keys keep a search a row. Either way every
+    staged row is applied, the range's ends included. The plans are auto_explain's, sent as notices."""
+    pair.dst("CREATE TABLE d8 (id bigint PRIMARY KEY, v text)")
+    pair.dst("INSERT INTO d8 SELECT i, 'old' FROM generate_series(1, 5000) i")
+    with psycopg.connect(pair.target) as conn:
+        plans: list[str] = []
+        conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_level = notice")
+        t = TargetTable(describe_table(conn, "public", "d8"))
+        applier = PostgresApplier(conn, [t], chunk_rows=100_000)
+
+        def chunk(updates, deletes) -> dict[str, str]:
+            plans.clear()
+            for i in updates:
+                applier.put(t, "U", (str(i),), (str(i), f"new{i}"))
+            for i in deletes:
+                applier.put(t, "D", (str(i),), (str(i), None))
+            applier.sync()
+            met = {}
+            for plan in plans:
+                for op in ("Update on", "Delete on", "Insert on"):
+                    if op in plan:
+                        met[op.split()[0]] = "merge" if re.search(r"Merge (Anti )?Join", plan) else (
+                            "search" if "Nested Loop" in plan else plan)
+            return met
+
+        # a range updated and one deleted, put out of order: each met by one walk of its range
+        dense = chunk(reversed(range(1000, 2000)), range(2999, 1999, -1))
+        # every other key of a range is still dense
+        half = chunk(range(3000, 3400, 2), ())
+        # keys spread over the table (some deleted above, so inserted again): a search a row
+        spread = chunk(range(1, 5000, 50), range(4999, 4000, -100))
+        # rows appended after the last key, and one existing row updated with them: the update meets one
+        # row, the insert (of those the target does not have) the rest
+        appended = chunk([*range(5001, 6000), 5000], ())
+        conn.commit()
+
+    assert dense == {"Update": "merge", "Delete": "merge"}
+    assert half == {"Update": "merge"}
+    assert spread == {"Update": "search", "Delete": "search", "Insert": "search"}
+    assert appended == {"Update": "merge", "Insert": "merge"}
+    updated = {*range(1000, 2000), *range(3000, 3400, 2), *range(1, 5000, 50), *range(5000, 6000)}
+    deleted = {*range(2000, 3000), *range(4999, 4000, -100)} - updated
+    rows = dict(pair.dst("SELECT id, v FROM d8"))
+    assert set(rows) == set(range(1, 6000)) - deleted
+    assert {i for i, v in rows.items() if v != "old"} == updated
+    assert all(rows[i] == f"new{i}" for i in updated)

@@ -3,7 +3,7 @@ the keys' text by their type (appliers/postgres.py in_key_order)."""
 
 from __future__ import annotations
 
-from sluicegate.appliers.postgres import in_key_order, key_order_getter
+from sluicegate.appliers.postgres import dense_range, in_key_order, key_order_getter
 from sluicegate.postgres.catalog import Table
 
 
@@ -60,3 +60,12 @@ def test_keys_that_do_not_read_keep_the_order_they_came_in():
     keys = [("3",), ("x",), ("1",)]
     assert keys_after(t, keys) == keys
     assert keys_after(t, [(3,), (None,), (1,)]) == [(3,), (None,), (1,)]
+
+
+def test_dense_range_is_a_span_at_most_twice_the_keys():
+    # 100 keys in a row, every other key, every third: the span of the keys against how many there are
+    assert dense_range((1, 100), 100)
+    assert dense_range((1, 199), 100)
+    assert not dense_range((1, 298), 100)
+    assert not dense_range((1, 100), 0)  # a statement that joins no rows
+    assert not dense_range(None, 100)  # keys of another type, or that do not sort

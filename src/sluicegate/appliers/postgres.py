@@ -45,6 +45,7 @@ class TargetTable:
     key_of: object = None  # row -> its key tuple (set by the applier): read per row
     key_indices: tuple = ()  # the key's column positions (set by the applier), for the C path
     order_of: object = None  # keys -> values that sort them in (about) the key's order (set by the applier)
+    integer_key: bool = False  # one key column, an integer (set by the applier): see dense_range
 
 
 def check_columns(rel: Relation, source: Table) -> None:
@@ -78,6 +79,13 @@ def _numeric_key(v: str) -> tuple:
 # close to it otherwise.
 _KEY_READERS = {20: int, 21: int, 23: int, 26: int, 700: _float_key, 701: _float_key, 1700: _numeric_key}
 
+# A key of one of these (int8, int2, int4) can tell when a chunk's keys are a dense range (dense_range).
+_INTEGER_KEYS = frozenset((20, 21, 23))
+# Dense: the keys a statement joins lie within _DENSE times as many consecutive integers as there are keys.
+_DENSE = 2
+_MERGE_JOIN = "SET LOCAL enable_nestloop = off; SET LOCAL enable_hashjoin = off"
+_PLANNER_DEFAULTS = "RESET enable_nestloop; RESET enable_hashjoin"
+
 
 def key_order_getter(table: Table):
     """keys -> a list of values that sort them in (about) the target's key order, one a key; map-based, so a
@@ -91,20 +99,35 @@ def key_order_getter(table: Table):
     return lambda keys: [tuple(v if r is None else r(v) for r, v in zip(readers, key)) for key in keys]
 
 
-def in_key_order(rows: dict, order_of) -> list:
-    """The chunk's staged rows sorted by key: each statement then meets the target's key index and heap
-    in order, walking forward instead of at random (~12-16% less of the target backend's time a row when
-    the keys came in random order; bench --burst-keys random). The order cannot change the outcome (staged
-    keys are unique), so a key that does not sort (not text, as a rule's output may be) leaves the order
-    the rows came in."""
+def sort_by_key(rows: dict, order_of) -> tuple[list, list | None]:
+    """The chunk's staged rows sorted by key, and the values that sorted them (one a row of `rows`, None when
+    the keys do not sort). Each statement then meets the target's key index and heap in order, walking
+    forward instead of at random (~12-16% less of the target backend's time a row when the keys came in
+    random order; bench --burst-keys random). The order cannot change the outcome (staged keys are unique),
+    so a key that does not sort (not text, as a rule's output may be) leaves the order the rows came in."""
     values = list(rows.values())
     try:
         order = order_of(rows)
         if all(map(lt, order, islice(order, 1, None))):  # already in order (rows came in key order)
-            return values
-        return [values[i] for i in sorted(range(len(order)), key=order.__getitem__)]
+            return values, order
+        return [values[i] for i in sorted(range(len(order)), key=order.__getitem__)], order
     except (TypeError, ValueError, ArithmeticError):
-        return values
+        return values, None
+
+
+def in_key_order(rows: dict, order_of) -> list:
+    return sort_by_key(rows, order_of)[0]
+
+
+def dense_range(span: tuple[int, int] | None, rows: int) -> bool:
+    """Whether `rows` staged keys within span (the chunk's lowest and highest integer key) are dense enough
+    for a statement to meet the target's rows by one walk of the key index over the span, merged with the
+    sorted staged rows, instead of one index search a row: a burst over a range of keys (an UPDATE … WHERE
+    id BETWEEN, a purge, rows appended). On 5M rows with 20k staged keys in a row: an update 4.2 µs a row
+    against 4.8, still 4.9 against 5.4 with every other key; a delete 1.2 against 2.0; new keys appended
+    (an update that meets none, then an insert) 1.8 against 3.3. Keys spread wider keep the search a row,
+    whose cost does not grow with the span."""
+    return span is not None and rows > 0 and span[1] - span[0] < _DENSE * rows
 
 
 try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
@@ -176,6 +199,8 @@ class PostgresApplier:
         t.key_indices = tuple(t.table.key_indices)
         t.key_of = key_getter(t.key_indices)
         t.order_of = key_order_getter(t.table)
+        t.integer_key = (len(t.key_indices) == 1
+                         and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self._rels.clear()
 
@@ -373,22 +398,41 @@ class PostgresApplier:
     def _flush_table(self, t: TargetTable, rows: dict, has_keep: bool) -> None:
         plan = self._plan_for(t)
         with self.conn.cursor() as cur:
+            ordered, order = sort_by_key(rows, t.order_of)
             with cur.copy(plan["copy"]) as copy:
-                deletes = copy_text(in_key_order(rows, t.order_of), len(t.table.columns), copy.write)
+                deletes = copy_text(ordered, len(t.table.columns), copy.write)
+            span = (min(order), max(order)) if t.integer_key and order else None
             # Only the statements this chunk needs: each costs a join with the staged rows.
             if deletes:
-                cur.execute(plan["delete"])
+                self._join(cur, t, plan["delete"], span if dense_range(span, deletes) else None)
             upserts, updated = len(rows) - deletes, 0
+            upsert_span = span if dense_range(span, upserts) else None
             if upserts and plan["update"] is not None:
-                updated = cur.execute(plan["update_keep"] if has_keep else plan["update"]).rowcount
+                updated = self._join(cur, t, plan["update_keep"] if has_keep else plan["update"], upsert_span)
             # Staged keys are unique, so when the update met as many rows as were staged, every row exists
             # and there is nothing to insert (the usual case: updates of rows the target has).
             if upserts and updated < upserts:
                 if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
                     self._orphan_error(t)
-                cur.execute(plan["insert"])
+                self._join(cur, t, plan["insert"], upsert_span)
             self.applied_rows += len(rows)
             cur.execute(plan["clear"])
+
+    @staticmethod
+    def _join(cur, t: TargetTable, statement: tuple[sql.Composed, sql.SQL],
+              span: tuple[int, int] | None) -> int:
+        """Run a statement (head, tail) that joins the staged rows with the target table `d`; the rows it
+        wrote. Given a dense span of keys (dense_range), the join is held to it and the planner to a merge
+        join: with no statistics on the staging table it would search the key index once a row."""
+        head, tail = statement
+        if span is None:
+            return cur.execute(head + tail).rowcount
+        within = sql.SQL(" AND {} AND {}").format(keyrange.compare(t.table, ">=", [str(span[0])], "d"),
+                                                  keyrange.compare(t.table, "<=", [str(span[1])], "d"))
+        cur.execute(_MERGE_JOIN)
+        met = cur.execute(head + within + tail).rowcount
+        cur.execute(_PLANNER_DEFAULTS)  # (after an error the transaction rolls back, and SET LOCAL with it)
+        return met
 
     def _orphan_error(self, t: TargetTable) -> None:
         schema, name = t.source or (t.table.schema, t.table.name)
@@ -423,13 +467,15 @@ class PostgresApplier:
         non_key = [c for c in table.column_names if c not in table.key]
         plan = {
             "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
-            "delete": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
-                table.ident, stage, match, flt),
-            "insert": sql.SQL(
+            # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
+            # join is held to goes between the two (_join).
+            "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
+                table.ident, stage, match, flt), sql.SQL("")),
+            "insert": (sql.SQL(
                 "INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
-                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {})"
+                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
             ).format(table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
-                     stage, flt, table.ident, match),
+                     stage, flt, table.ident, match), sql.SQL(")")),
             "clear": sql.SQL("TRUNCATE {}").format(stage),
             # rows that keep a value the target does not have: the insert would write NULL in its place
             "orphans": sql.SQL(
@@ -452,7 +498,8 @@ class PostgresApplier:
                 return sql.SQL(", ").join(out)
 
             upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
-            plan["update"] = sql.SQL(upd).format(table.ident, assignments(False), stage, match, flt)
-            plan["update_keep"] = sql.SQL(upd).format(table.ident, assignments(True), stage, match, flt)
+            for name, keep in (("update", False), ("update_keep", True)):
+                head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
+                plan[name] = (head, sql.SQL(""))
         t._plan = plan
         return plan
