@@ -95,9 +95,11 @@ def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
         # a range updated and one deleted, put out of order: each met by one walk of its range
         dense = chunk(reversed(range(1000, 2000)), range(2999, 1999, -1))
         # every other key of a range is still dense
-        half = chunk(range(3000, 3400, 2), ())
+        half = chunk(range(3000, 5000, 2), ())
         # keys spread over the table (some deleted above, so inserted again): a search a row
         spread = chunk(range(1, 5000, 50), range(4999, 4000, -100))
+        # a few keys in a row: not worth the planner settings
+        few = chunk(range(100, 200), ())
         # rows appended after the last key, and one existing row updated with them: the update meets one
         # row, the insert (of those the target does not have) the rest
         appended = chunk([*range(5001, 6000), 5000], ())
@@ -107,7 +109,9 @@ def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
     assert half == {"Update": "merge"}
     assert spread == {"Update": "search", "Delete": "search", "Insert": "search"}
     assert appended == {"Update": "merge", "Insert": "merge"}
-    updated = {*range(1000, 2000), *range(3000, 3400, 2), *range(1, 5000, 50), *range(5000, 6000)}
+    assert few == {"Update": "search"}
+    updated = {*range(1000, 2000), *range(3000, 5000, 2), *range(1, 5000, 50), *range(5000, 6000),
+               *range(100, 200)}
     deleted = {*range(2000, 3000), *range(4999, 4000, -100)} - updated
     rows = dict(pair.dst("SELECT id, v FROM d8"))
     assert set(rows) == set(range(1, 6000)) - deleted

@@ -63,9 +63,10 @@ def test_keys_that_do_not_read_keep_the_order_they_came_in():
 
 
 def test_dense_range_is_a_span_at_most_twice_the_keys():
-    # 100 keys in a row, every other key, every third: the span of the keys against how many there are
-    assert dense_range((1, 100), 100)
-    assert dense_range((1, 199), 100)
-    assert not dense_range((1, 298), 100)
-    assert not dense_range((1, 100), 0)  # a statement that joins no rows
-    assert not dense_range(None, 100)  # keys of another type, or that do not sort
+    # 1000 keys in a row, every other key, every third: the span of the keys against how many there are
+    assert dense_range((1, 1000), 1000)
+    assert dense_range((1, 1999), 1000)
+    assert not dense_range((1, 2998), 1000)
+    assert not dense_range((1, 100), 100)  # too few rows to be worth the planner settings' round trips
+    assert not dense_range((1, 1000), 0)  # a statement that joins no rows
+    assert not dense_range(None, 1000)  # keys of another type, or that do not sort
