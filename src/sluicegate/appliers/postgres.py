@@ -82,7 +82,7 @@ _KEY_READERS = {20: int, 21: int, 23: int, 26: int, 700: _float_key, 701: _float
 # A key of one of these (int8, int2, int4) can tell when a chunk's keys are a dense range (dense_range).
 _INTEGER_KEYS = frozenset((20, 21, 23))
 # Dense: the keys a statement joins lie within _DENSE times as many consecutive integers as there are keys,
-# and there are enough of them to be worth the planner settings' two round trips (~0.2 ms, ~0.6 µs a row saved).
+# and enough of them to be worth the planner settings' two round trips (~0.2 ms; ~0.6 µs a row saved).
 _DENSE = 2
 _DENSE_MIN_ROWS = 1000
 _MERGE_JOIN = "SET LOCAL enable_nestloop = off; SET LOCAL enable_hashjoin = off"
