@@ -8,6 +8,7 @@ import random
 import re
 
 import psycopg
+import pytest
 
 from sluicegate.appliers.postgres import PostgresApplier, TargetTable
 from sluicegate.postgres.catalog import describe_table
@@ -71,7 +72,10 @@ def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
     with psycopg.connect(pair.target) as conn:
         plans: list[str] = []
         conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
-        conn.execute("LOAD 'auto_explain'")
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.UndefinedFile:
+            pytest.skip("auto_explain is not installed with this server's binaries")
         conn.execute("SET auto_explain.log_min_duration = 0")
         conn.execute("SET auto_explain.log_level = notice")
         t = TargetTable(describe_table(conn, "public", "d8"))
@@ -94,6 +98,9 @@ def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
 
         # a range updated and one deleted, put out of order: each met by one walk of its range
         dense = chunk(reversed(range(1000, 2000)), range(2999, 1999, -1))
+        # the planner's settings are back for the rest of the transaction
+        assert [conn.execute(f"SHOW {name}").fetchone()[0] for name in ("enable_nestloop", "enable_hashjoin")] \
+            == ["on", "on"]
         # every other key of a range is still dense
         half = chunk(range(3000, 5000, 2), ())
         # keys spread over the table (some deleted above, so inserted again): a search a row

@@ -86,7 +86,7 @@ _INTEGER_KEYS = frozenset((20, 21, 23))
 _DENSE = 2
 _DENSE_MIN_ROWS = 1000
 _MERGE_JOIN = "SET LOCAL enable_nestloop = off; SET LOCAL enable_hashjoin = off"
-_PLANNER_DEFAULTS = "RESET enable_nestloop; RESET enable_hashjoin"
+_PLANNER_DEFAULTS = "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_hashjoin TO DEFAULT"
 
 
 def key_order_getter(table: Table):
@@ -433,7 +433,8 @@ class PostgresApplier:
                                                   keyrange.compare(t.table, "<=", [str(span[1])], "d"))
         cur.execute(_MERGE_JOIN)
         met = cur.execute(head + within + tail).rowcount
-        cur.execute(_PLANNER_DEFAULTS)  # (after an error the transaction rolls back, and SET LOCAL with it)
+        # Back for the rest of the transaction; after an error it rolls back, and SET LOCAL with it.
+        cur.execute(_PLANNER_DEFAULTS)
         return met
 
     def _orphan_error(self, t: TargetTable) -> None:
