@@ -99,8 +99,8 @@ def test_dense_keys_meet_the_target_by_one_walk_of_the_key_index(pair):
         # a range updated and one deleted, put out of order: each met by one walk of its range
         dense = chunk(reversed(range(1000, 2000)), range(2999, 1999, -1))
         # the planner's settings are back for the rest of the transaction
-        assert [conn.execute(f"SHOW {name}").fetchone()[0] for name in ("enable_nestloop", "enable_hashjoin")] \
-            == ["on", "on"]
+        settings = ("enable_nestloop", "enable_hashjoin")
+        assert [conn.execute(f"SHOW {name}").fetchone()[0] for name in settings] == ["on", "on"]
         # every other key of a range is still dense
         half = chunk(range(3000, 5000, 2), ())
         # keys spread over the table (some deleted above, so inserted again): a search a row
