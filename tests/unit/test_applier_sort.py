@@ -1,9 +1,9 @@
 """The order in which the PostgreSQL applier writes a chunk's staged rows: the target's key order, read from
-the keys' text by their type (appliers/postgres.py in_key_order)."""
+the keys' text by their type (appliers/postgres.py sort_by_key)."""
 
 from __future__ import annotations
 
-from sluicegate.appliers.postgres import dense_range, in_key_order, key_order_getter
+from sluicegate.appliers.postgres import dense_range, key_order_getter, sort_by_key
 from sluicegate.postgres.catalog import Table
 
 
@@ -18,7 +18,7 @@ def staged(keys: list[tuple]) -> dict:
 
 
 def keys_after(t: Table, keys: list[tuple]) -> list[tuple]:
-    return [row[1][:-1] for row in in_key_order(staged(keys), key_order_getter(t))]
+    return [row[1][:-1] for row in sort_by_key(staged(keys), key_order_getter(t))[0]]
 
 
 def test_integers_sort_by_value_not_by_text():
@@ -50,7 +50,7 @@ def test_a_composite_key_sorts_column_by_column():
 def test_rows_already_in_order_stay_as_they_are():
     t = table(("id", "integer", 23))
     rows = staged([(str(i),) for i in range(1, 1000)])
-    assert in_key_order(rows, key_order_getter(t)) == list(rows.values())
+    assert sort_by_key(rows, key_order_getter(t))[0] == list(rows.values())
 
 
 def test_keys_that_do_not_read_keep_the_order_they_came_in():

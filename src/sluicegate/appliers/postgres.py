@@ -117,10 +117,6 @@ def sort_by_key(rows: dict, order_of) -> tuple[list, list | None]:
         return values, None
 
 
-def in_key_order(rows: dict, order_of) -> list:
-    return sort_by_key(rows, order_of)[0]
-
-
 def dense_range(span: tuple[int, int] | None, rows: int) -> bool:
     """Whether `rows` staged keys within span (the chunk's lowest and highest integer key) are dense enough
     for a statement to meet the target's rows by one walk of the key index over the span, merged with the
@@ -406,28 +402,29 @@ class PostgresApplier:
             span = (min(order), max(order)) if t.integer_key and order else None
             # Only the statements this chunk needs: each costs a join with the staged rows.
             if deletes:
-                self._join(cur, t, plan["delete"], span if dense_range(span, deletes) else None)
+                self._join(cur, t, plan["delete"], span, deletes)
             upserts, updated = len(rows) - deletes, 0
-            upsert_span = span if dense_range(span, upserts) else None
             if upserts and plan["update"] is not None:
-                updated = self._join(cur, t, plan["update_keep"] if has_keep else plan["update"], upsert_span)
+                update = plan["update_keep"] if has_keep else plan["update"]
+                updated = self._join(cur, t, update, span, upserts)
             # Staged keys are unique, so when the update met as many rows as were staged, every row exists
             # and there is nothing to insert (the usual case: updates of rows the target has).
             if upserts and updated < upserts:
                 if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
                     self._orphan_error(t)
-                self._join(cur, t, plan["insert"], upsert_span)
+                self._join(cur, t, plan["insert"], span, upserts)
             self.applied_rows += len(rows)
             cur.execute(plan["clear"])
 
     @staticmethod
     def _join(cur, t: TargetTable, statement: tuple[sql.Composed, sql.SQL],
-              span: tuple[int, int] | None) -> int:
-        """Run a statement (head, tail) that joins the staged rows with the target table `d`; the rows it
-        wrote. Given a dense span of keys (dense_range), the join is held to it and the planner to a merge
-        join: with no statistics on the staging table it would search the key index once a row."""
+              span: tuple[int, int] | None, rows: int) -> int:
+        """Run a statement (head, tail) that joins `rows` of the staged rows with the target table `d`; the
+        rows it wrote. When they are dense within the chunk's span of keys (dense_range), the join is held to
+        it and the planner to a merge join: with no statistics on the staging table it would search the key
+        index once a row."""
         head, tail = statement
-        if span is None:
+        if not dense_range(span, rows):
             return cur.execute(head + tail).rowcount
         within = sql.SQL(" AND {} AND {}").format(keyrange.compare(t.table, ">=", [str(span[0])], "d"),
                                                   keyrange.compare(t.table, "<=", [str(span[1])], "d"))
