@@ -84,6 +84,35 @@ def test_a_kept_command_whose_jvm_exits_is_forgotten_and_spark_starts_the_usual_
     assert not kept.exists()  # forgotten: the next start asks Spark's launcher again
 
 
+SPAWN_ORDER_DRIVER = """
+import json, subprocess, sys
+spawned = []  # for each driver JVM started: was PySpark imported by then?
+
+class Spy(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        if "org.apache.spark.deploy.SparkSubmit" in args and "org.apache.spark.launcher.Main" not in args:
+            spawned.append("pyspark" in sys.modules)
+        super().__init__(args, *rest, **kwargs)
+
+subprocess.Popen = Spy
+from sluicegate.spark.session import get_spark_context
+sc = get_spark_context()
+squares = sc.parallelize(range(3), 2).map(lambda x: x * x).collect()
+sc.stop()
+print(json.dumps({"spawned": spawned, "squares": squares}))
+"""
+
+
+def test_a_kept_command_spawns_the_jvm_before_pyspark_is_imported(tmp_path):
+    # PySpark's import (~75 ms of the GIL) runs while the JVM boots, not before it on the critical path.
+    env = _kept_env(tmp_path)
+    for _ in range(2):  # the first start asks Spark's launcher for the command, the second reads it kept
+        out = subprocess.run([sys.executable, "-c", SPAWN_ORDER_DRIVER], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"spawned": [False], "squares": [0, 1, 4]}
+
+
 def test_without_direct_launch_spark_starts_through_spark_submit(tmp_path):
     env = {**_kept_env(tmp_path), "SLUICEGATE_SPARK_DIRECT_LAUNCH": "off"}
     result, _ = _start(env)

@@ -26,3 +26,11 @@ def test_workflow_run_without_rules_imports_no_pyarrow():
 def test_a_copy_task_imports_neither_psycopg_3_nor_pyarrow():
     # What PySpark's daemon imports before it forks the workers (spark/python_daemon.py).
     assert loaded("sluicegate.workflow.copy_task", "sluicegate.spark.runner") == []
+
+
+def test_the_command_line_loads_neither_protobuf_nor_rich_before_a_command_needs_them():
+    # `workflow run` reads its workflow, then spawns Spark's JVM: everything imported before that waits.
+    code = ("import sys, json; import sluicegate.cli.main; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'google', 'rich'})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout) == []

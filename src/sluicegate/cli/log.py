@@ -6,11 +6,14 @@ import json
 import os
 import sys
 from functools import wraps
+from typing import TYPE_CHECKING
 
 import click
 
-from ..changes import model as m
 from ..position import format_lsn
+
+if TYPE_CHECKING:  # the messages' module (protobuf, ~30 ms) loads where a command uses it
+    from ..changes import model as m
 
 
 def _friendly(fn):
@@ -35,6 +38,8 @@ def _rows(n: int) -> str:
 
 
 def statement_summary(st: m.Statement) -> str:
+    from ..changes import model as m
+
     """'INSERT public.t (3 rows)', 'TRUNCATE public.a, public.b CASCADE', 'ROLLBACK', …"""
     kind = m.type_name(st.type)
     if st.type == m.TRUNCATE:
@@ -68,6 +73,7 @@ def dump(path, as_json):
 
     Exits 1 with the file and byte offset where a record is damaged (after printing the records before it).
     """
+    from ..changes import model as m
     from ..changes.translog import read_log
 
     out = sys.stdout

@@ -11,7 +11,6 @@ from functools import wraps
 
 import click
 import psycopg
-from rich.console import Console
 
 from ..errors import SluicegateError, UsageError
 from ..postgres.connect import first_line, redact
@@ -222,6 +221,8 @@ def workflow_run(name, target, spark_master, no_progress):
         runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
         _run_reshard(name, target, runner, stop)
         return
+    from rich.console import Console
+
     console = Console(stderr=True)
     view = None
     if not no_progress and console.is_terminal:
@@ -267,6 +268,8 @@ def workflow_status_cmd(name, target, as_json):
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
+    from rich.console import Console
+
     from .output import print_status
 
     print_status(Console(), status)
@@ -415,6 +418,8 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
                                    "shards": [{"target_shard": shard, **json.loads(rep.to_json(r))}
                                               for shard, _, r in results]}, indent=2))
     else:
+        from rich.console import Console
+
         console = Console(highlight=False, soft_wrap=True)
         for shard, _, result in results:
             if shard:

@@ -9,12 +9,15 @@ import signal
 import sys
 import threading
 from functools import wraps
+from typing import TYPE_CHECKING
 
 import click
 
-from ..changes import model as m
 from ..errors import UsageError
 from ..position import format_lsn, parse_lsn
+
+if TYPE_CHECKING:  # the messages' module (protobuf, ~30 ms) loads where a command uses it
+    from ..changes import model as m
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
     if bool(server) == bool(source):
         raise UsageError("give one of --server HOST:PORT (a VStream server) or --source URL (read the source "
                          "directly)")
+    from ..changes import model as m
     from ..changes.plugins import load_applier, load_replicator
     from ..vstream.client import stream
 

@@ -30,9 +30,10 @@ def archive_path() -> Path | None:
         return None
     if override:
         return Path(override)
-    try:
-        from pyspark.version import __version__ as version
-    except ImportError:
+    from .launch import pyspark_version
+
+    version = pyspark_version()  # (not through the `pyspark` package: see launch.py)
+    if version is None:
         return None
     return Path(sys.prefix) / "share" / "sluicegate" / f"spark-{version}-classes.jsa"
 

@@ -11,11 +11,18 @@ SPARK_CONF_DIR, SPARK_SCALA_VERSION, PYTHONHASHSEED=0), and connects to it as Py
 elsewhere. Anything else goes the usual way: a `spark-env.sh` (a script may set anything),
 PYSPARK_SUBMIT_ARGS, SPARK_TESTING, Windows, SLUICEGATE_SPARK_DIRECT_LAUNCH=off. A kept command whose JVM
 exits before it listens is forgotten, and the start goes the usual way.
+
+The driver is spawned before PySpark is imported: SPARK_HOME and PySpark's version come from two of its
+self-contained modules read from their files (`pyspark_module`), not through the package, whose __init__
+takes ~75 ms of the GIL that the JVM's start would otherwise wait for; the caller imports PySpark while the
+JVM boots (`spawn_driver`, then `await_driver`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SUBMIT = "org.apache.spark.deploy.SparkSubmit"
@@ -32,9 +40,40 @@ _ENV_PREFIXES = ("SPARK_", "JAVA_", "_JAVA_", "JDK_JAVA_", "HADOOP_", "YARN_")
 _KEPT = 16  # commands kept: one per distinct set of inputs (master, options); the oldest go
 
 
-def spark_home() -> Path:
-    from pyspark.find_spark_home import _find_spark_home
+@functools.cache
+def pyspark_module(name: str):
+    """One of the installed PySpark's modules that import nothing of PySpark (`find_spark_home`, `version`),
+    run from its file without the `pyspark` package's __init__; None when there is no such file (then the
+    caller imports it the usual way)."""
+    spec = importlib.util.find_spec("pyspark")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), f"{name}.py")
+    if not os.path.isfile(path):
+        return None
+    module_spec = importlib.util.spec_from_file_location(f"sluicegate._pyspark_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
+
+def pyspark_version() -> str | None:
+    module = pyspark_module("version")
+    if module is not None:
+        return module.__version__
+    try:
+        from pyspark.version import __version__
+    except ImportError:
+        return None
+    return __version__
+
+
+def spark_home() -> Path:
+    module = pyspark_module("find_spark_home")
+    if module is None:
+        from pyspark.find_spark_home import _find_spark_home
+    else:
+        _find_spark_home = module._find_spark_home
     return Path(_find_spark_home())
 
 
@@ -147,31 +186,51 @@ def forget(settings: dict[str, str]) -> None:
     (cache_dir() / f"{_digest(spark_home(), submit_args(settings))}.json").unlink(missing_ok=True)
 
 
-def start_driver(cmd: list[str], started, timeout: float = 300) -> tuple[subprocess.Popen, int, str] | None:
-    """Run the driver JVM (its stderr a pipe, handed to `started(proc)` at once, to be drained) and wait until
-    it listens: (its process, the gateway's port, its secret). None if it exited first."""
+@dataclass
+class Spawned:
+    """A driver JVM started, not yet known to listen."""
+
+    proc: subprocess.Popen
+    conn_dir: str
+
+    @property
+    def info(self) -> str:
+        return os.path.join(self.conn_dir, "info")
+
+
+def spawn_driver(cmd: list[str], started) -> Spawned | None:
+    """Run the driver JVM (its stderr a pipe, handed to `started(proc)` at once, to be drained). None if it
+    cannot be run; `await_driver` waits until it listens."""
+    conn_dir = tempfile.mkdtemp(prefix="sluicegate-gateway-")
+    env = {**driver_env(spark_home()), "SPARK_CONNECT_MODE": "0",
+           "_PYSPARK_DRIVER_CONN_INFO_PATH": os.path.join(conn_dir, "info")}
+    # stdin a pipe: the gateway JVM exits when it closes (this process is gone). Ctrl-C is the driver's.
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    except OSError:  # e.g. that Java is gone
+        shutil.rmtree(conn_dir, ignore_errors=True)
+        return None
+    started(proc)
+    return Spawned(proc, conn_dir)
+
+
+def await_driver(spawned: Spawned, timeout: float = 300) -> tuple[subprocess.Popen, int, str] | None:
+    """Wait until the spawned driver listens: (its process, the gateway's port, its secret). None if it exited
+    first (or took longer than `timeout`: then it is killed)."""
     from pyspark.serializers import UTF8Deserializer, read_int
 
-    conn_dir = tempfile.mkdtemp(prefix="sluicegate-gateway-")
-    info = os.path.join(conn_dir, "info")
+    proc = spawned.proc
     try:
-        env = {**driver_env(spark_home()), "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": info}
-        # stdin a pipe: the gateway JVM exits when it closes (this process is gone). Ctrl-C is the driver's.
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        except OSError:  # e.g. that Java is gone
-            return None
-        started(proc)
         deadline = time.monotonic() + timeout
-        while not os.path.isfile(info):
+        while not os.path.isfile(spawned.info):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
                 return None
             time.sleep(0.01)
-        with open(info, "rb") as f:  # the JVM renames it into place whole
+        with open(spawned.info, "rb") as f:  # the JVM renames it into place whole
             port, secret = read_int(f), UTF8Deserializer().loads(f)
         return proc, port, secret
     finally:
-        shutil.rmtree(conn_dir, ignore_errors=True)
+        shutil.rmtree(spawned.conn_dir, ignore_errors=True)

@@ -63,9 +63,6 @@ def get_spark_context(master: str | None = None, app_name: str = "sluicegate",
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SLUICEGATE_DRIVER_PID", str(os.getpid()))  # for fault-injection tests
     _ensure_java()
-    from pyspark import SparkConf, SparkContext
-
-    _lazy_numpy_converters()
     settings = {
         "spark.master": master or os.environ.get("SLUICEGATE_SPARK_MASTER", "local[*]"),
         "spark.app.name": app_name,
@@ -82,6 +79,9 @@ def get_spark_context(master: str | None = None, app_name: str = "sluicegate",
             "-XX:TieredStopAtLevel=1" if light_jvm else ""))),
     }
     _launch_jvm(settings)
+    from pyspark import SparkConf, SparkContext
+
+    _lazy_numpy_converters()
     conf = SparkConf()
     for key, value in settings.items():
         conf.set(key, value)
@@ -152,13 +152,23 @@ _STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level
 def _launch_jvm(settings: dict) -> None:
     """Start Spark's JVM (launch.py: straight from the command kept for these settings, else through
     spark-submit) with its stderr piped through a filter: a command's own output (a one-line error) stays
-    readable; everything but the start-up banner still reaches stderr."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+    readable; everything but the start-up banner still reaches stderr. A kept command's JVM is spawned
+    before PySpark is imported, which then happens while the JVM boots."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ or _has_gateway():
         return
-    gateway = _direct_gateway(settings) if launch.usable() else None
+    stderr: list[_Stderr] = []
+    spawned = None
+    if launch.usable() and (cmd := launch.command(settings)) is not None:
+        spawned = launch.spawn_driver(cmd, lambda proc: stderr.append(_Stderr(proc.stderr)))
+    try:
+        from pyspark import SparkConf, SparkContext
+        from pyspark.java_gateway import launch_gateway
+    except BaseException:  # (a broken PySpark) the JVM would only exit with this process
+        if spawned is not None:
+            spawned.proc.kill()
+        raise
+
+    gateway = _direct_gateway(settings, spawned, stderr[0]) if spawned is not None else None
     if gateway is None:
         conf = SparkConf(loadDefaults=False)
         for key, value in settings.items():
@@ -170,15 +180,19 @@ def _launch_jvm(settings: dict) -> None:
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 
 
-def _direct_gateway(settings: dict):
-    """The gateway of a driver JVM started from its kept command; None to go the usual way."""
+def _has_gateway() -> bool:
+    if "pyspark" not in sys.modules:  # no PySpark yet, so no gateway of its
+        return False
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _direct_gateway(settings: dict, spawned: launch.Spawned, stderr: _Stderr):
+    """The gateway of a driver JVM spawned from its kept command; None to go the usual way."""
     from pyspark.java_gateway import launch_gateway
 
-    cmd = launch.command(settings)
-    if cmd is None:
-        return None
-    stderr: list[_Stderr] = []
-    started = launch.start_driver(cmd, lambda proc: stderr.append(_Stderr(proc.stderr)))
+    started = launch.await_driver(spawned)
     if started is None:  # what it printed is dropped: the usual way, tried next, will say it again
         launch.forget(settings)
         return None
@@ -192,7 +206,7 @@ def _direct_gateway(settings: dict):
         os.environ.pop("PYSPARK_GATEWAY_PORT", None)
         os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
     gateway.proc = proc
-    stderr[0].release()
+    stderr.release()
     return gateway
 
 
