@@ -439,6 +439,10 @@ class Bench:
                     copy[f"ratio_{other}_excl_startup"] = copy["sluicegate_excl_startup_s"] / copy[key]
         if "native_again_s" in copy:  # against native's faster copy of the two: the ratio order cannot flatter
             copy["ratio_native_faster"] = copy["sluicegate_s"] / min(copy["native_s"], copy["native_again_s"])
+            # Against the mean of native's copies just before and just after Sluicegate's (A-B-A): a drift
+            # with a copy's place in the run (this VM's memory, bench/README.md) cancels out if linear.
+            mean = (copy["native_s"] + copy["native_again_s"]) / 2
+            copy["ratio_native_bracketed"] = copy["sluicegate_s"] / mean
         self.out["copy"] = copy
         log(f"copy: {fmt(copy)}")
 
