@@ -38,9 +38,9 @@ def _rows(n: int) -> str:
 
 
 def statement_summary(st: m.Statement) -> str:
+    """'INSERT public.t (3 rows)', 'TRUNCATE public.a, public.b CASCADE', 'ROLLBACK', …"""
     from ..changes import model as m
 
-    """'INSERT public.t (3 rows)', 'TRUNCATE public.a, public.b CASCADE', 'ROLLBACK', …"""
     kind = m.type_name(st.type)
     if st.type == m.TRUNCATE:
         tables = ", ".join(f"{t.schema}.{t.name}" for t in st.truncated)

@@ -198,9 +198,9 @@ class Spawned:
         return os.path.join(self.conn_dir, "info")
 
 
-def spawn_driver(cmd: list[str], started) -> Spawned | None:
-    """Run the driver JVM (its stderr a pipe, handed to `started(proc)` at once, to be drained). None if it
-    cannot be run; `await_driver` waits until it listens."""
+def spawn_driver(cmd: list[str]) -> Spawned | None:
+    """Run the driver JVM (its stderr a pipe, for the caller to drain at once). None if it cannot be run;
+    `await_driver` waits until it listens."""
     conn_dir = tempfile.mkdtemp(prefix="sluicegate-gateway-")
     env = {**driver_env(spark_home()), "SPARK_CONNECT_MODE": "0",
            "_PYSPARK_DRIVER_CONN_INFO_PATH": os.path.join(conn_dir, "info")}
@@ -211,7 +211,6 @@ def spawn_driver(cmd: list[str], started) -> Spawned | None:
     except OSError:  # e.g. that Java is gone
         shutil.rmtree(conn_dir, ignore_errors=True)
         return None
-    started(proc)
     return Spawned(proc, conn_dir)
 
 

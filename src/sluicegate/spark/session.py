@@ -156,10 +156,10 @@ def _launch_jvm(settings: dict) -> None:
     before PySpark is imported, which then happens while the JVM boots."""
     if "PYSPARK_GATEWAY_PORT" in os.environ or _has_gateway():
         return
-    stderr: list[_Stderr] = []
     spawned = None
     if launch.usable() and (cmd := launch.command(settings)) is not None:
-        spawned = launch.spawn_driver(cmd, lambda proc: stderr.append(_Stderr(proc.stderr)))
+        spawned = launch.spawn_driver(cmd)
+    stderr = _Stderr(spawned.proc.stderr) if spawned is not None else None  # drained from the start
     try:
         from pyspark import SparkConf, SparkContext
         from pyspark.java_gateway import launch_gateway
@@ -168,7 +168,7 @@ def _launch_jvm(settings: dict) -> None:
             spawned.proc.kill()
         raise
 
-    gateway = _direct_gateway(settings, spawned, stderr[0]) if spawned is not None else None
+    gateway = _direct_gateway(settings, spawned, stderr) if spawned is not None else None
     if gateway is None:
         conf = SparkConf(loadDefaults=False)
         for key, value in settings.items():
