@@ -600,13 +600,14 @@ def test_slow_client_backpressure_and_throughput(pair, tmp_path):
                                ON s.active_pid = r.pid WHERE s.slot_name = 'sg_vstream_slow'""")
             return parse_lsn(rows[0][0])
 
-        # First the transport's buffers fill (on a slow machine, for seconds): until the position holds.
-        last: list = [None]
+        # First the transport's buffers fill (on a slow machine, for seconds): until the position holds for
+        # three polls in a row. One second of standstill was not enough: gRPC can still open its window
+        # later (the sent position moved 3.7 MB during the sampling below, in a fresh-clone CI).
+        polled: list = []
 
         def holds() -> bool:
-            now = sent()
-            held, last[0] = now == last[0], now
-            return held
+            polled.append(sent())
+            return len(polled) >= 3 and polled[-1] == polled[-2] == polled[-3]
 
         wait_for(holds, timeout=60, interval=1.0, what="the paused stream's walsender to stop sending")
         samples = []
