@@ -262,3 +262,55 @@ def _first_line(exc: BaseException) -> str:
     msg = text() if callable(text) else str(exc)
     lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
     return re.sub(r"\s*SQLSTATE: \w+;?.*$", "", lines[0]) if lines else type(exc).__name__
+
+
+# -- a rule's WHERE as a column, for replicate ------------------------------------------------------------
+_FROM_TAIL = re.compile(r"\bFROM\s*$", re.IGNORECASE)
+_WHERE_HEAD = re.compile(r"^(?:\s|/\*.*?\*/|--[^\n]*(?:\n|$))*WHERE\b", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """A rule's SELECT taken apart at its WHERE, by the positions Spark's own parser gives (never by searching
+    the text, which may hold the word in a string or a comment): replicate must also know the rows the rule
+    drops, to delete them on the target, so it evaluates the condition as a column instead of filtering."""
+
+    unfiltered: str  # the SELECT without its WHERE clause
+    condition: str | None  # the WHERE's condition, None when the rule has no WHERE
+    from_clause: str  # `FROM name [AS alias]`: what a query over the rule's rows must say for the condition
+
+    def keep_sql(self, extra: str = "") -> str:
+        """A query over the rule's view: every column, plus `__sg_keep` (the condition, NULL counting as false)."""
+        cond = "true" if self.condition is None else f"coalesce((\n{self.condition}\n), false)"
+        if extra:
+            cond = f"({cond}) AND ({extra})"
+        return f"SELECT *, {cond} AS __sg_keep {self.from_clause}"
+
+
+def split_where(spark, select: str) -> SplitRule:
+    plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(select)
+    node, condition = plan, None
+    while node.nodeName() not in ("UnresolvedRelation", "SubqueryAlias"):
+        if node.nodeName() == "Filter":
+            condition = node.condition()
+        children = list(_seq(node.children()))
+        if len(children) != 1:  # compile_rule refused such plans already
+            raise UsageError(f"rule SELECT {select[:40]!r}…: a rule reads one table")
+        node = children[0]
+    relation = node
+    while relation.nodeName() == "SubqueryAlias":  # `FROM t AS a`: the alias' origin starts at t
+        relation = next(_seq(relation.children()))
+    rel_start = relation.origin().startIndex().get()
+    rel_end = node.origin().stopIndex().get() + 1
+    head = _FROM_TAIL.search(select[:rel_start])
+    if head is None:
+        raise UsageError(f"rule SELECT {select[:40]!r}…: only `FROM table [AS alias]` is supported here")
+    from_clause = select[head.start():rel_end]
+    if condition is None:
+        return SplitRule(select, None, from_clause)
+    # The parser's positions: the condition starts after the WHERE keyword; everything after the relation is
+    # the WHERE clause (the shape check allows nothing after it), parentheses and trailing comment included.
+    if not _WHERE_HEAD.match(select[rel_end:condition.origin().startIndex().get()]):
+        raise UsageError(f"rule SELECT {select[:40]!r}…: only `FROM table [WHERE condition]` is supported here")
+    text = _WHERE_HEAD.sub("", select[rel_end:], count=1).strip().rstrip(";")
+    return SplitRule(select[:rel_end], text, from_clause)

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .compile import RAW, CompiledRule, quote, raw_schema, rule_session
+from . import types
+from .compile import OUT, RAW, CompiledRule, quote, raw_schema, rule_session, split_where
+from .spec import wrap_select
 from .types import pg_text
 
 RAW_VIEW = "__sg_raw"  # the rows as the source's text, under the typed view the rule reads
+KEEP = "__sg_keep"  # replicate: whether the rule keeps the row (its WHERE and key range), as a column
 
 
 class RuleRunner:
-    """One rule on the driver's Spark: `transform` a DataFrame (copy) or `apply` to Arrow rows (replicate)."""
+    """One rule, planned on the driver's Spark: `transform` a DataFrame of a copy's rows, or
+    `transform_changes` a DataFrame of replicated changes. Either way the rows stay in the executors."""
 
     def __init__(self, spark, rule: CompiledRule):
         self.rule = rule
         self.session = rule_session(spark, dict(rule.udfs))
         self.schema = raw_schema(rule.source)
+        self._split = None
 
     def transform(self, raw_df):
         """The rule over a DataFrame of raw text columns: raw columns first, then the rule's."""
@@ -29,20 +34,56 @@ class RuleRunner:
         self.session.sql(self.rule.typed_view_sql(RAW_VIEW)).createOrReplaceTempView(quote(self.rule.view))
         return self.session.sql(self.rule.runtime_select)
 
-    def apply(self, raw: pa.Table) -> pa.Table:
-        """The rule over a small batch of rows (all string columns, named like `raw_schema`)."""
-        if raw.num_rows == 0:
-            return raw
-        if self.rule.moves_only:  # e.g. a Reshard stream's own rule: no Spark job per batch
-            return raw if self.rule.keyrange is None else raw.filter(pa.array(self._in_range(raw)))
-        return self.transform(self.session.createDataFrame(raw, schema=self.schema)).toArrow()
+    def transform_changes(self, raw_df, extra: list[str]):
+        """The rule over changes (raw text columns and the `extra` columns of each change): one output row per
+        input row, the rule's columns first as `transform` gives them, then `extra`, then KEEP. Rows the rule
+        drops (its WHERE, a shard's key range) come out with KEEP false and their typed columns NULL, so the
+        rule's expressions see them as the copy never would: only as NULLs."""
+        from pyspark.sql import functions as F
 
-    def _in_range(self, raw: pa.Table) -> list[bool]:
+        rule = self.rule
+        if self._split is None:
+            self._split = split_where(self.session, rule.select)
+        raw_df.createOrReplaceTempView(RAW_VIEW)
+        typed = self.session.sql(self._typed_sql(extra))
+        typed.createOrReplaceTempView(quote(rule.view))
+        in_range = None
+        if rule.keyrange is not None:
+            from ..sharding.keyrange import KeyRange
+
+            column, lo, hi = rule.keyrange
+            in_range = KeyRange(lo, hi).spark_filter(RAW.format(column))
+        keep = self.session.sql(self._split.keep_sql(in_range or ""))
+        names = [c.name for c in rule.source.columns]
+        keep.select(*[F.when(F.col(KEEP), F.col(quote(n))).alias(n) for n in names],
+                    *[F.col(c) for c in keep.columns[len(names):]]).createOrReplaceTempView(quote(rule.view))
+        outs = [f"{RAW.format(i)} AS {OUT.format(i)}" for i in range(len(names))]
+        return self.session.sql(wrap_select(self._split.unfiltered, outs + [f"{e} AS {e}_" for e in extra]
+                                            + [f"{KEEP} AS {KEEP}_"]))
+
+    def _typed_sql(self, extra: list[str]) -> str:
+        cols = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(self.rule.source.columns)]
+        raws = [RAW.format(i) for i in range(len(self.rule.source.columns))]
+        return f"SELECT {', '.join(cols + raws + extra)} FROM {quote(RAW_VIEW)}"
+
+
+class MovesOnly:
+    """A rule that only passes columns through (maybe renamed or dropped) and may keep a shard's key range:
+    nothing for Spark to compute, so it runs where the changes are (a play task), in Python."""
+
+    def __init__(self, rule: CompiledRule):
+        assert rule.moves_only
+        self.rule = rule
+
+    def apply(self, raw: pa.Table) -> pa.Table:
+        if raw.num_rows == 0 or self.rule.keyrange is None:
+            return raw
         from ..sharding.keyrange import KeyRange, keyspace_id
 
         column, lo, hi = self.rule.keyrange
         r = KeyRange(lo, hi)
-        return [v is not None and r.contains(keyspace_id(v)) for v in raw.column(column).to_pylist()]
+        return raw.filter(pa.array([v is not None and r.contains(keyspace_id(v))
+                                    for v in raw.column(column).to_pylist()]))
 
 
 def target_columns(rule: CompiledRule, result: pa.Table | pa.RecordBatch) -> list[pa.Array]:

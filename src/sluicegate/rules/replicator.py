@@ -1,5 +1,6 @@
-"""Rules as a replicator (Drizzle's term): row changes of a ruled table pass through its rule on the way
-to the applier; other tables' changes go straight through.
+"""Rules that only move columns, as a replicator (Drizzle's term), inside a play task: row changes of such a
+table pass through its rule on the way to the applier; other tables' changes go straight through. (A Spark
+SQL rule runs in Spark: workflow/rule_player.py.)
 
 Changes are collected per source key (net effect, as the applier does), then the rule runs once over the
 rows that are upserted: a row the rule keeps is upserted on the target in the rule's shape, a row it
@@ -13,11 +14,11 @@ from ..appliers.postgres import PostgresApplier, TargetTable, check_columns
 from ..errors import TerminalError
 from ..postgres.assembler import Change
 from ..postgres.pgoutput import UNCHANGED, Relation
-from .evaluate import RuleRunner, raw_table, target_columns
+from .evaluate import MovesOnly, raw_table, target_columns
 
 
 class _Ruled:
-    def __init__(self, runner: RuleRunner, target: TargetTable):
+    def __init__(self, runner: MovesOnly, target: TargetTable):
         self.runner, self.target = runner, target
         self.rule = runner.rule
         self.staged: dict[tuple, tuple[str, tuple | None]] = {}  # source key -> ('U', values) | ('D', None)
@@ -25,7 +26,7 @@ class _Ruled:
 
 
 class RuleReplicator:
-    def __init__(self, applier: PostgresApplier, ruled: dict[tuple[str, str], tuple[RuleRunner, TargetTable]]):
+    def __init__(self, applier: PostgresApplier, ruled: dict[tuple[str, str], tuple[MovesOnly, TargetTable]]):
         self.applier = applier
         self.ruled = {name: _Ruled(runner, target) for name, (runner, target) in ruled.items()}
         self.pending = 0
@@ -89,7 +90,7 @@ class RuleReplicator:
             for _, values in upserts:
                 for i in rule.needs:
                     if values[i] is UNCHANGED:
-                        self._needs_full(rule, i)
+                        needs_full(rule, i)
             result = r.runner.apply(raw_table(rule, [tuple(None if v is UNCHANGED else v for v in values)
                                                      for _, values in upserts]))
             staged = dict(upserts)
@@ -128,12 +129,13 @@ class RuleReplicator:
                     values[i] = prev[1][i]
         return tuple(values)
 
-    @staticmethod
-    def _needs_full(rule, i: int) -> None:
-        col = rule.source.columns[i].name
-        raise TerminalError(
-            f"rule {rule.rule.split(':', 1)[0]!r} reads column {col!r} of {rule.source.qualified}, and an update "
-            f"left it unchanged as a large (TOASTed) value the change does not carry: run ALTER TABLE "
-            f"{rule.source.qualified} REPLICA IDENTITY FULL on the source so changes carry it, then re-create "
-            f"the workflow"
-        )
+
+def needs_full(rule, i: int) -> None:
+    """A rule reads column i, which a change left unchanged as a TOASTed value it does not carry."""
+    col = rule.source.columns[i].name
+    raise TerminalError(
+        f"rule {rule.rule.split(':', 1)[0]!r} reads column {col!r} of {rule.source.qualified}, and an update "
+        f"left it unchanged as a large (TOASTed) value the change does not carry: run ALTER TABLE "
+        f"{rule.source.qualified} REPLICA IDENTITY FULL on the source so changes carry it, then re-create "
+        f"the workflow"
+    )

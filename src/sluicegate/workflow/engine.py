@@ -291,14 +291,27 @@ class Engine:
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
         )
-        rules = self._rule_runners(stream)
-        if rules:  # a rule runs on the driver's Spark session: so does this stream's player
-            result = play(task, rules, self.stop)
-        else:
+        compiled = self._compiled_rules(stream)
+        if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch
+            from . import rule_player
+
+            result = rule_player.play(self, task, self._rule_runners(stream))
+        else:  # nothing for Spark SQL to compute: one task holds the stream, rules (if any) in Python
+            from dataclasses import replace
+
+            task = replace(task, rules=tuple((name, rule.to_json()) for name, rule in compiled.items()))
             result = self.runner.map(play, [task], f"{until} {wf.name}", tag=self.tag)[0]
         if result.batches:
             self.recovering = False  # the task cleared the message with its first batch
         return result
+
+    def _compiled_rules(self, stream: st.Stream) -> dict:
+        """Source table's qualified name -> its CompiledRule, for the stream's tables that have a rule."""
+        if not any(t.rule is not None for t in stream.tables):
+            return {}
+        from ..rules.compile import CompiledRule
+
+        return {t.table.qualified: CompiledRule.from_json(t.rule, t.table) for t in stream.tables if t.rule is not None}
 
     def _rule_runners(self, stream: st.Stream) -> dict:
         """(schema, name) of a source table -> its RuleRunner, made once per run."""

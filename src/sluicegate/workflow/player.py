@@ -49,6 +49,9 @@ class PlayTask:
     batch_seconds: float = 0.2  # a batch ends at the next transaction boundary after this long: lag stays low
     yield_to_vdiff: bool = False  # return as soon as a vdiff is pending (the driver serves vdiffs)
     clear_message: bool = False  # the stream's message tells of a failure this task recovered from
+    # (source qualified name, rule json) of tables whose rule only moves columns (a Reshard's key range, say):
+    # applied here, in Python. A stream with a Spark SQL rule plays through workflow/rule_player.py instead.
+    rules: tuple[tuple[str, dict], ...] = ()
 
 
 @dataclass
@@ -61,9 +64,9 @@ class PlayResult:
     interrupted: str = ""  # why it returned early: the stream's state or position moved
 
 
-def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
-    """`rules`: source (schema, name) -> RuleRunner, when the task runs on the driver (rules need its Spark);
-    `stop`: an event that ends the task between batches."""
+def play(task: PlayTask, stop=None) -> PlayResult:
+    """`stop`: an event that ends the task between batches."""
+    rules = _moves_only(task)
     result = PlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
@@ -91,7 +94,7 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     if result.position >= task.stop_at:
                         result.caught_up = True
                         return result
-                    _wait_flushed(src_ctl, task.stop_at)
+                    wait_flushed(src_ctl, task.stop_at)
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 state, position = st.lock_stream(dst, task.stream_id)
                 if state != task.expect_state or position != result.position:
@@ -138,6 +141,21 @@ def play(task: PlayTask, rules: dict | None = None, stop=None) -> PlayResult:
                     return result
                 if time.monotonic() >= deadline:
                     return result
+
+
+def _moves_only(task: PlayTask) -> dict | None:
+    """source (schema, name) -> a runner of its rule, for the task's tables that have one."""
+    if not task.rules:
+        return None
+    from ..rules.compile import CompiledRule
+    from ..rules.evaluate import MovesOnly
+
+    sources = {Table.from_json(spec).qualified: Table.from_json(spec) for spec, _, _ in task.tables}
+    runners = {}
+    for name, rule_json in task.rules:
+        source = sources[name]
+        runners[(source.schema, source.name)] = MovesOnly(CompiledRule.from_json(rule_json, source))
+    return runners
 
 
 @dataclass
@@ -218,7 +236,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     return batch
 
 
-def _wait_flushed(src_ctl, lsn: int, timeout: float = 30.0) -> None:
+def wait_flushed(src_ctl, lsn: int, timeout: float = 30.0) -> None:
     """Decoding reads only flushed WAL: wait until the snapshot's position is flushed."""
     deadline = time.monotonic() + timeout
     nudged = False

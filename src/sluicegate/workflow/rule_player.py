@@ -1,0 +1,473 @@
+"""Replaying a stream whose tables go through Spark SQL rules: one Spark job a batch, no rows on the driver.
+
+A rule is Spark SQL, so it runs where Spark evaluates SQL, in the executors. The driver plans a batch by
+positions alone: it ends at the source's WAL insert position (no record straddles it), or at a fast-forward's
+snapshot position. The job, one task:
+
+    per table: peek the slot for the batch (read_changes)  ->  the table's rule (Spark SQL)  \\
+    ...                                                                                      union -> apply_changes
+
+`read_changes` decodes the batch's transactions (their commit record begins in [position, end)), keeps one
+table's changes and ends with a marker row telling where the batch ended (the peek may stop early, after
+`batch_changes` rows, at a commit's end). The rule runs over every change, its WHERE as a column, so a row it
+drops is known and deleted on the target. `apply_changes` stages the rows with the PostgreSQL applier and
+commits them with the stream's new position in one target transaction, under the stream's row lock, after
+checking that the position is still the batch's start (exactly once). Only then does the driver confirm the
+slot. A peek is replayable: a task that dies leaves nothing behind, and the retry reads the same changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+from functools import partial, reduce
+
+from ..errors import RetryableError, SluicegateError, TerminalError, is_retryable
+from ..postgres import capture, peek
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, first_line
+from . import state as st
+from .faults import fault_point
+from .player import PlayResult, PlayTask, wait_flushed
+
+log = logging.getLogger("sluicegate")
+
+SEQ, OP, UNCH, META = "__sg_seq", "__sg_op", "__sg_unch", "__sg_meta"
+EXTRA = [SEQ, OP, UNCH, META]
+ROWS_PER_BATCH = 4096
+UNCHANGED_WINDOW = 20_000  # keys whose last values a reader remembers, to fill in unchanged TOAST values
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One batch of one stream: what its tasks need (pickled into them)."""
+
+    task: PlayTask
+    rules: dict  # source qualified name -> rule json, for the tables with a rule
+    start: int
+    upto: int
+    source_now: object  # the source's clock when the batch was planned: its caught-up time
+    active: tuple[int, ...] = field(default=())  # indexes into task.tables whose changes are applied
+
+
+# -- the driver ------------------------------------------------------------------------------------------
+
+
+def play(engine, task: PlayTask, runners: dict) -> PlayResult:
+    """Like player.play, for a stream with Spark SQL rules (`runners`: source (schema, name) -> RuleRunner):
+    batches until `task.until` says enough, each one Spark job. Runs on the driver; touches no rows."""
+    from ..vdiff import store as vdiff_store
+
+    result = PlayResult(task.position)
+    deadline = time.monotonic() + task.max_seconds
+    active = tuple(i for i, (_, mode, _) in enumerate(task.tables) if mode != "skip")
+    last_write = 0.0
+    with connect(task.source_url, role="source", autocommit=True) as src, \
+            connect(task.target_url, role="target", autocommit=True) as dst:
+        info = capture.check_slot(src, task.slot, task.position, capture.rebootstrap(task.workflow))
+        capture.release_slot(src, task.slot, info)  # a walsender left behind: a peek needs the slot
+        if info.confirmed_flush is not None and info.confirmed_flush < task.position:
+            capture.advance_slot(src, task.slot, task.position)
+        while True:
+            if task.until == "position" and result.position >= task.stop_at:
+                result.caught_up = True
+                return result
+            if engine.stop.is_set():
+                result.interrupted = "stopping"
+                return result
+            state, position = st.read_stream(dst, task.stream_id)
+            if state != task.expect_state or position != result.position:
+                result.interrupted = f"stream is {state} at {position}"
+                return result
+            if task.yield_to_vdiff and vdiff_store.has_table(dst) and vdiff_store.waiting(dst, task.workflow):
+                result.interrupted = "a vdiff is waiting"
+                return result
+            upto = task.stop_at if task.until == "position" else capture.wal_insert_position(src)
+            now = time.monotonic()
+            if upto <= result.position:  # nothing written since: note that the stream is caught up
+                if now - last_write >= task.heartbeat_seconds:
+                    _, source_now = capture.wal_flush_position(src)
+                    _save_idle(task, result.position, source_now)
+                    last_write = now
+                if task.until == "caught_up":
+                    result.caught_up = True
+                    return result
+                engine.stop.wait(task.idle_poll)
+                continue
+            wait_flushed(src, upto)
+            _, source_now = capture.wal_flush_position(src)
+            spec = BatchSpec(task, {name: runner.rule.to_json() for name, runner in _by_name(runners).items()},
+                             result.position, upto, source_now, active)
+            summary = _run_batch(engine, spec, runners)
+            if summary["interrupted"]:
+                result.interrupted = summary["interrupted"]
+                return result
+            result.batches += 1
+            result.transactions += summary["transactions"]
+            result.rows += summary["rows"]
+            result.position = summary["position"]
+            last_write = now
+            capture.advance_slot(src, task.slot, result.position)  # after the target's commit
+            if task.until == "caught_up" and not summary["limited"]:
+                result.caught_up = True
+                return result
+            if time.monotonic() >= deadline:
+                return result
+
+
+def _by_name(runners: dict) -> dict:
+    return {f"{schema}.{name}": runner for (schema, name), runner in runners.items()}
+
+
+def _save_idle(task: PlayTask, position: int, source_now) -> None:
+    with connect(task.target_url, role="target") as dst:
+        state, current = st.lock_stream(dst, task.stream_id)
+        if state == task.expect_state and current == position:
+            st.save_position(dst, task.stream_id, position, caught_up_at=source_now)
+            dst.commit()
+
+
+def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
+    """The batch as one Spark job (one task: every table's changes, one target transaction)."""
+    from pyspark.sql import functions as F
+
+    from ..rules.compile import OUT, RAW, quote
+    from ..rules.evaluate import KEEP
+
+    task = spec.task
+    if not spec.active:  # no table takes changes yet (all wait for their copy): only the position moves
+        return _apply_without_rows(spec)
+    session = engine.runner.spark
+    parts = []
+    for i in spec.active:
+        table = Table.from_json(task.tables[i][0])
+        runner = runners.get((table.schema, table.name))
+        owner = runner.session if runner is not None else session
+        schema = _raw_schema(table)
+        raw = owner.range(0, 1, 1, numPartitions=1).mapInArrow(partial(read_changes, spec, i), schema)
+        n = len(table.columns)
+        if runner is None:
+            out = raw.select(F.struct(*[F.col(RAW.format(j)) for j in range(n)]).alias(f"__sg_o{i}"),
+                             *[F.col(c) for c in EXTRA], F.lit(True).alias(KEEP))
+        else:
+            ruled = runner.transform_changes(raw, EXTRA)
+            exprs = [name for kind, name in runner.rule.outputs if kind == "expr"]
+            out = ruled.select(F.struct(*[F.col(OUT.format(j)) for j in range(n)],
+                                        *[F.col(quote(e)) for e in exprs]).alias(f"__sg_o{i}"),
+                               *[F.col(f"{c}_").alias(c) for c in EXTRA], F.col(f"{KEEP}_").alias(KEEP))
+        parts.append(out.select(F.lit(i).alias("__sg_t"), "*"))
+    batch = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    engine.runner.sc.setJobDescription(f"replicate {task.workflow} through its rules")
+    rows = batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string").collect()
+    summary = json.loads(rows[0][0])
+    if summary.get("error"):
+        raise pickle.loads(base64.b64decode(summary["error"]))
+    return summary
+
+
+def _apply_without_rows(spec: BatchSpec) -> dict:
+    task = spec.task
+    summary = {"position": spec.upto, "rows": 0, "transactions": 0, "limited": False, "interrupted": ""}
+    with connect(task.target_url, role="target") as dst:
+        state, position = st.lock_stream(dst, task.stream_id)
+        if state != task.expect_state or position != spec.start:
+            summary["interrupted"] = f"stream is {state} at {position}"
+            return summary
+        st.save_position(dst, task.stream_id, spec.upto)
+        dst.commit()
+    return summary
+
+
+def _raw_schema(table: Table):
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from ..rules.compile import RAW
+
+    return StructType([StructField(RAW.format(i), StringType()) for i in range(len(table.columns))]
+                      + [StructField(SEQ, LongType()), StructField(OP, StringType()),
+                         StructField(UNCH, StringType()), StructField(META, StringType())])
+
+
+# -- in the task: reading ----------------------------------------------------------------------------------
+
+
+def read_changes(spec: BatchSpec, index: int, _ids):
+    """Runs in the batch's task: table `index`'s changes of the batch as raw text rows in commit order (a
+    key change is a delete of the old key, then the new row), then one marker row (op 'M': where the batch
+    ended) — or, if reading fails, an error row (op 'E') the applying side raises again, type and all."""
+    builder = _Rows(spec, index)
+    try:
+        yield from _read(spec, index, builder)
+    except Exception as exc:  # noqa: BLE001 - carried to apply_changes, which rolls back and reports it
+        yield from builder.flush()
+        yield from builder.marker("E", _pack_error(exc))
+
+
+def _read(spec: BatchSpec, index: int, builder):
+    from ..appliers.postgres import check_columns
+    from ..postgres.assembler import Change, Framing, TruncateChange, assemble
+    from ..postgres.pgoutput import UNCHANGED, Begin, Commit
+    from ..rules.compile import CompiledRule
+
+    task = spec.task
+    table = Table.from_json(task.tables[index][0])
+    rule_json = spec.rules.get(table.qualified)
+    needs = set(CompiledRule.from_json(rule_json, table).needs) if rule_json else set()
+    key_idx = table.key_indices
+    checked: set[int] = set()
+    recent: dict[tuple, list] = {}  # key -> its last values: unchanged TOAST values filled in from them
+    counted = 0
+    taking = False
+    last_end = None
+    transactions, commit_time = 0, None
+    with connect(task.source_url, role="source") as conn:
+        def counting(rows):
+            nonlocal counted
+            for row in rows:
+                counted += 1
+                yield row
+
+        rows = counting(peek.peek(conn, task.slot, task.publication, spec.upto, task.batch_changes))
+        for ev in assemble(peek.in_range(rows, spec.start, spec.upto), Framing()):
+            if isinstance(ev, Change):
+                if not taking or (ev.relation.schema, ev.relation.name) != (table.schema, table.name):
+                    continue
+                if ev.relation.oid not in checked:
+                    check_columns(ev.relation, table)
+                    checked.add(ev.relation.oid)
+                if ev.kind == "D":
+                    yield from builder.add("D", ev.old, None)
+                    recent.pop(tuple(ev.old[i] for i in key_idx), None)
+                    continue
+                new = list(ev.new)
+                key = tuple(new[i] for i in key_idx)
+                if ev.old is not None and tuple(ev.old[i] for i in key_idx) != key:
+                    yield from builder.add("D", ev.old, None)
+                unchanged = None
+                if UNCHANGED in new:
+                    prev = recent.get(key)
+                    for j, v in enumerate(new):
+                        if v is not UNCHANGED:
+                            continue
+                        if ev.old is not None and ev.old[j] is not None and ev.old[j] is not UNCHANGED:
+                            new[j] = ev.old[j]
+                        elif prev is not None and prev[j] is not UNCHANGED:
+                            new[j] = prev[j]
+                    unchanged = [j for j, v in enumerate(new) if v is UNCHANGED]
+                    for j in unchanged:
+                        if j in needs:
+                            from ..rules.replicator import needs_full
+
+                            needs_full(CompiledRule.from_json(rule_json, table), j)
+                if len(recent) >= UNCHANGED_WINDOW:
+                    recent.clear()
+                recent[key] = new
+                yield from builder.add("U", new, unchanged)
+            elif isinstance(ev, Begin):
+                taking = True  # in_range passed it: its commit record begins in [start, upto)
+            elif isinstance(ev, Commit):
+                last_end = ev.end_lsn
+                if taking:
+                    transactions += 1
+                    commit_time = ev.commit_time
+                taking = False
+            elif isinstance(ev, TruncateChange) and taking and any(
+                    (r.schema, r.name) == (table.schema, table.name) for r in ev.relations):
+                yield from builder.add("T", None, None)
+    # The server stops after the transaction that reaches `batch_changes` rows: then the batch ends at the
+    # last commit it sent; else every transaction beginning its commit before `upto` was read.
+    limited = counted >= task.batch_changes and last_end is not None
+    end = last_end if limited else spec.upto
+    yield from builder.flush()
+    yield from builder.marker("M", json.dumps({
+        "position": max(end, spec.start), "limited": limited, "transactions": transactions,
+        "commit_time": commit_time.isoformat() if commit_time is not None else None}))
+
+
+class _Rows:
+    """Rows into Arrow record batches of the table's raw schema."""
+
+    def __init__(self, spec: BatchSpec, index: int):
+        self.n = len(Table.from_json(spec.task.tables[index][0]).columns)
+        self.columns: list[list] = [[] for _ in range(self.n + 4)]
+        self.seq = 0
+
+    def add(self, op: str, values, unchanged):
+        from ..postgres.pgoutput import UNCHANGED
+
+        cols = self.columns
+        if values is None:
+            values = (None,) * self.n
+        for j, v in enumerate(values):
+            cols[j].append(None if v is UNCHANGED else v)
+        n = self.n
+        cols[n].append(self.seq)
+        cols[n + 1].append(op)
+        cols[n + 2].append(",".join(map(str, unchanged)) if unchanged else None)
+        cols[n + 3].append(None)
+        self.seq += 1
+        if len(cols[n]) >= ROWS_PER_BATCH:
+            yield from self.flush()
+
+    def marker(self, op: str, meta: str):
+        n = self.n
+        for j in range(n):
+            self.columns[j].append(None)
+        self.columns[n].append(self.seq)
+        self.columns[n + 1].append(op)
+        self.columns[n + 2].append(None)
+        self.columns[n + 3].append(meta)
+        self.seq += 1
+        yield from self.flush()
+
+    def flush(self):
+        import pyarrow as pa
+
+        if not self.columns[self.n]:  # (the sequence column has a value in every row)
+            return
+        n = self.n
+        arrays = [pa.array(c, pa.string()) for c in self.columns[:n]]
+        arrays += [pa.array(self.columns[n], pa.int64()), pa.array(self.columns[n + 1], pa.string()),
+                   pa.array(self.columns[n + 2], pa.string()), pa.array(self.columns[n + 3], pa.string())]
+        from ..rules.compile import RAW
+
+        yield pa.RecordBatch.from_arrays(arrays, names=[RAW.format(j) for j in range(n)] + EXTRA)
+        self.columns = [[] for _ in range(n + 4)]
+
+
+# -- in the task: applying ---------------------------------------------------------------------------------
+
+
+def apply_changes(spec: BatchSpec, batches):
+    """Runs in the batch's task, after every table's rule: apply the rows and save the stream's new position
+    in one target transaction. Yields one summary row (JSON), errors included (pickled): they keep their
+    type across the executor boundary."""
+    import pyarrow as pa
+
+    summary = {"position": spec.start, "rows": 0, "transactions": 0, "limited": False, "interrupted": "",
+               "error": None}
+    try:
+        _apply(spec, batches, summary)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
+        summary["error"] = _pack_error(exc)
+    yield pa.RecordBatch.from_arrays([pa.array([json.dumps(summary)], pa.string())], names=["summary"])
+
+
+def _apply(spec: BatchSpec, batches, summary: dict) -> None:
+    import pyarrow.compute as pc
+
+    from ..appliers.postgres import PostgresApplier, TargetTable
+    from ..rules.compile import CompiledRule
+    from ..rules.evaluate import KEEP, target_columns
+
+    task = spec.task
+    with connect(task.target_url, role="target") as dst:
+        state, position = st.lock_stream(dst, task.stream_id)
+        if state != task.expect_state or position != spec.start:
+            dst.rollback()
+            summary["interrupted"] = f"stream is {state} at {position}"
+            return
+        targets, rules = {}, {}
+        for i in spec.active:
+            spec_json, mode, lastpk = task.tables[i]
+            source = Table.from_json(spec_json)
+            rule_json = spec.rules.get(source.qualified)
+            if rule_json is not None:
+                rules[i] = CompiledRule.from_json(rule_json, source)
+                targets[i] = TargetTable(rules[i].target, mode, lastpk, source=(source.schema, source.name))
+            else:
+                targets[i] = TargetTable(source, mode, lastpk)
+        applier = PostgresApplier(dst, list(targets.values()))
+        markers: dict[int, dict] = {}
+        try:
+            for batch in batches:
+                for i in spec.active:
+                    part = batch.filter(pc.equal(batch.column("__sg_t"), i))
+                    if part.num_rows:
+                        _apply_part(applier, targets[i], rules.get(i), part, markers, i, target_columns, KEEP)
+                        summary["rows"] += part.num_rows
+            if set(markers) != set(spec.active):
+                raise RetryableError(f"batch of stream {task.stream_id} came without every table's end; will retry")
+            ends = {(m["position"], m["limited"]) for m in markers.values()}
+            if len(ends) != 1:  # a replayable peek gives every table the same end: something moved the slot
+                raise RetryableError(f"the tables of stream {task.stream_id} read different batches; will retry")
+            meta = next(iter(markers.values()))
+            applier.flush()
+            applier.settle()
+        except BaseException:
+            applier.abandon()
+            raise
+        summary["rows"] -= len(markers)
+        caught_up = not meta["limited"] and task.stop_at is None
+        st.save_position(dst, task.stream_id, meta["position"],
+                         caught_up_at=spec.source_now if caught_up else None,
+                         transaction_time=meta["commit_time"])
+        if task.clear_message:
+            st.set_message(dst, task.stream_id, "")
+        fault_point("replicate.before_commit")
+        dst.commit()
+        summary.update(position=meta["position"], limited=meta["limited"], transactions=meta["transactions"])
+
+
+def _apply_part(applier, target, rule, part, markers: dict, index: int, target_columns, keep_name: str) -> None:
+    ops = part.column(OP).to_pylist()
+    unch = part.column(UNCH).to_pylist()
+    keeps = part.column(keep_name).to_pylist()
+    struct = part.column(f"__sg_o{index}")
+    fields = struct.flatten()
+    names = [struct.type.field(j).name for j in range(struct.type.num_fields)]
+    if rule is None:
+        n = len(target.table.columns)
+        values = list(zip(*(f.to_pylist() for f in fields[:n])))
+        key_idx = target.table.key_indices
+    else:
+        import pyarrow as pa
+
+        result = pa.RecordBatch.from_arrays(fields, names=names)
+        values = list(zip(*(c.to_pylist() for c in target_columns(rule, result))))
+        raw = list(zip(*(f.to_pylist() for f in fields[:len(rule.source.columns)])))
+        key_idx = rule.source.key_indices
+        key_positions = rule.target.key_indices
+        n_target = len(rule.target.columns)
+    for j, op in enumerate(ops):
+        if op in ("M", "E"):
+            meta = part.column(META)[j].as_py()
+            if op == "E":
+                raise pickle.loads(base64.b64decode(meta))
+            markers[index] = json.loads(meta)
+            continue
+        if op == "T":
+            applier.flush()
+            if rule is not None and rule.keyrange is not None:  # a shard's stream clears only its own rows
+                applier.delete_where(target, rule.target_keyrange())
+            else:
+                applier.truncate_tables([target])
+            continue
+        if rule is None:
+            row = values[j]
+            key = tuple(row[k] for k in key_idx)
+            unchanged = [int(c) for c in unch[j].split(",")] if unch[j] else None
+            applier.put(target, "D" if op == "D" else "U", key, row, unchanged if op == "U" else None)
+            continue
+        key = tuple(raw[j][k] for k in key_idx)
+        if op == "U" and keeps[j]:
+            unchanged = {int(c) for c in unch[j].split(",")} if unch[j] else set()
+            keep = [c for c, (kind, ref) in enumerate(rule.outputs) if kind == "raw" and ref in unchanged]
+            applier.put(target, "U", key, values[j], keep or None)
+        else:  # deleted, or no longer selected by the rule: gone from the target
+            row = [None] * n_target
+            for pos, v in zip(key_positions, key):
+                row[pos] = v
+            applier.put(target, "D", key, tuple(row))
+
+
+def _pack_error(exc: BaseException) -> str:
+    """An error as the driver will raise it: ours as they are, others classified (terminal or retryable)."""
+    if not isinstance(exc, SluicegateError):
+        cls = RetryableError if is_retryable(exc) else TerminalError
+        exc = cls(f"{type(exc).__name__}: {first_line(exc)}")
+    return base64.b64encode(pickle.dumps(exc)).decode()
