@@ -35,9 +35,10 @@ def peek(conn: psycopg.Connection, slot: str, publication: str, upto: int,
     try:
         yield from first
         yield from cur
-    finally:
-        cur.close()
-        conn.rollback()
+    finally:  # (also when the reader stops early and closes this generator, maybe after the connection)
+        if not conn.closed:
+            cur.close()
+            conn.rollback()
 
 
 def _open(conn, slot, publication, upto, nchanges):

@@ -37,6 +37,7 @@ from .player import PlayResult, PlayTask, wait_flushed
 log = logging.getLogger("sluicegate")
 
 SEQ, OP, UNCH, META = "__sg_seq", "__sg_op", "__sg_unch", "__sg_meta"
+RAW_NAME = "__sg_raw_{}"  # (rules.compile.RAW, without importing Spark's side of it here)
 EXTRA = [SEQ, OP, UNCH, META]
 ROWS_PER_BATCH = 4096
 UNCHANGED_WINDOW = 20_000  # keys whose last values a reader remembers, to fill in unchanged TOAST values
@@ -135,38 +136,121 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
     """The batch as one Spark job (one task: every table's changes, one target transaction)."""
     from pyspark.sql import functions as F
 
-    from ..rules.compile import OUT, RAW, quote
-    from ..rules.evaluate import KEEP
-
     task = spec.task
     if not spec.active:  # no table takes changes yet (all wait for their copy): only the position moves
         return _apply_without_rows(spec)
-    session = engine.runner.spark
-    parts = []
-    for i in spec.active:
-        table = Table.from_json(task.tables[i][0])
-        runner = runners.get((table.schema, table.name))
-        owner = runner.session if runner is not None else session
-        schema = _raw_schema(table)
-        raw = owner.range(0, 1, 1, numPartitions=1).mapInArrow(partial(read_changes, spec, i), schema)
-        n = len(table.columns)
-        if runner is None:
-            out = raw.select(F.struct(*[F.col(RAW.format(j)) for j in range(n)]).alias(f"__sg_o{i}"),
-                             *[F.col(c) for c in EXTRA], F.lit(True).alias(KEEP))
-        else:
-            ruled = runner.transform_changes(raw, EXTRA)
-            exprs = [name for kind, name in runner.rule.outputs if kind == "expr"]
-            out = ruled.select(F.struct(*[F.col(OUT.format(j)) for j in range(n)],
-                                        *[F.col(quote(e)) for e in exprs]).alias(f"__sg_o{i}"),
-                               *[F.col(f"{c}_").alias(c) for c in EXTRA], F.col(f"{KEEP}_").alias(KEEP))
-        parts.append(out.select(F.lit(i).alias("__sg_t"), "*"))
+    parts = [_table_frame(engine, spec, runners, i).select(F.lit(i).alias("__sg_t"), "*") for i in spec.active]
     batch = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     engine.runner.sc.setJobDescription(f"replicate {task.workflow} through its rules")
-    rows = batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string").collect()
+    try:
+        rows = batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string").collect()
+    except Exception as exc:
+        from ..spark import errors as spark_errors
+
+        if not spark_errors.is_data_error(exc):
+            raise  # a lost worker, a cancelled job: the engine retries
+        raise _diagnose(engine, spec, runners, exc) from None
     summary = json.loads(rows[0][0])
     if summary.get("error"):
         raise pickle.loads(base64.b64decode(summary["error"]))
     return summary
+
+
+def _table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int, int] | None = None,
+                 ruled: bool = True):
+    """Table i's changes of the batch after its rule: a struct `__sg_o{i}` of the rule's output (raw
+    columns first, as the copy's), the change's own columns, and KEEP. `seq`: only changes [lo, hi)."""
+    from pyspark.sql import functions as F
+
+    from ..rules.compile import OUT, RAW, quote
+    from ..rules.evaluate import KEEP
+
+    table = Table.from_json(spec.task.tables[i][0])
+    runner = runners.get((table.schema, table.name))
+    owner = runner.session if runner is not None else engine.runner.spark
+    raw = owner.range(0, 1, 1, numPartitions=1).mapInArrow(partial(read_changes, spec, i, seq=seq),
+                                                           _raw_schema(table))
+    n = len(table.columns)
+    if runner is None or not ruled:
+        return raw.select(F.struct(*[F.col(RAW.format(j)) for j in range(n)]).alias(f"__sg_o{i}"),
+                          *[F.col(c) for c in EXTRA], F.lit(True).alias(KEEP))
+    out = runner.transform_changes(raw, EXTRA)
+    exprs = [name for kind, name in runner.rule.outputs if kind == "expr"]
+    return out.select(F.struct(*[F.col(OUT.format(j)) for j in range(n)],
+                               *[F.col(quote(e)) for e in exprs]).alias(f"__sg_o{i}"),
+                      *[F.col(f"{c}_").alias(c) for c in EXTRA], F.col(f"{KEEP}_").alias(KEEP))
+
+
+MAX_PROBES = 40
+
+
+def _diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> TerminalError:
+    """A rule failed on a row (Spark says how, not where): find the table and the row by halving the batch's
+    changes, each half a small Spark job (the peek is replayable), and name its key. An error path: the
+    stream stops in Error here, so the seconds this takes are spent once."""
+    from ..spark import errors as spark_errors
+
+    what = spark_errors.message(exc)
+    probes = 0
+    for i in spec.active:
+        table = Table.from_json(spec.task.tables[i][0])
+        runner = runners.get((table.schema, table.name))
+        if runner is None:
+            continue
+        label = runner.rule.rule.split(":", 1)[0]
+        try:
+            n = _count(_table_frame(engine, spec, runners, i, ruled=False))
+            if _fails(engine, spec, runners, i, (0, n)) is None:
+                continue
+            lo, hi = 0, n
+            while hi - lo > 1 and probes < MAX_PROBES:
+                mid = (lo + hi) // 2
+                probes += 1
+                lo, hi = (lo, mid) if _fails(engine, spec, runners, i, (lo, mid)) else (mid, hi)
+        except Exception:  # the diagnosis is a courtesy: report what is known
+            log.debug("could not find the row rule %s fails on", label, exc_info=True)
+            break
+        where = f"a change of {table.qualified}"
+        if hi - lo == 1:
+            key = _key_at(engine, spec, runners, i, lo)
+            if key is not None:
+                where = (f"{table.qualified} row ({', '.join(table.key)})=({', '.join(map(str, key))})")
+        return TerminalError(f"rule {label!r} fails on {where}: {what} Nothing of this batch was applied: "
+                             f"change the rule (e.g. try_cast) and re-create the workflow")
+    return TerminalError(f"a rule of workflow {spec.task.workflow} fails on a replicated row: {what} Nothing of "
+                         f"this batch was applied: change the rule (e.g. try_cast) and re-create the workflow")
+
+
+def _count(frame) -> int:
+    rows = frame.mapInArrow(_count_rows, "n long").collect()
+    return sum(r[0] for r in rows)
+
+
+def _count_rows(batches):
+    """Every column of every row reaches Python, so Spark evaluates each of the rule's expressions."""
+    import pyarrow as pa
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
+
+
+def _fails(engine, spec, runners, i, seq) -> BaseException | None:
+    from ..spark import errors as spark_errors
+
+    try:
+        _count(_table_frame(engine, spec, runners, i, seq))
+        return None
+    except Exception as exc:
+        if spark_errors.is_data_error(exc):
+            return exc
+        raise
+
+
+def _key_at(engine, spec, runners, i, seq_no: int) -> list | None:
+    table = Table.from_json(spec.task.tables[i][0])
+    frame = _table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
+    rows = frame.select(*[frame[f"__sg_o{i}"][RAW_NAME.format(j)] for j in table.key_indices]).collect()
+    return list(rows[0]) if rows else None
 
 
 def _apply_without_rows(spec: BatchSpec) -> dict:
@@ -195,11 +279,11 @@ def _raw_schema(table: Table):
 # -- in the task: reading ----------------------------------------------------------------------------------
 
 
-def read_changes(spec: BatchSpec, index: int, _ids):
+def read_changes(spec: BatchSpec, index: int, _ids, seq: tuple[int, int] | None = None):
     """Runs in the batch's task: table `index`'s changes of the batch as raw text rows in commit order (a
     key change is a delete of the old key, then the new row), then one marker row (op 'M': where the batch
     ended) — or, if reading fails, an error row (op 'E') the applying side raises again, type and all."""
-    builder = _Rows(spec, index)
+    builder = _Rows(spec, index, seq)
     try:
         yield from _read(spec, index, builder)
     except Exception as exc:  # noqa: BLE001 - carried to apply_changes, which rolls back and reports it
@@ -267,6 +351,8 @@ def _read(spec: BatchSpec, index: int, builder):
                     recent.clear()
                 recent[key] = new
                 yield from builder.add("U", new, unchanged)
+                if builder.past:
+                    break  # a probe's range is read (_diagnose)
             elif isinstance(ev, Begin):
                 taking = True  # in_range passed it: its commit record begins in [start, upto)
             elif isinstance(ev, Commit):
@@ -283,22 +369,31 @@ def _read(spec: BatchSpec, index: int, builder):
     limited = counted >= task.batch_changes and last_end is not None
     end = last_end if limited else spec.upto
     yield from builder.flush()
-    yield from builder.marker("M", json.dumps({
-        "position": max(end, spec.start), "limited": limited, "transactions": transactions,
-        "commit_time": commit_time.isoformat() if commit_time is not None else None}))
+    if builder.range is None:  # (a probe needs no end)
+        yield from builder.marker("M", json.dumps({
+            "position": max(end, spec.start), "limited": limited, "transactions": transactions,
+            "commit_time": commit_time.isoformat() if commit_time is not None else None}))
 
 
 class _Rows:
     """Rows into Arrow record batches of the table's raw schema."""
 
-    def __init__(self, spec: BatchSpec, index: int):
+    def __init__(self, spec: BatchSpec, index: int, seq: tuple[int, int] | None = None):
         self.n = len(Table.from_json(spec.task.tables[index][0]).columns)
         self.columns: list[list] = [[] for _ in range(self.n + 4)]
         self.seq = 0
+        self.range = seq  # only these changes (a probe of _diagnose)
+
+    @property
+    def past(self) -> bool:
+        return self.range is not None and self.seq >= self.range[1]
 
     def add(self, op: str, values, unchanged):
         from ..postgres.pgoutput import UNCHANGED
 
+        if self.range is not None and not self.range[0] <= self.seq < self.range[1]:
+            self.seq += 1
+            return
         cols = self.columns
         if values is None:
             values = (None,) * self.n
