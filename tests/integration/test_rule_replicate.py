@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -11,7 +13,8 @@ import pytest
 from sluicegate.workflow.create import create_materialize
 
 from ..conftest import EngineThread, wait_for
-from .helpers import caught_up, reap_group, stream_row
+from .helpers import Writer, caught_up, reap_group, stream_row
+from .test_kill_restart import start_driver
 
 pytestmark = pytest.mark.spark
 
@@ -88,3 +91,41 @@ def test_a_rule_that_fails_at_run_time_stops_the_stream_naming_the_table_and_the
     assert "public.codes" in message and "777" in message and "not a number" in message, message
     # nothing of the failed batch was applied; what came before it was
     assert pair.dst("SELECT count(*), max(id) FROM codes_n") == [(600, 600)]
+
+
+@pytest.mark.parametrize("point", [
+    "replicate.before_commit",  # data and position written by the task, not committed
+    pytest.param("rule_batch.mid_read", marks=pytest.mark.slow),  # a table's peek half read
+    pytest.param("rule_batch.before_advance", marks=pytest.mark.slow),  # committed, the slot not confirmed
+])
+def test_kill_9_while_replicating_through_a_rule_then_resume(pair, tmp_path, point):
+    """Reading (a task's peek), applying (the task's transaction) and confirming the slot (the driver)."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
+    pair.src("INSERT INTO items SELECT g, g % 4, md5(g::text) FROM generate_series(1, 2000) g")
+    rule = "busy: SELECT id, qty * 10 AS qty10, upper(note) AS note FROM items WHERE qty % 2 = 0"
+    expected = "SELECT id, qty * 10, upper(note) FROM items WHERE qty % 2 = 0 ORDER BY id"
+    create_materialize("k9r", pair.source, pair.target, [rule], {}, {})
+    log = tmp_path / "driver.log"
+    driver = start_driver(pair, "k9r", log)
+    writer = Writer(pair.source, 2000, pause=0.005)
+    try:
+        wait_for(lambda: stream_row(pair, "k9r")["state"] == "Running", timeout=180, what="Running",
+                 describe=lambda: log.read_text()[-2000:])
+        reap_group(driver)
+        writer.start()
+        driver = start_driver(pair, "k9r", log, fault=point, fault_dir=tmp_path)
+        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=240,
+                 what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
+        assert driver.poll() is None, log.read_text()[-2000:]
+        os.kill(driver.pid, signal.SIGKILL)
+        reap_group(driver)
+        writer.stop_event.set()
+        writer.join()
+        assert writer.error is None
+        driver = start_driver(pair, "k9r", log)
+        wait_for(lambda: caught_up(pair, "k9r"), timeout=240, what="caught up after the kill",
+                 describe=lambda: (stream_row(pair, "k9r"), log.read_text()[-2000:]))
+        assert pair.dst("SELECT id, qty10, note FROM busy ORDER BY id") == pair.src(expected)
+    finally:
+        writer.stop_event.set()
+        reap_group(driver)

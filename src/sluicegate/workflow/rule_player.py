@@ -112,6 +112,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
             result.rows += summary["rows"]
             result.position = summary["position"]
             last_write = now
+            fault_point("rule_batch.before_advance")
             capture.advance_slot(src, task.slot, result.position)  # after the target's commit
             if task.until == "caught_up" and not summary["limited"]:
                 result.caught_up = True
@@ -360,6 +361,7 @@ def _read(spec: BatchSpec, index: int, builder):
                 if taking:
                     transactions += 1
                     commit_time = ev.commit_time
+                    fault_point("rule_batch.mid_read")
                 taking = False
             elif isinstance(ev, TruncateChange) and taking and any(
                     (r.schema, r.name) == (table.schema, table.name) for r in ev.relations):
