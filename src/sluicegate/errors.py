@@ -11,12 +11,13 @@ class SluicegateError(Exception):
 
     retryable = False
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, sqlstate: str | None = None):
         super().__init__(message)
         self.message = message
+        self.sqlstate = sqlstate  # the server's SQLSTATE when a database error caused it
 
     def __reduce__(self):
-        return (type(self), (self.message,))
+        return (type(self), (self.message, self.sqlstate))
 
     def __str__(self) -> str:
         return self.message
@@ -65,6 +66,21 @@ def is_retryable(err: BaseException) -> bool:
                         psycopg2.errors.ObjectInUse, psycopg2.errors.QueryCanceled)):
         return True
     return isinstance(err, (ConnectionError, TimeoutError, EOFError))
+
+
+def from_exception(exc: BaseException) -> SluicegateError:
+    """Any error as one of ours, as a task reports it across the executor boundary: ours unchanged; others
+    terminal or retryable by their class (is_retryable), one line, with the database's SQLSTATE kept."""
+    if isinstance(exc, SluicegateError):
+        return exc
+    from .postgres.connect import first_line  # (psycopg: only once there is an error to describe)
+
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)  # psycopg 3, psycopg2
+    text = f"{type(exc).__name__}: {first_line(exc)}"
+    if state:
+        text += f" (SQLSTATE {state})"
+    cls = RetryableError if is_retryable(exc) else TerminalError
+    return cls(text, sqlstate=state)
 
 
 def did_you_mean(name: str, choices: list[str], *, cutoff: float = 0.6) -> str:

@@ -42,3 +42,23 @@ def test_retryable_by_type():
     assert is_retryable(RetryableError("x")) and not is_retryable(TerminalError("x"))
     assert is_retryable(psycopg.errors.LockNotAvailable("lock timeout"))
     assert not is_retryable(psycopg.errors.SyntaxError("syntax"))
+
+
+def test_a_database_error_keeps_its_sqlstate_across_the_boundary():
+    result = pickle.loads(pickle.dumps(guarded(boom, psycopg.errors.UndefinedTable('relation "x" does not exist'))))
+    with pytest.raises(TerminalError) as info:
+        unwrap([result])
+    assert info.value.sqlstate == "42P01" and "SQLSTATE 42P01" in str(info.value)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is TerminalError and again.sqlstate == "42P01"
+
+
+def test_spark_data_errors_are_terminal_by_sqlstate():
+    from sluicegate.spark import errors as spark_errors
+
+    cast = Exception('[CAST_INVALID_INPUT] The value \'x\' of the type "STRING" cannot be cast to "INT" because '
+                     "it is malformed. SQLSTATE: 22018")
+    lost = Exception("Job aborted due to stage failure: ExecutorLostFailure (executor 1 exited)")
+    assert spark_errors.is_data_error(cast) and not spark_errors.is_data_error(lost)
+    assert spark_errors.message(cast).startswith("[CAST_INVALID_INPUT] The value 'x'")
+    assert "SQLSTATE" not in spark_errors.message(cast)

@@ -10,18 +10,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, is_retryable
+from ..errors import SluicegateError, UsageError, from_exception
 from ..postgres.connect import first_line
 
 
 def guarded(fn: Callable, arg: Any):
     try:
         return ("ok", fn(arg))
-    except SluicegateError as exc:
-        return ("err", exc)
     except Exception as exc:  # noqa: BLE001 - classified, then re-raised on the driver
-        cls = RetryableError if is_retryable(exc) else TerminalError
-        return ("err", cls(f"{type(exc).__name__}: {first_line(exc)}"))
+        return ("err", from_exception(exc))
 
 
 def unwrap(results: list) -> list:

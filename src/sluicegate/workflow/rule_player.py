@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from functools import partial, reduce
 
-from ..errors import RetryableError, SluicegateError, TerminalError, is_retryable
+from ..errors import RetryableError, TerminalError, from_exception
 from ..postgres import capture, peek
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, first_line
+from ..postgres.connect import connect
 from . import state as st
 from .faults import fault_point
 from .player import PlayResult, PlayTask, wait_flushed
@@ -563,8 +563,5 @@ def _apply_part(applier, target, rule, part, markers: dict, index: int, target_c
 
 
 def _pack_error(exc: BaseException) -> str:
-    """An error as the driver will raise it: ours as they are, others classified (terminal or retryable)."""
-    if not isinstance(exc, SluicegateError):
-        cls = RetryableError if is_retryable(exc) else TerminalError
-        exc = cls(f"{type(exc).__name__}: {first_line(exc)}")
-    return base64.b64encode(pickle.dumps(exc)).decode()
+    """An error as the driver will raise it: ours as they are, others classified (errors.from_exception)."""
+    return base64.b64encode(pickle.dumps(from_exception(exc))).decode()
