@@ -100,11 +100,17 @@ def sluicegate(*args: str, env: dict) -> subprocess.CompletedProcess:
                           env=env, timeout=300, stdin=subprocess.DEVNULL, check=False)
 
 
-def test_a_malformed_conf_flag_is_a_one_line_usage_error():
-    # (read before anything connects: the target need not exist)
-    run = sluicegate("workflow", "run", "w", "--target", "postgresql://127.0.0.1:1/none", "--conf",
-                     "spark.executor.memory", env=dict(os.environ))
-    assert run.returncode == 1
+NOWHERE = "postgresql://127.0.0.1:1/none"  # (--conf is read before anything connects)
+
+
+@pytest.mark.parametrize(("command", "status"), [
+    (["workflow", "run", "w", "--target", NOWHERE], 1),
+    (["vdiff", "w", "--target", NOWHERE], 2),  # vdiff's exit status for an error
+    (["movetables", "create", "--workflow", "w", "--source", NOWHERE, "--target", NOWHERE], 1),
+])
+def test_a_malformed_conf_flag_is_a_one_line_usage_error(command, status):
+    run = sluicegate(*command, "--conf", "spark.executor.memory", env=dict(os.environ))
+    assert run.returncode == status
     assert run.stderr == ("error: --conf 'spark.executor.memory': expected KEY=VALUE, "
                           "e.g. --conf spark.executor.memory=4g\n")
 
