@@ -1,4 +1,4 @@
-"""Spark started the standard way (spark-submit, Spark's own configuration) and the executor check at start."""
+"""Spark started the standard way (spark-submit, Spark's own configuration); the executor check at start."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_a_local_start_binds_to_loopback_and_loads_no_pandas_numpy_or_pyarrow():
 SETTINGS_DRIVER = """
 import json, sys
 from sluicegate.spark.session import get_spark_context
-sc = get_spark_context(conf={"spark.sluicegate.test.flag": "from-conf", "spark.sluicegate.test.both": "from-conf"},
-                       light_jvm=True)
+flags = {"spark.sluicegate.test.flag": "from-conf", "spark.sluicegate.test.both": "from-conf"}
+sc = get_spark_context(conf=flags, light_jvm=True)
 keys = ["spark.sluicegate.test.defaults", "spark.sluicegate.test.flag", "spark.sluicegate.test.both",
         "spark.sql.shuffle.partitions", "spark.ui.enabled", "spark.driver.host", "spark.driver.bindAddress",
         "spark.app.name"]
@@ -96,8 +96,8 @@ def test_spark_defaults_conf_beats_our_defaults_and_conf_flags_beat_it(tmp_path)
 
 
 def sluicegate(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=300, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True,
+                          text=True, env=env, timeout=300, stdin=subprocess.DEVNULL, check=False)
 
 
 NOWHERE = "postgresql://127.0.0.1:1/none"  # (--conf is read before anything connects)
@@ -143,8 +143,8 @@ def test_executors_without_sluicegate_are_a_one_line_error_naming_the_fix(pair, 
     run = sluicegate("workflow", "run", "bare", "--target", pair.target, "--spark-master", "local[1]",
                      "--no-progress", env=env)
     _assert_one_line_error(run, f"(Python {bare_python}) cannot import sluicegate (ModuleNotFoundError",
-                           f"install sluicegate=={__version__} on every worker, or ship a packed virtual environment "
-                           "with --conf spark.archives=")
+                           f"install sluicegate=={__version__} on every worker, or ship a packed virtual "
+                           "environment with --conf spark.archives=")
     assert pair.dst("SELECT count(*) FROM items") == [(0,)]  # no copy task ran
 
 
@@ -154,6 +154,22 @@ def test_executors_with_another_sluicegate_version_are_a_one_line_error(pair, tm
     other.mkdir(parents=True)
     (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
     run = sluicegate("workflow", "run", "other", "--target", pair.target, "--spark-master", "local[1]",
-                     "--conf", f"spark.executorEnv.PYTHONPATH={other.parent}", "--no-progress", env=dict(os.environ))
+                     "--conf", f"spark.executorEnv.PYTHONPATH={other.parent}", "--no-progress",
+                     env=dict(os.environ))
     _assert_one_line_error(run, f"has sluicegate 0.0.1, the driver {__version__}: "
                                 f"install sluicegate=={__version__} on every worker")
+
+
+def test_executors_that_never_start_are_a_one_line_error_not_a_hang(pair):
+    # Executors of 2 cores on a worker of 1 never start: Spark's job would wait for ever, logging a warning.
+    _workflow(pair, "stuck")
+    run = sluicegate("workflow", "run", "stuck", "--target", pair.target,
+                     "--spark-master", "local-cluster[1,1,1024]", "--conf", "spark.executor.cores=2",
+                     "--conf", "spark.sluicegate.executorCheckTimeout=5", "--no-progress",
+                     env=dict(os.environ))
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr[-2000:]
+    assert lines[0].startswith(
+        "error: no executor ran Sluicegate's check task within 5s (master local-cluster[1,1,1024]): "
+        "check that the workers have free cores and memory and can reach the driver at 127.0.0.1:")

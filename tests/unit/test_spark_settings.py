@@ -12,6 +12,7 @@ from sluicegate.spark.session import (
     is_local,
     launch_settings,
     parse_conf,
+    unreachable_driver,
 )
 
 
@@ -42,7 +43,8 @@ def test_a_local_master_gets_loopback_for_the_driver_and_ours_for_what_nobody_se
 @pytest.mark.parametrize("master", ["spark://10.0.0.5:7077", "yarn", "k8s://https://k8s.example:6443"])
 def test_any_other_master_leaves_the_drivers_address_to_spark(master):
     defaults = default_settings(master, {})
-    assert not {"spark.driver.host", "spark.driver.bindAddress", "spark.sql.shuffle.partitions"} & set(defaults)
+    local_only = {"spark.driver.host", "spark.driver.bindAddress", "spark.sql.shuffle.partitions"}
+    assert not local_only & set(defaults)
     assert defaults["spark.app.name"] == "sluicegate"
 
 
@@ -53,6 +55,18 @@ def test_what_spark_defaults_or_conf_set_is_never_defaulted():
     assert default_settings("local[2]", seen) == {"spark.ui.showConsoleProgress": "false"}
     bind_only = default_settings("local[2]", {"spark.driver.bindAddress": "0.0.0.0"})
     assert bind_only["spark.driver.host"] == "127.0.0.1" and "spark.driver.bindAddress" not in bind_only
+
+
+def test_a_loopback_driver_for_executors_on_other_hosts_is_a_warning(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    warning = unreachable_driver("spark://spark-master.internal:7077", "127.0.0.1")
+    assert warning == ("the driver tells the executors of spark://spark-master.internal:7077 to connect to "
+                       "127.0.0.1, which only this machine reaches (SPARK_LOCAL_IP=127.0.0.1 made it the "
+                       "default): set --conf spark.driver.host=ADDRESS (see docs/spark-cluster.md)")
+    assert unreachable_driver("yarn", "localhost") is not None
+    assert unreachable_driver("spark://spark-master.internal:7077", "10.0.4.17") is None
+    assert unreachable_driver("spark://127.0.0.1:7077", "127.0.0.1") is None  # a cluster on this machine
+    assert unreachable_driver("local[2]", "127.0.0.1") is None
 
 
 def test_conf_flags_parse_and_a_later_key_wins():
@@ -79,7 +93,8 @@ def test_the_master_goes_to_spark_submit_only_when_named(monkeypatch):
         launch_settings("yarn", {"spark.master": "local[2]"})
 
 
-DRIVER = {"python": "3.11.7", "executable": "/venv/bin/python", "host": "driver", "pid": 1, "version": "0.1.0",
+DRIVER = {"python": "3.11.7", "executable": "/venv/bin/python", "host": "driver", "pid": 1,
+          "version": "0.1.0",
           "extensions": {"sluicegate.postgres._copy_pump": True, "sluicegate.postgres._pgoutput_rows": True}}
 
 
@@ -95,15 +110,16 @@ def test_an_executor_without_sluicegate_names_the_fix():
     error, _ = compare(DRIVER, [executor(), {k: v for k, v in executor(
         host="worker-2", error="ModuleNotFoundError: No module named 'sluicegate'").items()
         if k not in ("version", "extensions")}])
-    assert error == ("executor on worker-2 (Python /venv/bin/python) cannot import sluicegate (ModuleNotFoundError: "
-                     "No module named 'sluicegate'): install sluicegate==0.1.0 on every worker, or ship a packed "
-                     "virtual environment with --conf spark.archives=... (see docs/spark-cluster.md)")
+    assert error == ("executor on worker-2 (Python /venv/bin/python) cannot import sluicegate "
+                     "(ModuleNotFoundError: No module named 'sluicegate'): install sluicegate==0.1.0 on "
+                     "every worker, or ship a packed virtual environment with --conf spark.archives=... "
+                     "(see docs/spark-cluster.md)")
 
 
 def test_another_version_or_python_is_an_error():
     error, _ = compare(DRIVER, [executor(version="0.0.9")])
-    assert error.startswith("executor on worker-1 (Python /venv/bin/python) has sluicegate 0.0.9, the driver 0.1.0: "
-                            "install sluicegate==0.1.0 on every worker")
+    assert error.startswith("executor on worker-1 (Python /venv/bin/python) has sluicegate 0.0.9, "
+                            "the driver 0.1.0: install sluicegate==0.1.0 on every worker")
     error, _ = compare(DRIVER, [executor(python="3.12.1")])
     assert "runs Python 3.12, the driver 3.11: give the executors Python 3.11" in error
 
@@ -112,8 +128,8 @@ def test_executors_without_the_c_extensions_only_warn():
     error, warnings = compare(DRIVER, [executor(extensions={"sluicegate.postgres._copy_pump": False,
                                                             "sluicegate.postgres._pgoutput_rows": True})])
     assert error is None
-    assert warnings == [("executors on worker-1 lack sluicegate.postgres._copy_pump (built on the driver): they "
-                         "run its slower Python path; install sluicegate with its C extensions there")]
+    assert warnings == [("executors on worker-1 lack sluicegate.postgres._copy_pump (built on the driver): "
+                         "they run its slower Python path; install sluicegate with its C extensions there")]
 
 
 # PySpark's own check fails the task before the probe runs (text of PySpark 4.3's PYTHON_VERSION_MISMATCH).
@@ -133,7 +149,8 @@ def test_a_check_job_that_failed_before_the_probe_says_why_in_one_line():
     missing = job_failure('java.io.IOException: Cannot run program "/nope/python": error=2, No such file',
                           "0.1.0", "/nope/python")
     assert missing.startswith("executors cannot run Python /nope/python (PYSPARK_PYTHON=/nope/python)")
-    other = job_failure("Traceback (most recent call last):\nImportError: cannot import name 'x'\n", "0.1.0", "p")
-    assert other.startswith("Spark executors could not run Sluicegate's check task (ImportError: cannot import "
-                            "name 'x'): install sluicegate==0.1.0")
+    other = job_failure("Traceback (most recent call last):\nImportError: cannot import name 'x'\n",
+                        "0.1.0", "p")
+    assert other.startswith("Spark executors could not run Sluicegate's check task (ImportError: cannot "
+                            "import name 'x'): install sluicegate==0.1.0")
     assert all("\n" not in s for s in (line, missing, other))

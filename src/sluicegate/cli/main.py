@@ -71,11 +71,13 @@ UDF = click.option("--udf", "udfs", multiple=True, metavar="NAME=MODULE:FUNCTION
                    help="A Python function rules may call as NAME (TYPE: its Spark return type, default string).")
 RULES_FILE = click.option("--rules-file", type=click.Path(exists=True, dir_okay=False), default=None,
                           help="A YAML file with a list of rules under `rules:`.")
-SPARK_MASTER = click.option("--spark-master", default=None, metavar="URL",
-                            help="Spark master URL: spark://..., yarn, k8s://..., local[N] (default: spark-defaults.conf's, "
-                                 "else local[*]; or SLUICEGATE_SPARK_MASTER).")
-SPARK_CONF = click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-                          help="A Spark setting (repeatable); beats spark-defaults.conf (see docs/spark-cluster.md).")
+SPARK_MASTER = click.option(
+    "--spark-master", default=None, metavar="URL",
+    help="Spark master: spark://..., yarn, k8s://..., local[N] (default: SLUICEGATE_SPARK_MASTER, else "
+         "spark-defaults.conf's, else local[*]).")
+SPARK_CONF = click.option(
+    "--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+    help="A Spark setting (repeatable); beats spark-defaults.conf (see docs/spark-cluster.md).")
 
 
 def _configure_spark(ctx, param, value) -> None:

