@@ -70,7 +70,9 @@ def test_spark_defaults_conf_beats_our_defaults_and_conf_flags_beat_it(tmp_path)
         "spark.driver.host               localhost\n"
         "spark.driver.extraJavaOptions   -Dsluicegate.test.opt=from-defaults -XX:TieredStopAtLevel=1\n")
     (conf_dir / "log4j2.properties").write_text("rootLogger.level = error\n")
-    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+    # SPARK_LOCAL_IP (scripts/env.sh sets it) is only Spark's default for the driver's address: it must not
+    # override the host spark-defaults.conf gives.
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "SPARK_LOCAL_IP": "127.0.0.1"}
     env.pop("SLUICEGATE_SPARK_MASTER", None)
     out = subprocess.run([sys.executable, "-c", SETTINGS_DRIVER], capture_output=True, text=True, timeout=300,
                          env=env, check=False)
