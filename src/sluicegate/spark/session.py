@@ -66,6 +66,11 @@ def configure(master: str | None = None, conf: Mapping[str, str] | None = None) 
     _configured["master"], _configured["conf"] = master, dict(conf or {})
 
 
+def requested_settings(master: str | None, conf: Mapping[str, str] | None) -> dict[str, str]:
+    """`launch_settings` for a call's own master and conf over what `configure` set for the process."""
+    return launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
+
+
 def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, str]:
     """What goes to spark-submit as `--conf`: the user's settings, and the master when one was named
     (`--spark-master` or SLUICEGATE_SPARK_MASTER; else spark-defaults.conf's, else Spark's local[*])."""
@@ -177,7 +182,7 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
 
     if SparkContext._active_spark_context is not None:
         return SparkContext.getOrCreate()
-    settings = launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
+    settings = requested_settings(master, conf)
     if is_local(settings.get("spark.master")):
         # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* still win.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
