@@ -6,6 +6,7 @@ test gets fresh databases on them, so tests do not see each other's rows, slots 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -91,10 +92,8 @@ class Pair:
         for server in (self.source_server, self.target_server):
             with psycopg.connect(server.url(), autocommit=True) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,))
-            try:
+            with contextlib.suppress(Exception):  # best effort; the server goes away at session end
                 server.drop_database(self.name)
-            except Exception:  # noqa: BLE001 - best effort; the server goes away at session end
-                pass
 
 
 @pytest.fixture

@@ -67,7 +67,8 @@ def sg(*args: str, target: str | None = None, env: dict | None = None) -> subpro
     cmd = [sys.executable, "-m", "sluicegate.cli.main", *args]
     if target is not None:
         cmd += ["--target", target]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60,
+                          stdin=subprocess.DEVNULL, check=False)
     for secret in (PASSWORD, WRONG):
         assert secret not in proc.stdout + proc.stderr, f"password printed by {args}: {proc.stderr}"
     return proc

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sluicegate.position import parse_lsn
-from sluicegate.workflow.create import create_movetables, delete_workflow
+from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, wait_for
 from .helpers import assert_same, caught_up, slot_confirmed, stream_row
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.spark
 
 def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120, env=env, check=False)
 
 
 def test_copy_then_replicate(pair, spark):

@@ -129,8 +129,8 @@ def dense_range(span: tuple[int, int] | None, rows: int) -> bool:
 
 
 try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
-    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
     from ..postgres._pgoutput_rows import RowSink as _RowSink
+    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
     from ..postgres._pgoutput_rows import stage_change as _stage_change_c
 except ImportError:  # pragma: no cover - a build without a compiler
     _copy_lines_c = _stage_change_c = _RowSink = None

@@ -447,8 +447,8 @@ def demo(rows, keep, workdir):
 
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
-from .log import log_group  # noqa: E402
-from .vstream import vstream_group  # noqa: E402
+from .log import log_group
+from .vstream import vstream_group
 
 cli.add_command(log_group)
 cli.add_command(vstream_group)

@@ -7,6 +7,7 @@ up, proves both sides equal with a vdiff and cleans everything up (unless --keep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -334,10 +335,8 @@ class _Demo:
         if self.spark is None and self.spark_future is not None:
             # On an interrupt, do not wait for a slow JVM start: Spark's gateway JVM exits with us anyway
             # (it ends when its stdin, our pipe, closes).
-            try:
+            with contextlib.suppress(Exception):  # reported already, or nothing to stop
                 self.spark = self.spark_future.result(timeout=120 if outcome != "interrupted" else 5)
-            except Exception:  # noqa: BLE001 - reported already, or nothing to stop
-                pass
         if self.spark is not None:
             self._quietly(self.spark.stop)
             self.say("Spark stopped")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -19,6 +20,9 @@ from ..errors import RetryableError
 from ..position import parse_lsn
 from .catalog import Table
 from .connect import connect
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 @dataclass
@@ -34,7 +38,7 @@ class TableSnapshot:
         finally:
             self.conn.close()
 
-    def __enter__(self) -> TableSnapshot:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -55,7 +55,8 @@ def build(path: Path, timeout: float = 300) -> bool:
     env = {**os.environ, "SLUICEGATE_SPARK_CLASS_ARCHIVE": "off"}
     try:
         proc = subprocess.run([sys.executable, "-m", "sluicegate.spark.classcache", "--child", partial], env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                              check=False)
         if proc.returncode or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
             return False
         os.replace(partial, path)

@@ -159,7 +159,8 @@ def run_launcher(home: Path, args: list[str]) -> list[str] | None:
     try:
         out = subprocess.run([java, "-Xmx128m", *os.environ.get("SPARK_LAUNCHER_OPTS", "").split(),
                               "-cp", str(home / "jars" / "*"), LAUNCHER, SUBMIT, *args],
-                             env=driver_env(home), stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+                             env=driver_env(home), stdin=subprocess.DEVNULL, capture_output=True, timeout=120,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     _, sep, body = out.stdout.partition(b"\0\n")
@@ -207,7 +208,7 @@ def spawn_driver(cmd: list[str]) -> Spawned | None:
     # stdin a pipe: the gateway JVM exits when it closes (this process is gone). Ctrl-C is the driver's.
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # noqa: PLW1509
     except OSError:  # e.g. that Java is gone
         shutil.rmtree(conn_dir, ignore_errors=True)
         return None

@@ -35,7 +35,7 @@ if __name__ == "__main__":
     _drop_bundled_zips()
     from pyspark.daemon import manager
 
-    import sluicegate.spark.runner  # noqa: F401 - inherited by every worker (see above)
+    import sluicegate.spark.runner
     import sluicegate.workflow.copy_task  # noqa: F401
 
     manager()

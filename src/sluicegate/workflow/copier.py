@@ -10,6 +10,7 @@ reads its pages in order with no index walk (5M rows: ~0.35 s less on 2 cores), 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import psycopg
@@ -141,7 +142,7 @@ def _plan_by_pages(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
         return CyclePlan([], None, 0, True)
     n = max(1, min(_tasks(est, chunk_rows, slots), pages))
     bounds = [pages * i // n for i in range(n)] + [None]
-    return CyclePlan([], list(last), est, True, pages=list(zip(bounds[:-1], bounds[1:])))
+    return CyclePlan([], list(last), est, True, pages=list(itertools.pairwise(bounds)))
 
 
 def _estimate(snap_conn: psycopg.Connection, table: Table) -> tuple[int | None, int]:

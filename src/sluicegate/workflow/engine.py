@@ -13,6 +13,7 @@ terminal ones put the stream in Error with a message that names the way out.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -171,7 +172,7 @@ class Engine:
             capture.ensure_publication(src, stream.publication, [t.table for t in stream.tables])
             start = capture.ensure_slot(src, stream.slot_name)
         with connect(self.target_url, role="target") as dst:
-            state, position = st.lock_stream(dst, stream.id)
+            state, _ = st.lock_stream(dst, stream.id)
             if state == st.INIT:
                 st.save_position(dst, stream.id, start, state=st.COPYING)
 
@@ -352,10 +353,8 @@ class Engine:
 
     def _drop_lock_conn(self) -> None:
         if self.lock_conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # already broken
                 self.lock_conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
             self.lock_conn = None
 
     def _record(self, state: str | None, message: str) -> None:
