@@ -40,6 +40,23 @@ def pg_workdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def pgpass(pg_workdir):
+    """Sluicegate stores no passwords (workflow URLs are kept without them): engines, drivers and Spark's
+    workers find the test servers' password where libpq looks, a pgpass file. Set before Spark starts, so
+    that its workers inherit it. Every test server has LocalPostgres's default user and password."""
+    path = pg_workdir / "pgpass"
+    path.write_text(f"{LocalPostgres.host}:*:*:postgres:sluicegate\n")
+    path.chmod(0o600)
+    before = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("PGPASSFILE", None)
+    else:
+        os.environ["PGPASSFILE"] = before
+
+
 @pytest.fixture(scope="session")
 def source_server(pg_workdir):
     server = LocalPostgres(pg_workdir / "source").init().start()

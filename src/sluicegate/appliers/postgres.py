@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import TerminalError
-from ..postgres import keyrange
+from ..postgres import keyrange, locks
 from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
@@ -286,7 +286,9 @@ class PostgresApplier:
         if not targets:
             return
         self.sync()
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
+        names = [t.table.ident.as_string(self.conn) for t in targets]
+        with locks.guard(self.conn, f"applying a TRUNCATE of {', '.join(t.table.qualified for t in targets)}", names):
+            self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
 
     def delete_where(self, t: TargetTable, condition: sql.Composable) -> None:
         self.sync()

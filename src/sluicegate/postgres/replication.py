@@ -24,7 +24,7 @@ import psycopg2.extras
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
-from .connect import SESSION_OPTIONS, describe, redact
+from .connect import SESSION_OPTIONS, connect_failure, describe, redact
 
 if TYPE_CHECKING:
     from typing import Self
@@ -187,6 +187,8 @@ def check_replication_access(url: str) -> None:
 def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
     text = redact(" ".join(str(exc).split()))
     where = describe(url)
+    if "no password supplied" in text:
+        return connect_failure("source", url, text)
     if "pg_hba.conf" in text and "replication" in text:
         return UsageError(
             f"source {where} refuses replication connections: add a `host replication <user> <client address> "

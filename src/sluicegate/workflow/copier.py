@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from ..postgres import indexes, keyrange
+from ..postgres import indexes, keyrange, locks
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from . import state as st
@@ -169,7 +169,8 @@ def _tasks(est: int, chunk_rows: int, slots: int) -> int:
 
 def truncate(target: psycopg.Connection, table: Table) -> None:
     """Empty a table whose first cycle did not finish (its indexes deferred): nothing else wrote to it."""
-    target.execute(sql.SQL("TRUNCATE {}").format(table.ident))
+    with locks.guard(target, f"emptying {table.qualified} for its copy", [table.ident.as_string(target)]):
+        target.execute(sql.SQL("TRUNCATE {}").format(table.ident))
 
 
 def defer_indexes(target: psycopg.Connection, stream_id: int, state: st.TableState) -> None:
@@ -199,7 +200,9 @@ def clear_above(target: psycopg.Connection, table: Table, lastpk: list[str] | No
         # Rows above lastpk are few or none: an index range scan, never a scan of all that was copied (the
         # planner has no statistics for a table the copy just filled). Local to the caller's transaction.
         target.execute("SET LOCAL enable_seqscan = off")
-    return target.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, cond)).rowcount
+    with locks.guard(target, f"clearing {table.qualified} above its copy position", [table.ident.as_string(target)],
+                     "RowExclusiveLock"):
+        return target.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, cond)).rowcount
 
 
 def task_where(table: Table, task: CopyRange) -> sql.Composable:
