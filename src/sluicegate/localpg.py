@@ -292,10 +292,16 @@ class LocalPostgres:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def url(self, dbname: str = "postgres", password: str | None = None) -> str:
+    def url(self, dbname: str = "postgres", password: str | None = None, *, with_password: bool = True) -> str:
+        """`with_password=False`: libpq finds it (a pgpass file: `pgpass_line`), as Sluicegate's stored URLs."""
         pw = self.password if password is None else password
         user, pw, db = (quote(x, safe="") for x in (self.user, pw, dbname))
-        return f"postgresql://{user}:{pw}@{HOST}:{self._port}/{db}"
+        return f"postgresql://{user}{f':{pw}' if with_password else ''}@{HOST}:{self._port}/{db}"
+
+    def pgpass_line(self) -> str:
+        """This server's line of a pgpass file (every database)."""
+        esc = [x.replace("\\", "\\\\").replace(":", "\\:") for x in (self.user, self.password)]
+        return f"{HOST}:{self._port}:*:{esc[0]}:{esc[1]}\n"
 
     def create_database(self, name: str) -> None:
         self.psql(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
