@@ -103,7 +103,7 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
     states = {s["state"] for s in streams}
     state = st.ERROR if st.ERROR in states else (states.pop() if len(states) == 1 else "Mixed")
     message = next((s["message"] for s in streams if s["message"]), "")
-    if not driver["running"] and states & set(_ACTIVE):
+    if not driver["running"] and any(s["state"] in _ACTIVE for s in streams):
         seen = driver["last_seen_seconds"]
         warnings.insert(0, f"no driver running ({f'last seen {seen:.0f} s ago' if seen is not None else 'never seen'}):"
                            f" nothing is copied or replicated, and the lag grows with every source write; start "
