@@ -20,7 +20,7 @@ from psycopg import sql
 from ..changes import model as m
 from ..errors import TerminalError, UsageError
 from ..position import format_lsn, parse_lsn
-from ..postgres import catalog
+from ..postgres import catalog, locks
 from ..postgres.assembler import Change
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Column, Relation
@@ -67,10 +67,11 @@ class TransactionApplier:
         self._spools: dict[int, _Spool] = {}
         self._tables: dict[tuple[str, str], catalog.Table] = {}
         self._oids: dict[tuple[str, str], int] = {}
-        self.conn.execute("CREATE SCHEMA IF NOT EXISTS sluicegate")
-        self.conn.execute("""CREATE TABLE IF NOT EXISTS sluicegate.applied_positions (
-                               name text PRIMARY KEY, position pg_lsn NOT NULL,
-                               updated_at timestamptz NOT NULL DEFAULT now())""")
+        with locks.guard(self.conn, "creating sluicegate.applied_positions", ["sluicegate.applied_positions"]):
+            self.conn.execute("CREATE SCHEMA IF NOT EXISTS sluicegate")
+            self.conn.execute("""CREATE TABLE IF NOT EXISTS sluicegate.applied_positions (
+                                   name text PRIMARY KEY, position pg_lsn NOT NULL,
+                                   updated_at timestamptz NOT NULL DEFAULT now())""")
         self.conn.commit()
         self.applied_transactions = self.applied_rows = 0
 

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 import psycopg
 
 from ..errors import UsageError
-from ..postgres import capture, catalog, replication
+from ..postgres import capture, catalog, locks, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify
@@ -103,7 +103,9 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
             try:
                 for source_shard, (src, _) in sources.items():
                     check_not_the_source(src, conn, f"target shard {shard} (source shard {source_shard})", url)
-                _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
+                rels = ["sluicegate.workflows", *(compiled[t.qualified].target.ident.as_string(conn) for t in described)]
+                with locks.guard(conn, f"creating workflow {name} on target shard {shard}", rels, then="try again"):
+                    _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
             except psycopg.Error as exc:
                 raise UsageError(f"target shard {shard} ({describe(url)}): {first_line(exc)}") from None
             targets[shard] = conn
