@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -75,10 +76,13 @@ def start_driver(target_url: str, env: dict, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def stop_driver(driver: subprocess.Popen, log: Path) -> None:
+def stop_driver(driver: subprocess.Popen, log: Path) -> float:
+    """SIGTERM; the seconds the driver took to exit (0)."""
     try:
+        t0 = time.monotonic()
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=60) == 0, log.read_text()[-3000:]
+        return time.monotonic() - t0
     finally:
         reap_group(driver)
 
@@ -133,7 +137,8 @@ def test_passwords_only_from_a_pgpass_file_and_never_at_rest(servers, tmp_path):
         assert report["streams"][0]["retained_wal_bytes"] is not None  # asked of the source, with pgpass
         assert report["streams"][0]["wal_status"] in ("reserved", "extended")
     finally:
-        stop_driver(driver, log)
+        stopped_in = stop_driver(driver, log)
+    assert stopped_in < 10, f"SIGTERM while replicating took {stopped_in:.1f}s"
 
     # An older version's state: the password stored. It keeps working without pgpass (with a warning)...
     with psycopg.connect(dst) as c:

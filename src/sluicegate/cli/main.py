@@ -209,6 +209,19 @@ def workflow_run(name, target, spark_master, no_progress):
     from ..postgres.connect import connect
     from ..workflow import state as st
 
+    # From the start: a SIGTERM while the driver starts up stops it as cleanly as one later.
+    stop = threading.Event()
+    runners: list = []
+
+    def on_signal(signum, frame):
+        stop.set()
+        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
+        # An interrupted copy cycle is redone on the next run.
+        for runner in runners:
+            threading.Thread(target=runner.cancel, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
     kind = wf.kind
@@ -232,28 +245,19 @@ def workflow_run(name, target, spark_master, no_progress):
             click.echo(f"warning: {warning}", err=True)
     heartbeat = Heartbeat(shard_urls, name).start()  # status tells a running workflow from an abandoned one
     try:
-        _run(name, target, kind, spark, no_progress)
+        from ..spark.runner import SparkRunner
+
+        runners.append(SparkRunner(spark))
+        _run(name, target, kind, runners[0], stop, no_progress)
     finally:
         heartbeat.stop()
 
 
-def _run(name, target, kind, spark, no_progress) -> None:
+def _run(name, target, kind, runner, stop, no_progress) -> None:
     from ..postgres.connect import connect
-    from ..spark.runner import SparkRunner
     from ..workflow import state as st
     from ..workflow.engine import Engine
 
-    stop = threading.Event()
-    runner = SparkRunner(spark)
-
-    def on_signal(signum, frame):
-        stop.set()
-        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
-        # An interrupted copy cycle is redone on the next run.
-        threading.Thread(target=runner.cancel, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     if kind == "Reshard":
         runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
         _run_reshard(name, target, runner, stop)

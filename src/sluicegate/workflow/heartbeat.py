@@ -16,6 +16,7 @@ import threading
 import psycopg
 
 from ..postgres.connect import connect
+from ..postgres.locks import LockTimeout
 from . import state as st
 
 log = logging.getLogger("sluicegate")
@@ -39,13 +40,22 @@ class Heartbeat(threading.Thread):
         self._conns: dict[str, psycopg.Connection] = {}
 
     def start(self) -> Heartbeat:
-        """The first beat before returning (the schema upgraded first if it predates the heartbeat)."""
+        """The first beat before returning (the schema upgraded first if it predates the heartbeat: a target
+        whose upgrade waits too long for a lock is tried again at every beat, the workflow runs meanwhile)."""
         for url in self.targets:
             with connect(url, role="target") as conn:
-                st.ensure_schema(conn)
+                self._upgrade(conn)
         self.beat()
         super().start()
         return self
+
+    def _upgrade(self, conn: psycopg.Connection) -> bool:
+        try:
+            st.ensure_schema(conn)
+            return True
+        except LockTimeout as exc:
+            log.warning("%s; the driver's heartbeat waits for it", exc)
+            return False
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
@@ -70,6 +80,9 @@ class Heartbeat(threading.Thread):
                 else:
                     conn.execute("""UPDATE sluicegate.workflows SET driver_seen_at = now(), driver_pid = %s,
                                            driver_host = %s WHERE name = %s""", (self.pid, self.host, self.workflow))
+            except psycopg.errors.UndefinedColumn:  # the upgrade waited for a lock at start: again now
+                if self._upgrade(conn):
+                    self.beat(exiting)
             except Exception as exc:  # noqa: BLE001 - the target may be restarting: the next beat retries
                 log.debug("heartbeat to %s failed: %s", url, exc)
                 self._close(url)

@@ -166,7 +166,7 @@ def ensure_schema(conn: psycopg.Connection) -> None:
     from ..postgres import locks
 
     rels = [f"sluicegate.{t}" for t in _TABLES]
-    with locks.guard(conn, "creating or upgrading schema sluicegate", rels):
+    with locks.guard(conn, "creating or upgrading schema sluicegate", rels, then="try again"):
         conn.execute(SCHEMA_DDL)
 
 
