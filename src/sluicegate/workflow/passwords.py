@@ -43,11 +43,11 @@ def retire_stored_passwords(target_url: str, name: str, loaded: st.Workflow | No
     """Remove the source passwords an older Sluicegate stored for workflow `name` on `target_url` where libpq
     finds them elsewhere; a warning for each one it cannot remove yet. `loaded`: the workflow as just read
     from that target (nothing to connect for when it holds no password)."""
-    if loaded is not None and not any(has_password(u) for u in _urls(loaded)):
+    if loaded is not None and not any(has_password(u) for u in stored_urls(loaded)):
         return []
     with connect(target_url, role="target") as conn:
         wf = st.load_workflow(conn, name)
-        stored = [u for u in _urls(wf) if has_password(u)]
+        stored = [u for u in stored_urls(wf) if has_password(u)]
         if not stored:
             return []
         removable = {u for u in dict.fromkeys(stored) if libpq_finds_password(u, "source")}
@@ -62,7 +62,8 @@ def retire_stored_passwords(target_url: str, name: str, loaded: st.Workflow | No
         return warnings
 
 
-def _urls(wf: st.Workflow) -> list[str]:
+def stored_urls(wf: st.Workflow) -> list[str]:
+    """Every URL the workflow's state holds (a Reshard's keyspace lists its shards')."""
     keyspace = wf.options.get("keyspace") or {}
     return [wf.source_url, *(s.source_url for s in wf.streams),
             *keyspace.get("source_shards", {}).values(), *keyspace.get("target_shards", {}).values()]

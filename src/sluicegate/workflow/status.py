@@ -13,6 +13,7 @@ from ..postgres.connect import describe, first_line, has_password, redact
 from ..sizes import format_size
 from . import state as st
 from .heartbeat import is_running
+from .passwords import stored_urls
 
 WAL_WARNING = 1 << 30  # bytes of WAL a slot may hold before status warns (--wal-warning)
 _ACTIVE = (st.INIT, st.COPYING, st.RUNNING)
@@ -108,17 +109,12 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
         warnings.insert(0, f"no driver running ({f'last seen {seen:.0f} s ago' if seen is not None else 'never seen'}):"
                            f" nothing is copied or replicated, and the lag grows with every source write; start "
                            f"one with `sluicegate workflow run {wf.name}`")
-    if any(has_password(u) for u in _stored_urls(wf)):
+    if any(has_password(u) for u in stored_urls(wf)):
         warnings.append("a source password is stored on the target (by an older Sluicegate): put it in a pgpass "
                         "file (PGPASSFILE) and the next `workflow run` removes it")
     return {"workflow": wf.name, "kind": wf.kind, "state": state, "message": message, "driver": driver,
             "warnings": warnings, "streams": streams}
 
-
-def _stored_urls(wf: st.Workflow) -> list[str]:
-    keyspace = wf.options.get("keyspace") or {}
-    return [wf.source_url, *(s.source_url for s in wf.streams if s.source_url),
-            *keyspace.get("source_shards", {}).values(), *keyspace.get("target_shards", {}).values()]
 
 
 def merge_status(parts: list[tuple[str, dict]]) -> dict:
