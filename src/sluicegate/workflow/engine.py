@@ -253,7 +253,7 @@ class Engine:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
                 tasks = [copier.prepare(t) for t in ranges]
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
-                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}"))
+                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
