@@ -15,7 +15,7 @@ import threading
 
 import psycopg
 
-from ..postgres.connect import connect
+from ..postgres.connect import connect, describe, first_line
 from ..postgres.locks import LockTimeout
 from . import state as st
 
@@ -84,7 +84,7 @@ class Heartbeat(threading.Thread):
                 if self._upgrade(conn):
                     self.beat(exiting)
             except Exception as exc:  # noqa: BLE001 - the target may be restarting: the next beat retries
-                log.debug("heartbeat to %s failed: %s", url, exc)
+                log.debug("heartbeat to %s failed: %s", describe(url), first_line(exc))
                 self._close(url)
 
     def stop(self) -> None:
@@ -102,4 +102,4 @@ class Heartbeat(threading.Thread):
             try:
                 conn.close()
             except Exception:  # noqa: BLE001 - already broken
-                log.debug("closing the heartbeat's connection to %s failed", url)
+                log.debug("closing the heartbeat's connection to %s failed", describe(url))
