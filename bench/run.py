@@ -171,6 +171,12 @@ class Bench:
         # worker. At 100 ms both of native's copies start at once; nothing else on the target uses it.
         self.target = LocalPostgres(self.tmp / "target",
                                     settings={**settings, "wal_retrieve_retry_interval": "100ms"})
+        # Sluicegate stores no passwords: its workflow run and tasks find them in a pgpass file (both servers
+        # have the same user and password; any port).
+        pgpass = self.tmp / "pgpass"
+        pgpass.write_text(f"{self.source.host}:*:*:{self.source.user}:{self.source.password}\n")
+        pgpass.chmod(0o600)
+        os.environ["PGPASSFILE"] = str(pgpass)
         self.workflow: subprocess.Popen | None = None
         self.wf_log = self.tmp / "workflow-run.log"
         self.memory = MemorySampler()

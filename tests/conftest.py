@@ -6,6 +6,7 @@ test gets fresh databases on them, so tests do not see each other's rows, slots 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -37,6 +38,23 @@ def pg_workdir():
     d = Path(tempfile.mkdtemp(prefix="sg-test-"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pgpass(pg_workdir):
+    """Sluicegate stores no passwords (workflow URLs are kept without them): engines, drivers and Spark's
+    workers find the test servers' password where libpq looks, a pgpass file. Set before Spark starts, so
+    that its workers inherit it. Every test server has LocalPostgres's default user and password."""
+    path = pg_workdir / "pgpass"
+    path.write_text(f"{LocalPostgres.host}:*:*:postgres:sluicegate\n")
+    path.chmod(0o600)
+    before = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("PGPASSFILE", None)
+    else:
+        os.environ["PGPASSFILE"] = before
 
 
 @pytest.fixture(scope="session")
@@ -91,10 +109,8 @@ class Pair:
         for server in (self.source_server, self.target_server):
             with psycopg.connect(server.url(), autocommit=True) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,))
-            try:
+            with contextlib.suppress(Exception):  # best effort; the server goes away at session end
                 server.drop_database(self.name)
-            except Exception:  # noqa: BLE001 - best effort; the server goes away at session end
-                pass
 
 
 @pytest.fixture

@@ -16,12 +16,16 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 
 from .procs import pid_alive
+
+if TYPE_CHECKING:
+    from typing import Self
 
 HOST = "127.0.0.1"
 _SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
@@ -36,7 +40,8 @@ def find_bindir() -> Path:
     if os.environ.get("SLUICEGATE_PG_BINDIR"):
         return Path(os.environ["SLUICEGATE_PG_BINDIR"])
     if shutil.which("pg_config"):
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                             check=False).stdout.strip()
         if out and (Path(out) / "initdb").exists():  # libpq-dev's pg_config alone names a dir without servers
             return Path(out).resolve()
     if shutil.which("pg_ctl"):
@@ -130,11 +135,11 @@ class LocalPostgres:
         # Output goes to the server log (captured for initdb, which wants an empty dir), never to our stdout:
         # pytest's capture would wait forever on a pipe the daemonized postmaster inherited.
         acct = self.account
-        kw = dict(user=acct.pw_uid, group=acct.pw_gid, extra_groups=[]) if acct else {}
+        kw = {"user": acct.pw_uid, "group": acct.pw_gid, "extra_groups": []} if acct else {}
         with open(os.devnull if capture else self.logfile, "a") as log:
             proc = subprocess.run([str(self.bindir / args[0]), *args[1:]], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE if capture else log, stderr=subprocess.STDOUT,
-                                  text=True, cwd="/", **kw)
+                                  text=True, cwd="/", **kw, check=False)
         if check and proc.returncode:
             out = proc.stdout if capture else self.log_tail()
             raise LocalPostgresError(f"{args[0]} failed (exit {proc.returncode}) for {self.datadir}\n{out}")
@@ -181,7 +186,7 @@ class LocalPostgres:
                 shutil.rmtree(tmp, ignore_errors=True)
         return cache
 
-    def init(self) -> "LocalPostgres":
+    def init(self) -> LocalPostgres:
         """initdb (or copy the template) unless datadir holds a cluster already; (re)write our settings."""
         self.datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not (self.datadir / "PG_VERSION").exists():
@@ -221,7 +226,7 @@ class LocalPostgres:
         (self.datadir / _CONF).write_text("".join(f"{k} = '{str(v).replace(chr(39), chr(39) * 2)}'\n"
                                                   for k, v in conf.items()))
 
-    def start(self, timeout: float = 60) -> "LocalPostgres":
+    def start(self, timeout: float = 60) -> LocalPostgres:
         if not self._configured:
             self.init()
         if self.running:
@@ -258,7 +263,7 @@ class LocalPostgres:
         if self._sockdir != self.datadir and self._sockdir.exists() and not any(self._sockdir.iterdir()):
             self._sockdir.rmdir()
 
-    def restart(self, mode: str = "fast") -> "LocalPostgres":
+    def restart(self, mode: str = "fast") -> LocalPostgres:
         self.stop(mode)
         return self.start()
 
@@ -281,16 +286,22 @@ class LocalPostgres:
             except (OSError, ValueError):
                 pass
 
-    def __enter__(self) -> "LocalPostgres":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def url(self, dbname: str = "postgres", password: str | None = None) -> str:
+    def url(self, dbname: str = "postgres", password: str | None = None, *, with_password: bool = True) -> str:
+        """`with_password=False`: libpq finds it (a pgpass file: `pgpass_line`), as Sluicegate's stored URLs."""
         pw = self.password if password is None else password
         user, pw, db = (quote(x, safe="") for x in (self.user, pw, dbname))
-        return f"postgresql://{user}:{pw}@{HOST}:{self._port}/{db}"
+        return f"postgresql://{user}{f':{pw}' if with_password else ''}@{HOST}:{self._port}/{db}"
+
+    def pgpass_line(self) -> str:
+        """This server's line of a pgpass file (every database)."""
+        esc = [x.replace("\\", "\\\\").replace(":", "\\:") for x in (self.user, self.password)]
+        return f"{HOST}:{self._port}:*:{esc[0]}:{esc[1]}\n"
 
     def create_database(self, name: str) -> None:
         self.psql(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -35,7 +35,7 @@ def test_a_chunk_meets_the_target_in_key_order(pair):
     pair.dst(SETUP)
     pair.dst("INSERT INTO t SELECT i % 7, 'k' || lpad(i::text, 3, '0'), 'old' FROM generate_series(0, 149) i")
     pair.dst("TRUNCATE met")
-    updated, deleted, inserted = range(0, 100), range(100, 150), range(150, 250)
+    updated, deleted, inserted = range(100), range(100, 150), range(150, 250)
     staged = [("U", i) for i in updated] + [("D", i) for i in deleted] + [("U", i) for i in inserted]
     random.Random(7).shuffle(staged)
 

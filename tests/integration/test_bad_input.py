@@ -67,7 +67,8 @@ def sg(*args: str, target: str | None = None, env: dict | None = None) -> subpro
     cmd = [sys.executable, "-m", "sluicegate.cli.main", *args]
     if target is not None:
         cmd += ["--target", target]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60,
+                          stdin=subprocess.DEVNULL, check=False)
     for secret in (PASSWORD, WRONG):
         assert secret not in proc.stdout + proc.stderr, f"password printed by {args}: {proc.stderr}"
     return proc
@@ -246,10 +247,10 @@ def test_unreachable_or_refusing_databases(pair):
         lambda: timed(lambda: create(pair, "wf", "items", target=dead)),
     )
     line = failed(wrong_src, "source", f"127.0.0.1:{src_port}", "password authentication failed",
-                  "check the user and password in the source URL")
+                  "check the source user's password (pgpass file, PGPASSWORD or URL)")
     assert "target" not in line, line
     failed(wrong_dst, "target", f"127.0.0.1:{dst_port}", "password authentication failed",
-           "check the user and password in the target URL")
+           "check the target user's password (pgpass file, PGPASSWORD or URL)")
     # refused, not timed out (connect_timeout is 10 s), and not retried: generous for a loaded CI machine
     failed(dead_src, "source", f"127.0.0.1:{port}", "Connection refused")
     failed(dead_dst, "target", f"127.0.0.1:{port}", "Connection refused")

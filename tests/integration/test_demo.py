@@ -19,7 +19,7 @@ def test_demo_copies_under_live_writes_and_cleans_up(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "sluicegate.cli.main", "demo", "--rows", "20000", "--workdir", str(tmp_path)],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=540,
-        env={**os.environ, "COLUMNS": "160"},
+        env={**os.environ, "COLUMNS": "160"}, check=False,
     )
     out = proc.stdout
     context = f"exit {proc.returncode}\n--- stdout ---\n{out[-6000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"

@@ -151,7 +151,7 @@ def test_spark_that_cannot_start_leaves_the_workflow_to_resume(pair, tmp_path):
         [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "nj", "--target", pair.target,
          "--no-progress"],
         env={**os.environ, "JAVA_HOME": "/nonexistent-java-home"}, capture_output=True, text=True,
-        timeout=120, stdin=subprocess.DEVNULL)
+        timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, lines

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from sluicegate.position import parse_lsn
-from sluicegate.workflow.create import create_movetables, delete_workflow
+from sluicegate.postgres.connect import strip_password
+from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, wait_for
 from .helpers import assert_same, caught_up, slot_confirmed, stream_row
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.spark
 
 def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120, env=env, check=False)
 
 
 def test_copy_then_replicate(pair, spark):
@@ -38,8 +39,10 @@ def test_copy_then_replicate(pair, spark):
         wait_for(lambda: caught_up(pair, "wf"), what="caught up")
         assert assert_same(pair, "public.items", ["id"]) == 4901
         assert not pair.dst("SELECT 1 FROM pg_tables WHERE tablename = 'noise'")
+        slot = stream_row(pair, "wf")["slot"]
+        confirmed = slot_confirmed(pair, slot)  # the slot first: it is confirmed only after the position commits
         s = stream_row(pair, "wf")
-        assert slot_confirmed(pair, s["slot"]) <= s["position"]  # the slot never passes the target
+        assert confirmed <= s["position"]  # the slot never passes the target
 
         # Heartbeats: only the unmoved table is written, yet the slot keeps moving (no WAL held back).
         before = slot_confirmed(pair, s["slot"])
@@ -59,7 +62,8 @@ def test_copy_then_replicate(pair, spark):
         assert parse_lsn(stream["position"]) >= flushed
         assert stream["tables"] == [{"table": "public.items", "state": "Copied", "rows_copied": 5000,
                                      "rows_total": 5000, "lastpk": ["5000"]}]
-        assert "sluicegate@" not in out.stdout and ":***@" in stream["source"]
+        # the source URL as stored: without its password (libpq finds it in the tests' pgpass file)
+        assert "sluicegate@" not in out.stdout and stream["source"] == strip_password(pair.source)
         text = cli("workflow", "status", "wf", "--target", pair.target)
         assert text.returncode == 0 and "Running" in text.stdout and "public.items" in text.stdout
 

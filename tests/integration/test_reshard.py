@@ -111,12 +111,12 @@ def _driver(target: str, log, fault: str | None = None, fault_dir=None) -> subpr
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
 
 
 def _status(target: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "status", "rs", "--target", target,
-                          "--json"], capture_output=True, text=True, timeout=60)
+                          "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

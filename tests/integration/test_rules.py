@@ -44,7 +44,7 @@ def _source(pair, rows: int) -> None:
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
 
 
 def _target_rows(pair) -> list[tuple]:
@@ -185,7 +185,7 @@ def test_bad_rules_are_refused_before_anything_is_created(pair, spark):
     # the command line: one line on stderr, exit 1
     out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "materialize", "create", "--workflow", "bad",
                           "--source", pair.source, "--target", pair.target, "--rule", BAD_RULES[0][0]],
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "nme" in out.stderr and "rule 'x'" in out.stderr, out.stderr
 

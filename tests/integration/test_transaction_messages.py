@@ -72,7 +72,7 @@ def test_streamed_savepoint_rollback_and_abort_reach_the_target_as_if_never_writ
         a.execute("SAVEPOINT s1")
         a.execute("INSERT INTO items SELECT g, %s FROM generate_series(10001, 13000) g", (BODY,))
         # The savepoint's changes stream under its own (sub)transaction id.
-        subs = lambda: {s.subtransaction_id for x in reader.messages for s in x.statements  # noqa: E731
+        subs = lambda: {s.subtransaction_id for x in reader.messages for s in x.statements
                         if x.context.transaction_id == xid_a and s.subtransaction_id != xid_a}
         wait_for(lambda: reader.pump() is not None and subs(), timeout=30,
                  what="the savepoint's rows streamed before its rollback")

@@ -52,7 +52,7 @@ def race_copy(pair, workflow: str, round_) -> int:
         progress = copy_progress(pair)
         round_(progress)
         rounds += 1
-        wait_for(lambda: copy_progress(pair) != progress or stream_row(pair, workflow)["state"] != "Copying",
+        wait_for(lambda p=progress: copy_progress(pair) != p or stream_row(pair, workflow)["state"] != "Copying",
                  what="the next copy cycle")
     running(pair, workflow)
     return rounds
@@ -247,7 +247,7 @@ def test_unchanged_toast_survives_updates(pair, spark):
         assert moved == {"public.docs", "public.docs_full"}
         with psycopg.connect(pair.source, autocommit=True) as c:
             for t in (sql.Identifier("docs"), sql.Identifier("docs_full")):
-                def run(stmt, *params):
+                def run(stmt, *params, t=t):
                     c.execute(sql.SQL(stmt).format(t=t, big=sql.SQL(BIG)), params or None)
 
                 run("UPDATE {t} SET n = n + 1 WHERE id = 1")  # alone in its transaction
@@ -290,7 +290,7 @@ ORDER_ITEMS = [sql.Identifier("public", "Order Items"), sql.Identifier("Sales De
 def _names_writes(c: psycopg.Connection, r: int) -> None:
     """Round r of changes to every table: below and above any copy position, keys moving across it."""
     for t in ORDER_ITEMS:
-        def run(stmt, *params):
+        def run(stmt, *params, t=t):
             c.execute(sql.SQL(stmt).format(t=t), params)
 
         run("""INSERT INTO {t} ("Order Id", line, "select", "Mixed Case")

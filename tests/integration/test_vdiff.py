@@ -23,7 +23,7 @@ pytestmark = pytest.mark.spark
 def vdiff(target, *args, env=None, timeout=240):
     env = {**os.environ, "SLUICEGATE_SPARK_MASTER": "local[2]", **(env or {})}
     out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "vdiff", *args, "--target", target],
-                         capture_output=True, text=True, timeout=timeout, env=env)
+                         capture_output=True, text=True, timeout=timeout, env=env, check=False)
     return out
 
 

@@ -711,16 +711,16 @@ def test_postgres_applier_killed_and_restarted_resumes_from_the_target(pair, tmp
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
         at_kill = applied()
-        with psycopg.connect(pair.source, autocommit=True) as c:  # a savepoint rolled back inside a big one
-            with c.transaction():
-                c.execute("INSERT INTO items SELECT g, 1, repeat('s', 80) FROM generate_series(900001, 903000) g")
-                try:
-                    with c.transaction():
-                        c.execute("INSERT INTO items SELECT g, 2, repeat('r', 80) "
-                                  "FROM generate_series(910001, 913000) g")
-                        raise RuntimeError("roll back to the savepoint")
-                except RuntimeError:
-                    pass
+        # a savepoint rolled back inside a big one
+        with psycopg.connect(pair.source, autocommit=True) as c, c.transaction():
+            c.execute("INSERT INTO items SELECT g, 1, repeat('s', 80) FROM generate_series(900001, 903000) g")
+            try:
+                with c.transaction():
+                    c.execute("INSERT INTO items SELECT g, 2, repeat('r', 80) "
+                              "FROM generate_series(910001, 913000) g")
+                    raise RuntimeError("roll back to the savepoint")
+            except RuntimeError:
+                pass
         second = start()  # no --position: from the target's stored one, which the slot is confirmed to
         wait_for(lambda: confirmed(pair, "feed") >= at_kill, timeout=60, what="the restart's request")
         wait_for(lambda: len(writer.committed) >= 150, timeout=120, what="more writes")

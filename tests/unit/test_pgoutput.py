@@ -20,8 +20,24 @@ import pytest
 
 from sluicegate.postgres import pgoutput as po
 from sluicegate.postgres.pgoutput import (
-    UNCHANGED, Begin, Column, Commit, DecodeError, Delete, Insert, LogicalMessage, Origin, Relation,
-    StreamAbort, StreamCommit, StreamStart, StreamStop, Truncate, TypeMsg, Update, decode,
+    UNCHANGED,
+    Begin,
+    Column,
+    Commit,
+    DecodeError,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Origin,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TypeMsg,
+    Update,
+    decode,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
@@ -64,7 +80,7 @@ def of(rows, cls):
     return [m for m in msgs(rows) if isinstance(m, cls)]
 
 
-EXPECTED_SEQUENCE = (
+EXPECTED_SEQUENCE = (  # noqa: SIM905 - a transaction a line, each with its comment
     "B Y Y R I I C "  # T1 two inserts; Type msgs for enum + domain, then kitchen_sink Relation
     "B R I I C "  # T2 shop."Order Items"
     "B U C "  # T3 update leaving the TOASTed column alone

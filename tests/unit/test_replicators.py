@@ -12,8 +12,17 @@ from sluicegate.changes.replicators import FilterReplicator
 from sluicegate.changes.segmenter import Segmenter
 from sluicegate.errors import UsageError
 from sluicegate.postgres.assembler import Change, TruncateChange
-from sluicegate.postgres.pgoutput import (UNCHANGED, Begin, Column, Commit, Relation, StreamAbort, StreamCommit,
-                                          StreamStart, StreamStop)
+from sluicegate.postgres.pgoutput import (
+    UNCHANGED,
+    Begin,
+    Column,
+    Commit,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+)
 
 T = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 USERS = Relation(1, "public", "users", "d",

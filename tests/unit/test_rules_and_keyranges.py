@@ -58,7 +58,7 @@ def test_key_ranges():
 
 
 def test_spark_casts_and_postgres_types():
-    col = lambda t: Column("c", t, 0, False, None)  # noqa: E731
+    col = lambda t: Column("c", t, 0, False, None)
     assert types.spark_expr(col("bigint"), "r") == "CAST(r AS BIGINT)"
     assert types.spark_expr(col("numeric(12,2)"), "r") == "CAST(r AS DECIMAL(12,2))"
     assert types.spark_expr(col("numeric"), "r") == "r"  # no Spark decimal holds every value

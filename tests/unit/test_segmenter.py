@@ -10,8 +10,17 @@ import pytest
 from sluicegate.changes import model as m
 from sluicegate.changes.segmenter import Segmenter
 from sluicegate.postgres.assembler import Change, TruncateChange
-from sluicegate.postgres.pgoutput import (UNCHANGED, Begin, Column, Commit, Relation, StreamAbort, StreamCommit,
-                                          StreamStart, StreamStop)
+from sluicegate.postgres.pgoutput import (
+    UNCHANGED,
+    Begin,
+    Column,
+    Commit,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+)
 
 T = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 ACCOUNTS = Relation(16401, "public", "accounts", "d",

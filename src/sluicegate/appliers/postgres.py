@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import TerminalError
-from ..postgres import keyrange
+from ..postgres import keyrange, locks
 from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
@@ -129,8 +129,8 @@ def dense_range(span: tuple[int, int] | None, rows: int) -> bool:
 
 
 try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
-    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
     from ..postgres._pgoutput_rows import RowSink as _RowSink
+    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
     from ..postgres._pgoutput_rows import stage_change as _stage_change_c
 except ImportError:  # pragma: no cover - a build without a compiler
     _copy_lines_c = _stage_change_c = _RowSink = None
@@ -286,7 +286,9 @@ class PostgresApplier:
         if not targets:
             return
         self.sync()
-        self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
+        names = [t.table.ident.as_string(self.conn) for t in targets]
+        with locks.guard(self.conn, f"applying a TRUNCATE of {', '.join(t.table.qualified for t in targets)}", names):
+            self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(t.table.ident for t in targets)))
 
     def delete_where(self, t: TargetTable, condition: sql.Composable) -> None:
         self.sync()

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 from psycopg import sql
 
+from ..changes import model as m
 from ..errors import TerminalError, UsageError
 from ..position import format_lsn, parse_lsn
-from ..postgres import catalog
+from ..postgres import catalog, locks
 from ..postgres.assembler import Change
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Column, Relation
-from ..changes import model as m
 from .postgres import PostgresApplier, TargetTable
 
 _LEN = struct.Struct(">I")
@@ -34,7 +34,7 @@ class _Spool:
     """A transaction's statements so far, on disk: appended as they come, read back once at its end."""
 
     def __init__(self, directory: str | None):
-        self.file = tempfile.TemporaryFile(dir=directory, prefix="sg-spool-")  # gone on close, even after kill -9
+        self.file = tempfile.TemporaryFile(dir=directory, prefix="sg-spool-")  # noqa: SIM115 - gone on close, even after kill -9
         self.rolled_back: set[int] = set()
 
     def add(self, st: m.Statement) -> None:
@@ -67,10 +67,11 @@ class TransactionApplier:
         self._spools: dict[int, _Spool] = {}
         self._tables: dict[tuple[str, str], catalog.Table] = {}
         self._oids: dict[tuple[str, str], int] = {}
-        self.conn.execute("CREATE SCHEMA IF NOT EXISTS sluicegate")
-        self.conn.execute("""CREATE TABLE IF NOT EXISTS sluicegate.applied_positions (
-                               name text PRIMARY KEY, position pg_lsn NOT NULL,
-                               updated_at timestamptz NOT NULL DEFAULT now())""")
+        with locks.guard(self.conn, "creating sluicegate.applied_positions", ["sluicegate.applied_positions"]):
+            self.conn.execute("CREATE SCHEMA IF NOT EXISTS sluicegate")
+            self.conn.execute("""CREATE TABLE IF NOT EXISTS sluicegate.applied_positions (
+                                   name text PRIMARY KEY, position pg_lsn NOT NULL,
+                                   updated_at timestamptz NOT NULL DEFAULT now())""")
         self.conn.commit()
         self.applied_transactions = self.applied_rows = 0
 

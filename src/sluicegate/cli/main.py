@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import signal
 import sys
 import threading
@@ -43,7 +44,7 @@ def friendly(fn):
             sys.exit(130)
         except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
             ctx = click.get_current_context(silent=True)
-            if ctx is not None and ctx.find_root().params.get("verbose"):
+            if ctx is not None and (ctx.find_root().params.get("verbose") or ctx.find_root().meta.get(_VERBOSE)):
                 raise
             _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with -v for the traceback)")
 
@@ -93,6 +94,8 @@ def _configure_spark(ctx, param, value) -> None:
 CREATE_SPARK_CONF = click.option("--conf", multiple=True, metavar="KEY=VALUE", expose_value=False,
                                  callback=_configure_spark,
                                  help="A Spark setting for the Spark that validates rules (repeatable).")
+EXCLUDE = click.option("--exclude-tables", default=None, metavar="A,B",
+                       help="Comma-separated tables not to move (of those --tables names, or of schema public).")
 COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
               click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")]
 
@@ -119,20 +122,22 @@ def _rule_options(fn):
 @click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
 @TARGET
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
+@EXCLUDE
 @_rule_options
 @click.option("--keep-indexes", is_flag=True,
               help="Keep each target table's indexes while it is copied (default: a table copied without a rule "
                    "has them dropped before its first copy cycle and built again when that cycle commits).")
 @friendly
-def movetables_create(name, source, target, tables, rules, rules_file, udfs, cycle_rows, chunk_rows, keep_indexes):
+def movetables_create(name, source, target, tables, exclude_tables, rules, rules_file, udfs, cycle_rows, chunk_rows,
+                      keep_indexes):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
     options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {})
     created = create_movetables(name, source, target, _table_names(tables), _all_rules(rules, rules_file),
-                                options, parse_udfs(list(udfs)))
-    _created(name, f"{len(created)} tables ({', '.join(created)})")
+                                options, parse_udfs(list(udfs)), _excluded(exclude_tables))
+    _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
 
 
 def _table_names(tables: str | None) -> list[str] | None:
@@ -145,8 +150,17 @@ def _table_names(tables: str | None) -> list[str] | None:
     return names
 
 
-def _created(name: str, what: str, target_hint: str = "") -> None:
-    click.echo(f"created workflow {name}: {what}; run it with: sluicegate workflow run {name}{target_hint}")
+def _excluded(exclude_tables: str | None) -> list[str] | None:
+    return [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
+
+
+def _created(name: str, what: str, target_hint: str = "", sources: list[str] = ()) -> None:
+    from ..workflow.create import source_password_note
+
+    click.echo(f"created workflow {name}: {what}; run it with: sluicegate workflow run {shlex.quote(name)}"
+               f"{target_hint}")
+    for note in dict.fromkeys(filter(None, map(source_password_note, sources))):
+        click.echo(note, err=True)
 
 
 @cli.group()
@@ -167,7 +181,7 @@ def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows
 
     created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows),
                                  parse_udfs(list(udfs)))
-    _created(name, f"{len(created)} tables ({', '.join(created)})")
+    _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
 
 
 @cli.group()
@@ -182,20 +196,23 @@ def reshard() -> None:
 @click.option("--target-shard", "target_shards", multiple=True, required=True, metavar="RANGE=URL",
               help="A target shard, likewise (repeatable); the shards of each side cover the keyspace once.")
 @click.option("--tables", default=None, help="Comma-separated tables (default: all of schema public).")
+@EXCLUDE
 @click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
               help="The column whose hash places a row in a shard (default: the table's first key column).")
 @_rule_options
 @friendly
-def reshard_create(name, source_shards, target_shards, tables, shard_keys, rules, rules_file, udfs, cycle_rows,
-                   chunk_rows):
+def reshard_create(name, source_shards, target_shards, tables, exclude_tables, shard_keys, rules, rules_file, udfs,
+                   cycle_rows, chunk_rows):
     """Check every shard and rule, then create tables and state on every target shard."""
     from ..rules.udfs import parse_udfs
     from ..workflow.reshard import create_reshard, parse_shard_keys, parse_shards
 
-    created = create_reshard(name, parse_shards("source", list(source_shards)), parse_shards("target", list(target_shards)),
+    sources = parse_shards("source", list(source_shards))
+    created = create_reshard(name, sources, parse_shards("target", list(target_shards)),
                              _table_names(tables), parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
-                             _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)))
-    _created(name, f"{len(created)} target shards ({'; '.join(created)})", " --target <any target shard URL>")
+                             _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)), _excluded(exclude_tables))
+    _created(name, f"{len(created)} target shards ({'; '.join(created)})", " --target <any target shard URL>",
+             sources=list(sources.values()))
 
 
 @cli.group()
@@ -219,6 +236,19 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress):
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
 
+    # From the start: a SIGTERM while the driver starts up stops it as cleanly as one later.
+    stop = threading.Event()
+    runners: list = []
+
+    def on_signal(signum, frame):
+        stop.set()
+        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
+        # An interrupted copy cycle is redone on the next run.
+        for runner in runners:
+            threading.Thread(target=runner.cancel, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
     kind = wf.kind
@@ -230,20 +260,31 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress):
     # Spark starts while this process imports the engine and the engine takes its snapshot; the first Spark
     # job waits for it.
     spark = start_in_background(spark_master, conf=conf, session=ruled, light_jvm=not ruled)
-    from ..spark.runner import SparkRunner
+    from ..workflow.heartbeat import Heartbeat
+    from ..workflow.passwords import retire_stored_passwords, task_url
+    from ..workflow.reshard import target_shards
+
+    # Spark's tasks get the target URL without its password when libpq finds it (pgpass file, PGPASSWORD).
+    target = task_url(target, "target")
+    shard_urls = list(target_shards(wf, target).values()) if kind == "Reshard" else [target]
+    for url in shard_urls:
+        for warning in retire_stored_passwords(url, name, wf if url == target else None):
+            click.echo(f"warning: {warning}", err=True)
+    heartbeat = Heartbeat(shard_urls, name).start()  # status tells a running workflow from an abandoned one
+    try:
+        from ..spark.runner import SparkRunner
+
+        runners.append(SparkRunner(spark))
+        _run(name, target, kind, runners[0], stop, no_progress)
+    finally:
+        heartbeat.stop()
+
+
+def _run(name, target, kind, runner, stop, no_progress) -> None:
+    from ..postgres.connect import connect
+    from ..workflow import state as st
     from ..workflow.engine import Engine
 
-    stop = threading.Event()
-    runner = SparkRunner(spark)
-
-    def on_signal(signum, frame):
-        stop.set()
-        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
-        # An interrupted copy cycle is redone on the next run.
-        threading.Thread(target=runner.cancel, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     if kind == "Reshard":
         runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
         _run_reshard(name, target, runner, stop)
@@ -281,25 +322,56 @@ def _run_reshard(name, target, runner, stop) -> None:
     click.echo(f"workflow {name}: {', '.join(sorted({state for _, _, state in finals}))}", err=True)
 
 
+def _size(ctx, param, value):
+    from ..sizes import parse_size
+
+    try:
+        return parse_size(value) if isinstance(value, str) else value
+    except SluicegateError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @workflow.command("status")
 @click.argument("name")
 @TARGET
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--wal-warning", default="1GB", show_default=True, metavar="SIZE", callback=_size,
+              envvar="SLUICEGATE_WAL_WARNING",
+              help="Warn when a stream's replication slot holds more WAL than this on its source.")
 @friendly
-def workflow_status_cmd(name, target, as_json):
-    """Show a workflow's state, position, lag and per-table copy progress."""
+def workflow_status_cmd(name, target, as_json, wal_warning):
+    """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
     from ..workflow.reshard import load_all
-    from ..workflow.status import merge_status, workflow_status
+    from ..workflow.status import merge_status, slot_facts, workflow_status
 
-    status = merge_status([(shard, workflow_status(wf)) for shard, _, wf in load_all(name, target)])
+    status = merge_status([(shard, workflow_status(wf, slots=slot_facts(wf), wal_warning=wal_warning))
+                           for shard, _, wf in load_all(name, target)])
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
-    from rich.console import Console
+    from .output import make_console, print_status
 
-    from .output import print_status
+    print_status(make_console(), status)
 
-    print_status(Console(), status)
+
+@workflow.command("list")
+@TARGET
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def workflow_list(target, as_json):
+    """Every workflow on the target: its kind, state, lag and driver."""
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+    from ..workflow.status import workflow_summary
+
+    with connect(target, role="target") as conn:
+        rows = [workflow_summary(st.load_workflow(conn, n)) for n in st.list_workflows(conn)]
+    if as_json:
+        click.echo(json.dumps({"workflows": rows}, indent=2))
+        return
+    from .output import make_console, print_workflows
+
+    print_workflows(make_console(), rows)
 
 
 def _set_state(name: str, target: str, verb: str) -> str:
@@ -349,7 +421,7 @@ def workflow_stop(name, target):
 def workflow_start(name, target):
     """Start a stopped (or failed) workflow again from where it stands; then `workflow run` it."""
     _set_state(name, target, "start")
-    click.echo(f"workflow {name}: started; run it with: sluicegate workflow run {name}")
+    click.echo(f"workflow {name}: started; run it with: sluicegate workflow run {shlex.quote(name)}")
 
 
 @workflow.command("delete")
@@ -410,10 +482,13 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
     from ..spark.session import launch_settings, parse_conf
     from ..vdiff import report as rep
     from ..vdiff.executor import execute_or_wait, request
+    from ..workflow.passwords import task_url
     from ..workflow.reshard import load_all
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
+    target = task_url(target, "target")  # Spark's tasks get it: without the password when libpq finds it
+
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     options = {"sample": sample, **({"range_rows": range_rows} if range_rows else {})}
     shards = load_all(name, target)  # a Reshard: every target shard against the rows it should hold
@@ -478,11 +553,32 @@ def demo(rows, keep, workdir):
 
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
-from .log import log_group  # noqa: E402
-from .vstream import vstream_group  # noqa: E402
+from .log import log_group
+from .vstream import vstream_group
 
 cli.add_command(log_group)
 cli.add_command(vstream_group)
+
+_VERBOSE = "sluicegate.verbose"
+
+
+def _verbose(ctx: click.Context, param, value: bool) -> None:
+    if value:
+        ctx.find_root().meta[_VERBOSE] = True
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def _verbose_everywhere(group: click.Group) -> None:
+    """`-v` after the subcommand too (`sluicegate workflow run W -v`), not only before it."""
+    for cmd in group.commands.values():
+        if not any("-v" in p.opts for p in cmd.params):
+            cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose,
+                                           help="Log what the engine does to stderr."))
+        if isinstance(cmd, click.Group):
+            _verbose_everywhere(cmd)
+
+
+_verbose_everywhere(cli)
 
 
 def main() -> None:

@@ -2,21 +2,69 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from ..sizes import format_size
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that wraps nothing when its output is not a terminal (a file, a pipe, a log collector):
+    one line per line, whatever the width rich would guess."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=10_000)
 
 
 def print_status(console: Console, status: dict) -> None:
-    console.print(f"workflow [bold]{status['workflow']}[/] ({status['kind']}): [bold]{status['state']}[/]"
-                  + (f"  {status['message']}" if status["message"] else ""))
+    console.print(f"workflow [bold]{escape(status['workflow'])}[/] ({status['kind']}): [bold]{status['state']}[/]"
+                  + (f"  {escape(status['message'])}" if status["message"] else ""))
+    driver = status.get("driver")
+    if driver:
+        console.print(f"driver: {driver_text(driver)}")
+    running = driver is None or driver["running"]
     for s in status["streams"]:
         lag = f"{s['lag_seconds']:.2f}s" if s["lag_seconds"] is not None else "-"
+        if s["lag_seconds"] is not None and not running:
+            lag += " and growing (no driver)"
         shards = (f" (source shard {s['source_shard']} -> target shard {s['target_shard']})"
                   if "target_shard" in s else "")
-        console.print(f"stream {s['id']} from {s['source']}{shards}: {s['state']} at {s['position'] or '-'}, lag {lag}")
+        slot = ""
+        if s.get("retained_wal_bytes") is not None:
+            slot = f"; slot {s['slot']} holds {format_size(s['retained_wal_bytes'])} of WAL ({s['wal_status']})"
+        console.print(f"stream {s['id']} from {escape(s['source'])}{shards}: {s['state']} at {s['position'] or '-'}, "
+                      f"lag {lag}{escape(slot)}")
         grid = Table(show_edge=False)
         for col in ("table", "state", "rows copied", "of about"):
             grid.add_column(col, justify="right" if "rows" in col or "about" in col else "left")
         for t in s["tables"]:
-            grid.add_row(t["table"], t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
+            grid.add_row(escape(t["table"]), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
         console.print(grid)
+    for w in status.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def driver_text(driver: dict) -> str:
+    seen = driver["last_seen_seconds"]
+    if driver["running"]:
+        return f"running (pid {driver['pid']} on {driver['host']}, seen {seen:.0f} s ago)"
+    if seen is None:
+        return "no driver running (never seen)"
+    return f"no driver running (last seen {seen:.0f} s ago)"
+
+
+def print_workflows(console: Console, rows: list[dict]) -> None:
+    if not rows:
+        console.print("no workflows on this target")
+        return
+    grid = Table(show_edge=False)
+    for col in ("workflow", "kind", "state", "lag", "driver"):
+        grid.add_column(col, justify="right" if col == "lag" else "left")
+    for r in rows:
+        lag = f"{r['lag_seconds']:.2f}s" if r["lag_seconds"] is not None else "-"
+        grid.add_row(escape(r["workflow"]), r["kind"], r["state"], lag, driver_text(r["driver"]))
+    console.print(grid)

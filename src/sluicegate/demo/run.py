@@ -7,6 +7,7 @@ up, proves both sides equal with a vdiff and cleans everything up (unless --keep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -93,6 +94,7 @@ class _Demo:
         self.runner = None
         self.stop = threading.Event()
         self.engine: _EngineThread | None = None
+        self.heartbeat = None
         self.view = None
         self.created = False
         self.started = time.monotonic()
@@ -112,6 +114,7 @@ class _Demo:
     def run(self) -> bool:
         self.source = self._start_server("source")
         self.target = self._start_server("target")
+        self._pgpass()
         self._start_spark()
         self._load()
         self._create_workflow()
@@ -139,6 +142,14 @@ class _Demo:
         self.say(f"{side} PostgreSQL {version} up: pid {server.pid}, port {server.port}, "
                  f"data {server.datadir}")
         return server
+
+    def _pgpass(self) -> None:
+        """Sluicegate stores no passwords: libpq finds the servers' in a pgpass file, as a user's would. Set
+        before Spark starts, so that its workers inherit it."""
+        path = self.root / "pgpass"
+        path.write_text("".join(f"{s.host}:{s.port}:*:{s.user}:{s.password}\n" for s in (self.source, self.target)))
+        path.chmod(0o600)
+        os.environ["PGPASSFILE"] = str(path)
 
     def _start_spark(self) -> None:
         """Spark's JVM takes seconds to start: let it start while the data loads."""
@@ -187,6 +198,9 @@ class _Demo:
             raise DemoError(str(exc)) from None
         self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
                  f"started in {self.spark_future.started_in:.1f}s)")
+        from ..workflow.heartbeat import Heartbeat
+
+        self.heartbeat = Heartbeat([self.target_url], WORKFLOW).start()
         self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
         self.engine.start()
         self.say(f"engine running workflow {WORKFLOW} in the background: copying while the writer writes")
@@ -327,6 +341,8 @@ class _Demo:
                 self._quietly(self.runner.cancel)  # a copy job can take long; interrupted cycles are redone
             self.engine.join(60)
             self.engine.engine.close()
+            if self.heartbeat is not None:
+                self._quietly(self.heartbeat.stop)
             if self.engine.is_alive():
                 self.say("[yellow]the engine did not stop within 60s; exiting anyway")
             else:
@@ -334,10 +350,8 @@ class _Demo:
         if self.spark is None and self.spark_future is not None:
             # On an interrupt, do not wait for a slow JVM start: Spark's gateway JVM exits with us anyway
             # (it ends when its stdin, our pipe, closes).
-            try:
+            with contextlib.suppress(Exception):  # reported already, or nothing to stop
                 self.spark = self.spark_future.result(timeout=120 if outcome != "interrupted" else 5)
-            except Exception:  # noqa: BLE001 - reported already, or nothing to stop
-                pass
         if self.spark is not None:
             self._quietly(self.spark.stop)
             self.say("Spark stopped")
@@ -386,7 +400,7 @@ class _Demo:
                 stop = shlex.join(["su", "-s", "/bin/sh", account, "-c", stop])
             self.console.print(f"    stop:    {stop}   (or: kill {server.pid})")
         target_no_pw = f"postgresql://{self.target.user}@{self.target.host}:{self.target.port}/{DATABASE}"
-        self.console.print(f"  workflow: PGPASSWORD=... sluicegate workflow status {WORKFLOW} "
+        self.console.print(f"  workflow: PGPASSFILE={self.root / 'pgpass'} sluicegate workflow status {WORKFLOW} "
                            f"--target {target_no_pw}   (also: workflow run, workflow delete)")
         self.console.print(f"  afterwards: rm -rf {self.root}")
 

@@ -20,14 +20,14 @@ _DDL = [
     "DROP TABLE IF EXISTS {items}, orders, products, customers",
     "DROP TYPE IF EXISTS order_status",
     "CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled')",
-    "CREATE TABLE customers (id bigint PRIMARY KEY, name text, email text, country text,"
-    " created_at timestamptz, balance numeric(12,2))",
-    "CREATE TABLE products (sku text PRIMARY KEY, title text, description text,"
-    " price numeric(10,2), tags text[], attrs jsonb)",
-    "CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, status order_status,"
-    " placed_at timestamptz, total numeric(12,2))",
-    "CREATE TABLE {items} (order_id bigint, line_no int, sku text, qty int, price numeric(10,2),"
-    " PRIMARY KEY (order_id, line_no))",
+    ("CREATE TABLE customers (id bigint PRIMARY KEY, name text, email text, country text,"
+     " created_at timestamptz, balance numeric(12,2))"),
+    ("CREATE TABLE products (sku text PRIMARY KEY, title text, description text,"
+     " price numeric(10,2), tags text[], attrs jsonb)"),
+    ("CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, status order_status,"
+     " placed_at timestamptz, total numeric(12,2))"),
+    ("CREATE TABLE {items} (order_id bigint, line_no int, sku text, qty int, price numeric(10,2),"
+     " PRIMARY KEY (order_id, line_no))"),
 ]
 
 # Per-row pseudo-random numbers: non-negative bigints derived from (row number, seed) only, so the
@@ -131,7 +131,7 @@ class LiveWriter(threading.Thread):
                         break
                     self._transaction(conn)
                     self._halt.wait(self.pause)
-        except BaseException as exc:  # kept for the owner to inspect; the thread ends
+        except BaseException as exc:  # noqa: BLE001 - kept for the owner to inspect; the thread ends
             self.error = exc
         finally:
             self._halt.set()
@@ -155,7 +155,7 @@ class LiveWriter(threading.Thread):
     def _op(self, cur: psycopg.Cursor, r: float) -> None:
         rng = self.rng
         items = sql.Identifier("Order Items")
-        sku = "SKU-%06d" % rng.randint(1, max(1, self.n_products))
+        sku = f"SKU-{rng.randint(1, max(1, self.n_products)):06d}"
         if r < 0.25:  # a new order with 1-3 items
             oid, self.next_order = self.next_order, self.next_order + 1
             cur.execute(
@@ -172,7 +172,7 @@ class LiveWriter(threading.Thread):
             cur.execute(
                 "INSERT INTO customers (id, name, email, country, created_at, balance)"
                 " VALUES (%s, %s, %s, %s, now(), 0)",
-                (cid, "Customer %d" % cid, "user%d@live.test" % cid, rng.choice(["DE", "FR", "US", "JP"])),
+                (cid, f"Customer {cid}", f"user{cid}@live.test", rng.choice(["DE", "FR", "US", "JP"])),
             )
         elif r < 0.55:
             cur.execute("UPDATE orders SET status = %s::order_status WHERE id = %s",
@@ -182,7 +182,7 @@ class LiveWriter(threading.Thread):
                         (round(rng.uniform(-50, 50), 2), rng.randint(1, self.next_customer - 1 or 1)))
         elif r < 0.75:  # rewrite a description, sometimes with a new large (TOASTed) value
             big = rng.random() < 0.5
-            text = rng.randbytes(rng.randint(5_000, 20_000)).hex() if big else "Updated %r" % rng.random()
+            text = rng.randbytes(rng.randint(5_000, 20_000)).hex() if big else f"Updated {rng.random()!r}"
             cur.execute("UPDATE products SET description = %s WHERE sku = %s", (text, sku))
         elif r < 0.85:  # leaves the TOASTed description untouched: it must replicate unchanged
             cur.execute("UPDATE products SET price = price + 0.01,"

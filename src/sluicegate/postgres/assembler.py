@@ -16,8 +16,21 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import pgoutput
-from .pgoutput import (ROW_CHANGES, Begin, Commit, DecodeError, Delete, Insert, Relation, StreamAbort, StreamCommit,
-                       StreamStart, StreamStop, Truncate, Update)
+from .pgoutput import (
+    ROW_CHANGES,
+    Begin,
+    Commit,
+    DecodeError,
+    Delete,
+    Insert,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Update,
+)
 
 
 class Change(NamedTuple):

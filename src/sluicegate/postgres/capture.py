@@ -15,6 +15,7 @@ from psycopg import sql
 
 from ..errors import RetryableError, TerminalError, UsageError
 from ..position import format_lsn, parse_lsn
+from . import locks
 from .catalog import Table
 
 
@@ -46,16 +47,21 @@ def ensure_publication(conn: psycopg.Connection, name: str, tables: list[Table])
     idents = sql.SQL(", ").join(t.ident for t in tables)
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
-    conn.execute(sql.SQL(verb).format(sql.Identifier(name), idents))
+    with locks.guard(conn, f"{'altering' if exists else 'creating'} publication {name}",
+                     [t.ident.as_string(conn) for t in tables], "ShareUpdateExclusiveLock", side="source"):
+        conn.execute(sql.SQL(verb).format(sql.Identifier(name), idents))
 
 
 def ensure_slot(conn: psycopg.Connection, name: str) -> int:
     """Create the logical slot if missing; its confirmed position. `conn` must be in autocommit."""
     info = slot_info(conn, name)
     if info is None:
-        row = conn.execute(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,)
-        ).fetchone()
+        # The slot's first snapshot waits for every transaction running now to end: a long one is named.
+        with locks.guard(conn, f"creating replication slot {name}", side="source",
+                         holders=locks.describe_transactions):
+            row = conn.execute(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,)
+            ).fetchone()
         return parse_lsn(row[0])
     return info.confirmed_flush
 
@@ -71,6 +77,17 @@ def slot_info(conn: psycopg.Connection, name: str) -> SlotInfo | None:
     return SlotInfo(
         parse_lsn(row[0]) if row[0] else None, parse_lsn(row[1]) if row[1] else None, row[2], row[3]
     )
+
+
+def retained_wal(conn: psycopg.Connection, name: str) -> tuple[int | None, str | None]:
+    """(bytes of WAL the slot keeps on the source, its wal_status); (None, None) when there is no such slot."""
+    row = conn.execute(
+        """SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn()
+                                       ELSE pg_current_wal_lsn() END, restart_lsn)::bigint, wal_status
+           FROM pg_replication_slots WHERE slot_name = %s""",
+        (name,),
+    ).fetchone()
+    return (row[0], row[1]) if row else (None, None)
 
 
 def rebootstrap(workflow: str) -> str:
@@ -141,6 +158,7 @@ def drop_capture(conn: psycopg.Connection, slot: str, publication: str) -> list[
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         dropped.append(f"replication slot {slot}")
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
-        conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
+        with locks.guard(conn, f"dropping publication {publication}", side="source"):
+            conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
         dropped.append(f"publication {publication}")
     return dropped

@@ -115,6 +115,25 @@ def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Ta
     return [describe_table(conn, s, n) for s, n in chosen]
 
 
+def exclude_tables(tables: list[Table], names: list[str] | None) -> list[Table]:
+    """`tables` without the ones `names` lists (--exclude-tables), each of which must be among them."""
+    if not names:
+        return tables
+    existing = [(t.schema, t.name) for t in tables]
+    dropped = set()
+    for raw in names:
+        try:
+            dropped.add(resolve_name(existing, raw.strip()))
+        except UsageError:
+            candidates = [n for _, n in existing] + [f"{s}.{n}" for s, n in existing]
+            raise UsageError(f"--exclude-tables names {raw.strip()!r}, which is not among the tables this workflow "
+                             f"moves{did_you_mean(raw.strip(), candidates, cutoff=0.5)}") from None
+    left = [t for t in tables if (t.schema, t.name) not in dropped]
+    if not left:
+        raise UsageError("--exclude-tables leaves no table to move")
+    return left
+
+
 def resolve_name(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
     """A table name as a user wrote it ('t', 'sales.t') -> (schema, name) among `existing`; a bare name
     prefers schema public; unknown or ambiguous -> an error with the closest names."""

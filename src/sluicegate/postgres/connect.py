@@ -6,10 +6,11 @@ Every Sluicegate session uses the same output settings, so the text form of a va
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
-from ..errors import ConnectError
+from ..errors import ConnectError, SluicegateError, UsageError
 
 if TYPE_CHECKING:
     import psycopg
@@ -46,10 +47,73 @@ def describe(url: str) -> str:
     return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
+_URI = re.compile(r"^(postgres(?:ql)?://)([^/?#]*)(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+def strip_password(url: str) -> str:
+    """The conninfo (URL or key=value) without its password, everything else kept: what Sluicegate stores and
+    hands to Spark tasks. libpq then finds the password itself: PGPASSWORD, the pgpass file (PGPASSFILE,
+    ~/.pgpass) or the service file."""
+    m = _URI.match(url)
+    if m:
+        scheme, netloc, rest = m.groups()
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}@{hosts}" if user else hosts
+        path, q, query = rest.partition("?")
+        if q:
+            params = [p for p in query.split("&") if p and p.split("=", 1)[0].lower() != "password"]
+            rest = path + ("?" + "&".join(params) if params else "")
+        return scheme + netloc + rest
+    import psycopg
+
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return url  # not a conninfo: connecting says so (and redact() keeps it out of the message)
+    if "password" not in info:
+        return url
+    del info["password"]
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def has_password(url: str) -> bool:
+    return strip_password(url) != url
+
+
+class NoPasswordError(UsageError):
+    """The server wants a password and libpq found none: Sluicegate stores none, so it comes from libpq."""
+
+
+PGPASS_HINT = ("add it to a pgpass file (PGPASSFILE, else ~/.pgpass; a line host:port:dbname:user:password, "
+               "mode 0600), a service file, or PGPASSWORD: Sluicegate stores no passwords")
+
+
+def connect_failure(role: str, url: str, message: str) -> SluicegateError:
+    """The error for a refused connection (libpq's one-line `message`), with the way out when there is one."""
+    where = describe(url)
+    lower = message.lower()
+    if "no password supplied" in lower:
+        return NoPasswordError(f"no password for {role} {where} (user {_user(url)}): {PGPASS_HINT}")
+    hint = next((h for needle, h in _CONNECT_HINTS if needle in lower), None)
+    return ConnectError(f"cannot connect to {role} {where}: {message}" + (f": {hint.format(role=role)}" if hint else ""))
+
+
+def _user(url: str) -> str:
+    import getpass
+
+    import psycopg
+
+    try:
+        return psycopg.conninfo.conninfo_to_dict(url).get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    except (psycopg.ProgrammingError, KeyError, OSError):
+        return "?"
+
+
 # The way out for the usual reasons a connection is refused (matched on libpq's message).
 _CONNECT_HINTS = (
-    ("password authentication failed", "check the user and password in the {role} URL"),
-    ("no password supplied", "put the password in the {role} URL (or PGPASSWORD / ~/.pgpass)"),
+    ("password authentication failed", "check the {role} user's password (pgpass file, PGPASSWORD or URL)"),
     ("no pg_hba.conf entry", "allow this client in the {role} server's pg_hba.conf"),
     ("connection refused", "is PostgreSQL running and listening on that host and port?"),
     ("timeout expired", "is the host reachable (address, firewall)?"),
@@ -68,10 +132,7 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
             connect_timeout=kwargs.pop("connect_timeout", 10), **kwargs,
         )
     except psycopg.OperationalError as exc:
-        msg = first_line(exc)
-        hint = next((h for needle, h in _CONNECT_HINTS if needle in msg.lower()), None)
-        msg += f": {hint.format(role=role)}" if hint else ""
-        raise ConnectError(f"cannot connect to {role} {describe(url)}: {msg}") from None
+        raise connect_failure(role, url, first_line(exc)) from None
     except psycopg.ProgrammingError as exc:  # malformed URL
         raise ConnectError(f"bad {role} URL {redact(url)}: {first_line(exc)}") from None
 

@@ -17,6 +17,7 @@ import logging
 import psycopg
 from psycopg import errors, sql
 
+from . import locks
 from .catalog import Table
 
 log = logging.getLogger("sluicegate")
@@ -28,8 +29,11 @@ def defer(conn: psycopg.Connection, table: Table) -> list[dict]:
     found = _deferrable(conn, table)
     if not found:
         return []
+    rel = table.ident.as_string(conn)
     try:
-        with conn.transaction():  # a savepoint: a view that depends on the key, or no ownership, keeps them
+        # A savepoint: a view that depends on the key, or no ownership, keeps them. A reader of the table holds
+        # the drop up: the lock timeout says who, and the copy cycle is retried.
+        with locks.guard(conn, f"dropping the indexes of {table.qualified} for its copy", [rel]):
             for name, constraint, _ in found:
                 if constraint:
                     conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table.ident,
@@ -44,9 +48,10 @@ def defer(conn: psycopg.Connection, table: Table) -> list[dict]:
 
 def build(conn: psycopg.Connection, table: Table, deferred: list[dict]) -> None:
     """Build the indexes `defer` dropped, in the caller's transaction."""
-    for index in deferred:
-        log.info("building index %s of %s", index["name"], table.qualified)
-        conn.execute(sql.SQL(index["create"]))  # the server's own definition, kept verbatim
+    with locks.guard(conn, f"building the indexes of {table.qualified}", [table.ident.as_string(conn)], "ShareLock"):
+        for index in deferred:
+            log.info("building index %s of %s", index["name"], table.qualified)
+            conn.execute(sql.SQL(index["create"]))  # the server's own definition, kept verbatim
 
 
 def _deferrable(conn: psycopg.Connection, table: Table) -> list[tuple[str, bool, str]]:

@@ -20,8 +20,8 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from ..errors import ConnectError, RetryableError, TerminalError, is_retryable
-from .connect import SESSION_OPTIONS, describe, first_line
+from ..errors import RetryableError, TerminalError, is_retryable
+from .connect import SESSION_OPTIONS, connect_failure, describe, first_line
 
 _PIPE_BUFFER = 1 << 20
 _BLOCK = 1 << 16
@@ -32,7 +32,7 @@ def connect(url: str, role: str):
     try:
         return psycopg2.connect(url, options=SESSION_OPTIONS, application_name="sluicegate", connect_timeout=10)
     except psycopg2.OperationalError as exc:
-        raise ConnectError(f"cannot connect to {role} {describe(url)}: {first_line(exc)}") from None
+        raise connect_failure(role, url, first_line(exc)) from None
 
 
 def pipe(source, select: str, target, insert: str) -> int:

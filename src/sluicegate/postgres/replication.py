@@ -16,6 +16,7 @@ import select
 import struct
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import psycopg2
 import psycopg2.errors
@@ -23,7 +24,10 @@ import psycopg2.extras
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
-from .connect import SESSION_OPTIONS, describe, redact
+from .connect import SESSION_OPTIONS, connect_failure, describe, redact
+
+if TYPE_CHECKING:
+    from typing import Self
 
 BEGIN, COMMIT = ord("B"), ord("C")
 STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
@@ -163,7 +167,7 @@ class ChangeStream:
         except Exception:  # noqa: BLE001, S110 - closing a broken connection: nothing to tell
             pass
 
-    def __enter__(self) -> ChangeStream:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -183,6 +187,8 @@ def check_replication_access(url: str) -> None:
 def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
     text = redact(" ".join(str(exc).split()))
     where = describe(url)
+    if "no password supplied" in text:
+        return connect_failure("source", url, text)
     if "pg_hba.conf" in text and "replication" in text:
         return UsageError(
             f"source {where} refuses replication connections: add a `host replication <user> <client address> "

@@ -9,8 +9,9 @@ never makes the application's writes queue behind us for long.
 
 from __future__ import annotations
 
-import time
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -19,6 +20,10 @@ from ..errors import RetryableError
 from ..position import parse_lsn
 from .catalog import Table
 from .connect import connect
+from .locks import LockTimeout, describe_holders
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 @dataclass
@@ -34,7 +39,7 @@ class TableSnapshot:
         finally:
             self.conn.close()
 
-    def __enter__(self) -> TableSnapshot:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -42,7 +47,8 @@ class TableSnapshot:
 
 
 def take_snapshot(source_url: str, tables: Table | list[Table], *, lock_timeout_ms: int = 500,
-                  attempts: int = 20) -> TableSnapshot:
+                  attempts: int = 20, stop: threading.Event | None = None) -> TableSnapshot:
+    """`stop`: set, the retries end at once (RetryableError)."""
     tables = [tables] if isinstance(tables, Table) else list(tables)
     names = sql.SQL(", ").join(t.ident for t in tables)
     shown = ", ".join(t.qualified for t in tables)
@@ -58,11 +64,14 @@ def take_snapshot(source_url: str, tables: Table | list[Table], *, lock_timeout_
                 break
             except psycopg.errors.LockNotAvailable:
                 locker.rollback()
-                time.sleep(min(0.05 * 2**attempt, 2.0))  # back off; writers go on meanwhile
+                # back off; writers go on meanwhile
+                if (stop or threading.Event()).wait(min(0.05 * 2**attempt, 2.0)):
+                    raise RetryableError(f"stopped while locking {shown} for a snapshot") from None
         else:
-            raise RetryableError(
-                f"could not lock {shown} for a snapshot in {attempts} tries of {lock_timeout_ms} ms: "
-                f"a long transaction holds it; will retry"
+            holders = describe_holders(locker, [t.ident.as_string(locker) for t in tables], "ShareLock")
+            raise LockTimeout(
+                f"could not lock {shown} on the source for a snapshot in {attempts} tries of {lock_timeout_ms} ms"
+                f"{holders or ': a long transaction writes to it'}; will retry"
             )
         name, lsn, xids = holder.execute(
             "SELECT pg_export_snapshot(), pg_current_wal_insert_lsn()::text, txid_current_snapshot()::text"

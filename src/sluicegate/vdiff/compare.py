@@ -13,6 +13,7 @@ differs exactly when PostgreSQL says it does, and "equal" never rests on Python'
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -97,7 +98,7 @@ def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, hashed_as_text:
         yield lo, hi
         return
     edges = [lo, *bounds, hi]
-    parts = list(zip(edges, edges[1:]))
+    parts = list(itertools.pairwise(edges))
     source_sides = pool.submit(lambda: [_summary(src, table, a, b, hashed_as_text) for a, b in parts])
     target_sides = [_summary(dst, table, a, b, hashed_as_text) for a, b in parts]
     for (a, b), s, t in zip(parts, source_sides.result(), target_sides):
@@ -154,10 +155,9 @@ def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table
     read = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
         cols, table.ident, keyrange.in_range(table, lo, hi), fmt)
     write = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(stage, cols, fmt)
-    with src.cursor() as rcur, dst.cursor() as wcur:
-        with rcur.copy(read) as reader, wcur.copy(write) as writer:
-            for data in reader:
-                writer.write(data)
+    with src.cursor() as rcur, dst.cursor() as wcur, rcur.copy(read) as reader, wcur.copy(write) as writer:
+        for data in reader:
+            writer.write(data)
     return join_compare(dst, table, stage, lo, hi, task.text_columns, sample_size)
 
 

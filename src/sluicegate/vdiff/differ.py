@@ -13,6 +13,7 @@ only the two snapshot connections and the plan.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -309,4 +310,4 @@ def plan_ranges(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] |
         if key is not None and (not bounds or key != bounds[-1]):
             bounds.append(key)
     edges = [lastpk, *bounds, None]
-    return list(zip(edges, edges[1:]))
+    return list(itertools.pairwise(edges))

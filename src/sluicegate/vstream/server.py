@@ -21,6 +21,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -31,6 +32,9 @@ from ..errors import SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres.connect import describe, redact
 from . import source
+
+if TYPE_CHECKING:
+    from typing import Self
 
 log = logging.getLogger(__name__)
 MAX_STREAMS = 64  # worker threads: one per open stream
@@ -153,7 +157,7 @@ class VStreamServer:
         self.service.stop_all()
         self.grpc.stop(grace).wait()
 
-    def __enter__(self) -> VStreamServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

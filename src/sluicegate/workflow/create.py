@@ -5,10 +5,19 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from ..errors import UsageError
-from ..postgres import capture, catalog, replication
+from ..errors import SluicegateError, UsageError
+from ..postgres import capture, catalog, locks, replication
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe, first_line
+from ..postgres.connect import (
+    PGPASS_HINT,
+    NoPasswordError,
+    connect,
+    describe,
+    first_line,
+    has_password,
+    strip_password,
+)
+from ..postgres.identity import DatabaseIdentity, identify, same_database
 from ..rules.compile import CompiledRule
 from ..rules.spec import RuleSpec, parse_rules
 from . import copier
@@ -16,9 +25,11 @@ from . import state as st
 
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,
-                      rules: list[str], options: dict, udfs: dict | None = None) -> list[str]:
-    """Returns the qualified names of the moved tables. Creates nothing if anything is wrong."""
-    return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs)
+                      rules: list[str], options: dict, udfs: dict | None = None,
+                      exclude: list[str] | None = None) -> list[str]:
+    """Returns the qualified names of the moved tables. Creates nothing if anything is wrong. `exclude`:
+    tables not to move, among the named ones (or those of schema public)."""
+    return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs, exclude)
 
 
 def create_materialize(name: str, source_url: str, target_url: str, rules: list[str], options: dict,
@@ -30,9 +41,8 @@ def create_materialize(name: str, source_url: str, target_url: str, rules: list[
 
 
 def _create(kind: str, name: str, source_url: str, target_url: str, tables: list[str] | None, rules: list[str],
-            options: dict, udfs: dict | None) -> list[str]:
-    if not name or len(name) > 100:
-        raise UsageError("a workflow name is 1 to 100 characters")
+            options: dict, udfs: dict | None, exclude: list[str] | None = None) -> list[str]:
+    st.check_name(name)
     specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
     # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
     with connect(source_url, role="source", autocommit=True) as src:
@@ -40,6 +50,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             capture.check_source(src)
             superuser = _check_source_role(src)
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
+            described = catalog.exclude_tables(described, exclude)
             compiled = _compile_rules(src, specs, described, kind, udfs) if specs else {}
             if kind == "Materialize":
                 described = [rule.source for rule in compiled.values()]
@@ -50,7 +61,9 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         with connect(target_url, role="target") as dst:
             try:
-                _create_on_target(src, dst, kind, name, source_url, described, compiled, options)
+                check_not_the_source(src, dst, "target", target_url)
+                identity = identify(src).to_json()
+                _create_on_target(src, dst, kind, name, source_url, described, compiled, options, identity)
             except psycopg.Error as exc:  # the transaction rolled back: nothing was created
                 raise UsageError(f"target {describe(target_url)}: {first_line(exc)}") from None
     return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]
@@ -102,19 +115,84 @@ def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[T
 
 
 def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: str, name: str, source_url: str,
-                      described: list[Table], compiled: dict, options: dict) -> None:
+                      described: list[Table], compiled: dict, options: dict, source_identity: dict) -> None:
     """Every check first, then target tables and state, all in one target transaction."""
     if dst.info.server_version < 140000:
         raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
-    with dst.transaction():
+    targets = [compiled[s.qualified].target if s.qualified in compiled else s for s in described]
+    rels = ["sluicegate.workflows", *(t.ident.as_string(dst) for t in targets)]
+    with dst.transaction(), locks.guard(dst, f"creating workflow {name}", rels, then="try again"):
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         _check_no_leftovers(src, name)
-        for source in described:
-            prepare_empty_target(dst, compiled[source.qualified].target if source.qualified in compiled else source,
-                                 kind, "target table")
+        for target in targets:
+            prepare_empty_target(dst, target, kind, "target table")
         st.create_workflow(dst, name, kind, source_url, options, described,
-                           {q: rule.to_json() for q, rule in compiled.items()})
+                           {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
+
+
+def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what: str, target_url: str) -> None:
+    """Refuse a target that is the source database itself, or the source of a workflow that writes into this
+    source (a loop), before anything is created on it. By the servers' identity, not by URL text."""
+    if same_database(src, dst):
+        ident = identify(dst)
+        raise UsageError(
+            f"{what} {describe(target_url)} is the source database itself (database {ident.database!r} of server "
+            f"{ident.system_identifier or 'at the same address'}): a workflow copies into another database; "
+            f"name a different target"
+        )
+    loops = _workflows_reading(src, dst)
+    if loops:
+        workflow, _ = loops[0]
+        raise UsageError(
+            f"{what} {describe(target_url)} is the source of workflow {workflow!r}, whose target is this source "
+            f"({describe(src.info.dsn)}): a workflow back would carry every change around in a loop; name a "
+            f"different target, or delete workflow {workflow!r} first"
+        )
+
+
+def _workflows_reading(src: psycopg.Connection, dst: psycopg.Connection) -> list[tuple[str, str]]:
+    """(workflow, its source URL) for each workflow recorded on `src` (it is their target) whose source is the
+    database `dst` reaches."""
+    if not st.has_schema(src):
+        return []
+    try:
+        rows = src.execute(
+            """SELECT s.workflow, COALESCE(s.source_url, w.source_url), to_jsonb(s) -> 'source_identity'
+               FROM sluicegate.streams s JOIN sluicegate.workflows w ON w.name = s.workflow ORDER BY s.id"""
+        ).fetchall()
+    except psycopg.errors.InsufficientPrivilege:  # another user's state: not ours to judge
+        return []
+    target = identify(dst)
+    found = []
+    for workflow, url, recorded in rows:
+        known = DatabaseIdentity.from_json(recorded)
+        if known is not None and not known.may_be(target):
+            continue
+        # A possible match (or made before identities were recorded): ask that source itself.
+        try:
+            with connect(url, role="source", autocommit=True, connect_timeout=3) as other:
+                same = same_database(other, dst)
+        except (SluicegateError, psycopg.Error):
+            same = known is not None  # unreachable: the recorded identity decides, if there is one
+        if same:
+            found.append((workflow, url))
+    return found
+
+
+def source_password_note(source_url: str) -> str | None:
+    """A note for `create` when the source URL holds a password that libpq cannot find by itself: the
+    password is not stored, so `workflow run` will need it in a pgpass file, a service file or PGPASSWORD."""
+    if not has_password(source_url):
+        return None
+    try:
+        connect(strip_password(source_url), role="source", connect_timeout=5).close()
+        return None
+    except NoPasswordError:
+        return (f"note: the source password is not stored; `workflow run`, `vdiff` and `status` need it from "
+                f"libpq: {PGPASS_HINT.split(': Sluicegate')[0]}")
+    except SluicegateError:
+        return None  # something else (the server is going away): run says what
 
 
 def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str) -> None:

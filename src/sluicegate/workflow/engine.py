@@ -13,6 +13,7 @@ terminal ones put the stream in Error with a message that names the way out.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import psycopg
 
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
-from ..postgres import capture
+from ..postgres import capture, locks
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
@@ -81,11 +82,13 @@ class Engine:
         # stream id -> (position, txid snapshot) of its last copy cycle: the target has everything committed as
         # of that snapshot. Lets the next cycle skip catchup and fast-forward when nothing committed since.
         self._copied_as_of: dict[int, tuple[int, str]] = {}
+        self._thread: int | None = None  # the loop's: its lock waits are what a stop cancels
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
         """Run until stopped (event, `workflow stop`) or in Error; the stream's final state."""
         done = threading.Event()
+        self._thread = threading.get_ident()
         threading.Thread(target=self._cancel_on_stop, args=(done,), name="sg-engine-stop", daemon=True).start()
         try:
             return self._loop()
@@ -115,13 +118,17 @@ class Engine:
     def _cancel_on_stop(self, done: threading.Event) -> None:
         """A play task may run until interrupted: once stop is set, cancel this engine's jobs (again, until
         the loop returns: a job may start just after a cancel). Whatever a cancelled task had not committed
-        is rolled back; the stream resumes from its saved position."""
+        is rolled back; the stream resumes from its saved position. A statement of the loop's own thread that
+        waits for a lock (postgres/locks.py) is cancelled too."""
         while not done.is_set():
-            if self.stop.wait(0.5) and not done.is_set():
-                try:
-                    self.runner.cancel(self.tag)
-                except Exception:  # noqa: BLE001 - the session may be stopping too
-                    log.debug("could not cancel the jobs of %s", self.tag)
+            if not self.stop.wait(0.5) or done.is_set():
+                continue
+            locks.cancel_waiting(self._thread)
+            try:
+                self.runner.cancel(self.tag)
+            except Exception:  # noqa: BLE001 - the session may be stopping too
+                log.debug("could not cancel the jobs of %s", self.tag)
+            done.wait(0.5)
 
     def _loop(self) -> str:
         failures = 0
@@ -171,7 +178,7 @@ class Engine:
             capture.ensure_publication(src, stream.publication, [t.table for t in stream.tables])
             start = capture.ensure_slot(src, stream.slot_name)
         with connect(self.target_url, role="target") as dst:
-            state, position = st.lock_stream(dst, stream.id)
+            state, _ = st.lock_stream(dst, stream.id)
             if state == st.INIT:
                 st.save_position(dst, stream.id, start, state=st.COPYING)
 
@@ -202,7 +209,7 @@ class Engine:
             return
         fault_point("catchup.done")
         table = current.table
-        with take_snapshot(stream.source_url, table) as snap:
+        with take_snapshot(stream.source_url, table, stop=self.stop) as snap:
             # Nothing committed since the last cycle's snapshot (checked now, after this one's position was
             # read): nothing lies between the two positions either, so none to fast-forward through.
             skip_to_snapshot = untouched or (stream.position < snap.position
@@ -246,7 +253,7 @@ class Engine:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
                 tasks = [copier.prepare(t) for t in ranges]
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
-                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}"))
+                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
@@ -365,10 +372,8 @@ class Engine:
 
     def _drop_lock_conn(self) -> None:
         if self.lock_conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # already broken
                 self.lock_conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
             self.lock_conn = None
 
     def _record(self, state: str | None, message: str) -> None:

@@ -17,9 +17,10 @@ from contextlib import ExitStack
 import psycopg
 
 from ..errors import UsageError
-from ..postgres import capture, catalog, replication
+from ..postgres import capture, catalog, locks, replication
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe, first_line
+from ..postgres.connect import connect, describe, first_line, strip_password
+from ..postgres.identity import identify
 from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
 from ..sharding.keyrange import KeyRange, check_partition
@@ -29,6 +30,7 @@ from .create import (
     _check_source_role,
     _check_table_rights,
     _compile_rules,
+    check_not_the_source,
     prepare_empty_target,
 )
 
@@ -59,10 +61,9 @@ def parse_shard_keys(items: list[str]) -> dict[str, str]:
 
 def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict[str, str],
                    tables: list[str] | None, shard_keys: dict[str, str], rules: list[str], options: dict,
-                   udfs: dict | None = None) -> list[str]:
+                   udfs: dict | None = None, exclude: list[str] | None = None) -> list[str]:
     """Validate every shard and rule, then create tables and state on every target shard (all or none)."""
-    if not name or len(name) > 100:
-        raise UsageError("a workflow name is 1 to 100 characters")
+    st.check_name(name)
     specs = parse_rules(rules)
     first = next(iter(source_shards))
     with ExitStack() as stack:
@@ -75,7 +76,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = (conn, superuser)
-        described = catalog.resolve_tables(sources[first][0], tables)
+        described = catalog.exclude_tables(catalog.resolve_tables(sources[first][0], tables), exclude)
         for shard, (conn, superuser) in sources.items():
             _check_same_tables(shard, conn, described, first)
             if not superuser:
@@ -91,13 +92,20 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
         plan = _streams(name, source_shards, target_shards)
         for slot, shard, _, _ in (p for streams in plan.values() for p in streams):
             _check_no_leftovers(sources[shard][0], name, slot)
-        keyspace = {"source_shards": source_shards, "target_shards": target_shards,
+        # Stored without passwords: libpq's pgpass file or environment supplies them.
+        keyspace = {"source_shards": {s: strip_password(u) for s, u in source_shards.items()},
+                    "target_shards": {s: strip_password(u) for s, u in target_shards.items()},
                     "shard_keys": {t.qualified: t.columns[c].name for t, c in zip(described, columns)}}
+        identities = {shard: identify(conn).to_json() for shard, (conn, _) in sources.items()}
         targets = {}
         for shard, url in target_shards.items():
             conn = stack.enter_context(connect(url, role="target"))
             try:
-                _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
+                for source_shard, (src, _) in sources.items():
+                    check_not_the_source(src, conn, f"target shard {shard} (source shard {source_shard})", url)
+                rels = ["sluicegate.workflows", *(compiled[t.qualified].target.ident.as_string(conn) for t in described)]
+                with locks.guard(conn, f"creating workflow {name} on target shard {shard}", rels, then="try again"):
+                    _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
             except psycopg.Error as exc:
                 raise UsageError(f"target shard {shard} ({describe(url)}): {first_line(exc)}") from None
             targets[shard] = conn
@@ -105,7 +113,8 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
             for slot, source_shard, source_url, keyrange in plan[shard]:
                 rules_json = {t.qualified: compiled[t.qualified].with_keyrange(c, keyrange.lo, keyrange.hi).to_json()
                               for t, c in zip(described, columns)}
-                st.add_stream(conn, name, source_shard, source_url, slot, described, rules_json)
+                st.add_stream(conn, name, source_shard, source_url, slot, described, rules_json,
+                              identities[source_shard])
         for conn in targets.values():  # every check passed on every shard: now commit them all
             conn.commit()
     return [f"{s}: {', '.join(compiled[t.qualified].target.qualified for t in described)}" for s in target_shards]

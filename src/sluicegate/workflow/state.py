@@ -1,7 +1,8 @@
 """Durable workflow state in the target's `sluicegate` schema: the truth the engine re-reads every step.
 
-workflows (name, kind, source, options) 1─n streams (state, position, message, lag marks)
-streams 1─n copy_state (one row per table: its description, lastpk, rows copied, done).
+workflows (name, kind, source, options, the driver's heartbeat) 1─n streams (state, position, message, lag
+marks) 1─n copy_state (one row per table: its description, lastpk, rows copied, done).
+Source URLs are stored without their password (libpq's pgpass file or environment supplies it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from psycopg import sql
 from ..errors import UsageError, did_you_mean
 from ..position import format_lsn, parse_lsn
 from ..postgres.catalog import Table
+from ..postgres.connect import strip_password
 
 INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
 
@@ -85,7 +87,19 @@ CREATE TABLE IF NOT EXISTS sluicegate.vdiff_ranges (
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_url text;
 -- Indexes dropped for a table's first copy cycle: the statements that build them again (postgres/indexes.py).
 ALTER TABLE sluicegate.copy_state ADD COLUMN IF NOT EXISTS deferred_indexes jsonb;
+-- The driver's heartbeat (workflow/heartbeat.py): when `workflow run` was last seen, and which process.
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS driver_seen_at timestamptz;
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS driver_pid int;
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS driver_host text;
+-- The source database's identity (postgres/identity.py), to tell at create whether a target feeds a source.
+ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_identity jsonb;
 """
+# What the last statements above add: a schema with all of them needs no DDL (whose ALTER TABLE locks would
+# wait for every reader of the state, the status commands and running drivers included).
+_NEWEST_COLUMNS = [("workflows", "driver_seen_at"), ("workflows", "driver_pid"), ("workflows", "driver_host"),
+                   ("streams", "source_identity"), ("copy_state", "deferred_indexes"), ("streams", "source_url")]
+_TABLES = ["workflows", "streams", "copy_state", "vdiffs", "vdiff_ranges"]
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass
@@ -126,6 +140,15 @@ class Stream:
         return next((t for t in self.tables if not t.done), None)
 
 
+@dataclass(frozen=True)
+class Driver:
+    """The last heartbeat of a `workflow run` (workflow/heartbeat.py), as the target's clock measures it."""
+
+    seen_seconds_ago: float | None  # None: never seen
+    pid: int | None  # None after a clean exit
+    host: str | None
+
+
 @dataclass
 class Workflow:
     name: str
@@ -133,10 +156,38 @@ class Workflow:
     source_url: str
     options: dict
     streams: list[Stream]
+    driver: Driver = Driver(None, None, None)
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
-    conn.execute(SCHEMA_DDL)
+    """Create or upgrade the schema, in the caller's transaction; no DDL at all when it is up to date."""
+    if schema_is_current(conn):
+        return
+    from ..postgres import locks
+
+    rels = [f"sluicegate.{t}" for t in _TABLES]
+    with locks.guard(conn, "creating or upgrading schema sluicegate", rels, then="try again"):
+        conn.execute(SCHEMA_DDL)
+
+
+def schema_is_current(conn: psycopg.Connection) -> bool:
+    have = conn.execute(
+        """SELECT count(*) FROM unnest(%s::text[], %s::text[]) AS w(rel, col)
+           WHERE EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('sluicegate.' || w.rel)
+                                                      AND attname = w.col AND NOT attisdropped)""",
+        ([r for r, _ in _NEWEST_COLUMNS], [c for _, c in _NEWEST_COLUMNS]),
+    ).fetchone()[0]
+    if have != len(_NEWEST_COLUMNS):
+        return False
+    return conn.execute("SELECT bool_and(to_regclass('sluicegate.' || t) IS NOT NULL) FROM unnest(%s::text[]) t",
+                        (_TABLES,)).fetchone()[0]
+
+
+def check_name(name: str) -> None:
+    """A new workflow's name: safe in a shell, a log line and an object name."""
+    if not NAME_PATTERN.fullmatch(name or ""):
+        raise UsageError(f"workflow name {name!r} is not allowed: use 1 to 100 letters, digits, '_', '.' or '-', "
+                         f"starting with a letter or '_'")
 
 
 def object_name(prefix: str, workflow: str) -> str:
@@ -155,28 +206,32 @@ def check_new_name(conn: psycopg.Connection, name: str) -> None:
 
 
 def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
-                    tables: list[Table], rules: dict[str, dict] | None = None) -> None:
+                    tables: list[Table], rules: dict[str, dict] | None = None,
+                    source_identity: dict | None = None) -> None:
     """Insert the workflow, its stream and copy_state in the caller's transaction. `rules`: compiled rule
     (json) by qualified source table name, kept in copy_state beside the table's description."""
     insert_workflow(conn, name, kind, source_url, options)
-    add_stream(conn, name, "0", None, object_name("sg", name), tables, rules)
+    add_stream(conn, name, "0", None, object_name("sg", name), tables, rules, source_identity)
 
 
 def insert_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict) -> None:
     check_new_name(conn, name)
     conn.execute(
         "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
-        (name, kind, source_url, json.dumps(options)),
+        (name, kind, strip_password(source_url), json.dumps(options)),
     )
 
 
 def add_stream(conn: psycopg.Connection, workflow: str, source_shard: str, source_url: str | None, slot: str,
-               tables: list[Table], rules: dict[str, dict] | None = None) -> None:
+               tables: list[Table], rules: dict[str, dict] | None = None,
+               source_identity: dict | None = None) -> None:
     """A stream of the workflow: its slot (and publication, same name) on its source, its tables."""
     stream_id = conn.execute(
-        """INSERT INTO sluicegate.streams (workflow, source_shard, source_url, slot_name, publication, state)
-           VALUES (%s, %s, %s, %s, %s, %s) RETURNING id""",
-        (workflow, source_shard, source_url, slot, slot, INIT),
+        """INSERT INTO sluicegate.streams (workflow, source_shard, source_url, slot_name, publication, state,
+                                           source_identity)
+           VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+        (workflow, source_shard, strip_password(source_url) if source_url else None, slot, slot, INIT,
+         json.dumps(source_identity) if source_identity else None),
     ).fetchone()[0]
     rules = rules or {}
     for i, t in enumerate(tables):
@@ -192,14 +247,19 @@ def add_stream(conn: psycopg.Connection, workflow: str, source_shard: str, sourc
 def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     if not has_schema(conn):
         raise UsageError(f"no Sluicegate workflows on this target (schema sluicegate is missing): create {name!r} first")
+    # to_jsonb(w): a schema made before the heartbeat columns existed reads them as NULL (no DDL here)
     row = conn.execute(
-        "SELECT name, kind, source_url, options FROM sluicegate.workflows WHERE name = %s", (name,)
+        """SELECT name, kind, source_url, options, (to_jsonb(w) ->> 'driver_seen_at')::timestamptz,
+                  (to_jsonb(w) ->> 'driver_pid')::int, to_jsonb(w) ->> 'driver_host', now()
+           FROM sluicegate.workflows w WHERE name = %s""", (name,)
     ).fetchone()
     if row is None:
-        names = [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
+        names = list_workflows(conn)
         hint = did_you_mean(name, names) or (f"; existing: {', '.join(names)}" if names else "")
         raise UsageError(f"no workflow {name!r} on this target{hint}")
-    wf = Workflow(row[0], row[1], row[2], row[3], [])
+    seen, pid, host, now = row[4:]
+    driver = Driver((now - seen).total_seconds() if seen else None, pid, host)
+    wf = Workflow(row[0], row[1], row[2], row[3], [], driver)
     for s in conn.execute(
         """SELECT id, workflow, source_shard, COALESCE(source_url, %s), slot_name, publication, state, message,
                   position::text, caught_up_at, transaction_time, updated_at
@@ -217,6 +277,13 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
                                             deferred or None))
         wf.streams.append(stream)
     return wf
+
+
+def list_workflows(conn: psycopg.Connection) -> list[str]:
+    """Every workflow's name on this target, sorted."""
+    if not has_schema(conn):
+        return []
+    return [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
 
 
 def has_schema(conn: psycopg.Connection) -> bool:

@@ -1,16 +1,61 @@
-"""A workflow's status as plain data: what `status --json` prints and the progress display reads."""
+"""A workflow's status as plain data: what `status --json` prints and the progress display reads.
+
+Whether a driver runs comes from its heartbeat (heartbeat.py); how much WAL each stream's slot holds on its
+source from the source itself (`slot_facts`), when the caller asks for it.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from ..position import format_lsn
-from ..postgres.connect import redact
+from ..postgres.connect import describe, first_line, has_password, redact
+from ..sizes import format_size
 from . import state as st
+from .heartbeat import is_running
+from .passwords import stored_urls
+
+WAL_WARNING = 1 << 30  # bytes of WAL a slot may hold before status warns (--wal-warning)
+_ACTIVE = (st.INIT, st.COPYING, st.RUNNING)
 
 
-def workflow_status(wf: st.Workflow, now: datetime | None = None) -> dict:
+def slot_facts(wf: st.Workflow) -> dict[int, dict]:
+    """Stream id -> {"retained_wal_bytes", "wal_status"} read from each stream's source, or {"source_error"}
+    when the source cannot be asked (status goes on without it)."""
+    from ..errors import SluicegateError
+    from ..postgres import capture
+    from ..postgres.connect import connect
+
+    facts: dict[int, dict] = {}
+    by_source: dict[str, list[st.Stream]] = {}
+    for s in wf.streams:
+        by_source.setdefault(s.source_url, []).append(s)
+    for url, streams in by_source.items():
+        try:
+            with connect(url, role="source", autocommit=True, connect_timeout=3) as src:
+                for s in streams:
+                    held, wal_status = capture.retained_wal(src, s.slot_name)
+                    facts[s.id] = {"retained_wal_bytes": held, "wal_status": wal_status}
+        except SluicegateError as exc:
+            facts.update({s.id: {"source_error": str(exc)} for s in streams})
+        except Exception as exc:  # noqa: BLE001 - e.g. no right to read pg_replication_slots: say so, go on
+            facts.update({s.id: {"source_error": f"source {describe(url)}: {first_line(exc)}"} for s in streams})
+    return facts
+
+
+def driver_status(wf: st.Workflow) -> dict:
+    d = wf.driver
+    seen = round(d.seen_seconds_ago, 1) if d.seen_seconds_ago is not None else None
+    return {"running": is_running(d), "last_seen_seconds": seen, "pid": d.pid, "host": d.host}
+
+
+def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[int, dict] | None = None,
+                    wal_warning: int = WAL_WARNING) -> dict:
+    """`slots`: slot_facts(wf), or None to leave the source alone (retained_wal_bytes and wal_status are then
+    null)."""
     now = now or datetime.now(timezone.utc)
+    driver = driver_status(wf)
+    warnings = []
     streams = []
     for s in wf.streams:
         lag = None
@@ -37,12 +82,39 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None) -> dict:
             "transaction_time": s.transaction_time.isoformat() if s.transaction_time else None,
             "updated_at": s.updated_at.isoformat(),
             "slot": s.slot_name,
+            "retained_wal_bytes": None,
+            "wal_status": None,
             "tables": tables,
         })
+        facts = (slots or {}).get(s.id, {})
+        streams[-1].update(facts)
+        held = facts.get("retained_wal_bytes")
+        if held is not None and held > wal_warning:
+            warnings.append(f"stream {s.id}: replication slot {s.slot_name} holds {format_size(held)} of WAL on "
+                            f"its source (over {format_size(wal_warning)}), and more while the stream "
+                            f"{'lags' if driver['running'] else 'does not run'}; run the workflow, or delete it "
+                            f"to free the WAL (max_slot_wal_keep_size caps it)")
+        if facts.get("wal_status") in ("unreserved", "lost"):
+            warnings.append(f"stream {s.id}: replication slot {s.slot_name} has wal_status "
+                            f"{facts['wal_status']}: the source "
+                            f"{'has removed' if facts['wal_status'] == 'lost' else 'is about to remove'} WAL it "
+                            f"still needs")
+        if facts.get("source_error"):
+            warnings.append(f"stream {s.id}: {facts['source_error']}")
     states = {s["state"] for s in streams}
     state = st.ERROR if st.ERROR in states else (states.pop() if len(states) == 1 else "Mixed")
     message = next((s["message"] for s in streams if s["message"]), "")
-    return {"workflow": wf.name, "kind": wf.kind, "state": state, "message": message, "streams": streams}
+    if not driver["running"] and any(s["state"] in _ACTIVE for s in streams):
+        seen = driver["last_seen_seconds"]
+        warnings.insert(0, f"no driver running ({f'last seen {seen:.0f} s ago' if seen is not None else 'never seen'}):"
+                           f" nothing is copied or replicated, and the lag grows with every source write; start "
+                           f"one with `sluicegate workflow run {wf.name}`")
+    if any(has_password(u) for u in stored_urls(wf)):
+        warnings.append("a source password is stored on the target (by an older Sluicegate): put it in a pgpass "
+                        "file (PGPASSFILE) and the next `workflow run` removes it")
+    return {"workflow": wf.name, "kind": wf.kind, "state": state, "message": message, "driver": driver,
+            "warnings": warnings, "streams": streams}
+
 
 
 def merge_status(parts: list[tuple[str, dict]]) -> dict:
@@ -57,5 +129,16 @@ def merge_status(parts: list[tuple[str, dict]]) -> dict:
     message = next((f"stream {s['id']} (target shard {s['target_shard']}): {s['message']}"
                     for s in streams if s["message"]), "")
     first = parts[0][1]
+    drivers = [status["driver"] for _, status in parts]
+    running = [d for d in drivers if d["running"]]
+    warnings = list(dict.fromkeys(w for _, status in parts for w in status["warnings"]))
     return {"workflow": first["workflow"], "kind": first["kind"], "state": state, "message": message,
-            "streams": streams}
+            "driver": (running or drivers)[0], "warnings": warnings, "streams": streams}
+
+
+def workflow_summary(wf: st.Workflow) -> dict:
+    """One line of `workflow list`: kind, state, the largest lag, the driver."""
+    status = workflow_status(wf)
+    lags = [s["lag_seconds"] for s in status["streams"] if s["lag_seconds"] is not None]
+    return {"workflow": wf.name, "kind": wf.kind, "state": status["state"], "message": status["message"],
+            "lag_seconds": max(lags) if lags else None, "driver": status["driver"]}
