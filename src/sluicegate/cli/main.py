@@ -226,8 +226,12 @@ def workflow() -> None:
 @SPARK_MASTER
 @SPARK_CONF
 @click.option("--no-progress", is_flag=True, help="Do not draw progress (also off when not a terminal).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
+              help="Serve Prometheus metrics at http://ADDR:N/metrics while the workflow runs.")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="The address the metrics are served on (0.0.0.0: every interface).")
 @friendly
-def workflow_run(name, target, spark_master, spark_conf, no_progress):
+def workflow_run(name, target, spark_master, spark_conf, no_progress, metrics_port, metrics_addr):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
     from ..spark.session import launch_settings, parse_conf
@@ -271,12 +275,23 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress):
         for warning in retire_stored_passwords(url, name, wf if url == target else None):
             click.echo(f"warning: {warning}", err=True)
     heartbeat = Heartbeat(shard_urls, name).start()  # status tells a running workflow from an abandoned one
+    metrics = None
     try:
+        if metrics_port is not None:
+            from ..workflow.metrics import MetricsServer
+
+            try:
+                metrics = MetricsServer(target, name, metrics_port, metrics_addr)
+            except OSError as exc:
+                raise UsageError(f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc.strerror or exc}; "
+                                 f"pick another --metrics-port") from None
         from ..spark.runner import SparkRunner
 
         runners.append(SparkRunner(spark))
         _run(name, target, kind, runners[0], stop, no_progress)
     finally:
+        if metrics is not None:
+            metrics.stop()
         heartbeat.stop()
 
 

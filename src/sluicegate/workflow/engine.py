@@ -27,7 +27,7 @@ from ..postgres import capture, locks
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
-from . import copier
+from . import copier, metrics
 from . import state as st
 from .copy_task import copy_range
 from .faults import fault_point
@@ -150,9 +150,11 @@ class Engine:
                 if self.stop.is_set():
                     return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
                 if not is_retryable(exc) and not _spark_failure(exc):
+                    self._count("errors")
                     self._record(st.ERROR, str(exc) if isinstance(exc, SluicegateError) else first_line(exc))
                     return st.ERROR
                 failures += 1
+                self._count("retries")
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
                 message = f"retrying in {delay:.0f}s: {str(exc) if isinstance(exc, SluicegateError) else first_line(exc)}"
                 log.warning(message)
@@ -375,6 +377,12 @@ class Engine:
             with contextlib.suppress(Exception):  # already broken
                 self.lock_conn.close()
             self.lock_conn = None
+
+    def _count(self, metric: str) -> None:
+        """A retry or error for the metrics (metrics.py): the state records neither."""
+        stream_id = self.stream_id or (self._last_stream.id if self._last_stream is not None else None)
+        if stream_id is not None:  # else the workflow never loaded: the target is down, no stream to name
+            metrics.count(metric, self.workflow, self.target_url, stream_id)
 
     def _record(self, state: str | None, message: str) -> None:
         """Best effort: the target may be the thing that is down."""

@@ -81,6 +81,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         # tables may appear while the task runs (the first `sluicegate vdiff` makes them): looked for each batch.
         watch_vdiffs = task.until == "slice" and task.yield_to_vdiff
         vdiff_tables = False
+        counting = st.counts_applied(dst)
         try:
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
         except RetryableError:
@@ -126,7 +127,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
                     st.save_position(dst, task.stream_id, new_position,
                                      caught_up_at=source_now if caught_up else None,
-                                     transaction_time=batch.commit_time)
+                                     transaction_time=batch.commit_time,
+                                     applied=batch.rows if counting and batch.transactions else None)
                     if task.clear_message and result.batches == 1:
                         st.set_message(dst, task.stream_id, "")
                     fault_point("replicate.before_commit")

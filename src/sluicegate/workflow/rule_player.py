@@ -502,7 +502,8 @@ def _apply(spec: BatchSpec, batches, summary: dict) -> None:
         caught_up = not meta["limited"] and task.stop_at is None
         st.save_position(dst, task.stream_id, meta["position"],
                          caught_up_at=spec.source_now if caught_up else None,
-                         transaction_time=meta["commit_time"])
+                         transaction_time=meta["commit_time"],
+                         applied=summary["rows"] if meta["transactions"] and st.counts_applied(dst) else None)
         if task.clear_message:
             st.set_message(dst, task.stream_id, "")
         fault_point("replicate.before_commit")

@@ -1,0 +1,136 @@
+"""Prometheus metrics of `workflow run --metrics-port N`.
+
+What the state says (lag, position, rows copied and applied, batches) is read from the target at each scrape,
+as status reads it: the target holds the truth, the metrics keep no second copy. Only what the state does not
+record, the engine's retries and errors, is counted in this process (`count`). prometheus-client is imported
+when metrics are served: the engine counts without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+log = logging.getLogger("sluicegate.metrics")
+
+_lock = threading.Lock()
+_counts: Counter = Counter()  # (metric, workflow, target, stream id) -> n
+
+
+def count(metric: str, workflow: str, target_url: str, stream_id: int) -> None:
+    """One more retry or error (metric "retries" or "errors") of a stream, whose id is unique on its target."""
+    from ..postgres.connect import describe
+
+    with _lock:
+        _counts[(metric, workflow, describe(target_url), stream_id)] += 1
+
+
+def counted(metric: str, workflow: str, target_url: str, stream_id: int) -> int:
+    from ..postgres.connect import describe
+
+    with _lock:
+        return _counts[(metric, workflow, describe(target_url), stream_id)]
+
+
+class WorkflowCollector:
+    """Reads workflow `name`'s state from its target(s) at each scrape (a custom collector: prometheus-client
+    calls `collect`)."""
+
+    def __init__(self, target_url: str, name: str):
+        self.target_url, self.workflow = target_url, name
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        def gauge(name, doc, labels):
+            return GaugeMetricFamily(f"sluicegate_{name}", doc, labels=labels)
+
+        stream_labels = ["workflow", "stream", "source"]
+        up = gauge("driver_up", "1 while this workflow's driver (workflow run) serves these metrics.", ["workflow"])
+        up.add_metric([self.workflow], 1)
+        target_up = gauge("target_up", "1 if the workflow's state could be read from its target at this scrape.",
+                          ["workflow"])
+        state = gauge("stream_state", "1 for the stream's current state (Init, Copying, Running, Stopped, Error).",
+                      [*stream_labels, "state"])
+        lag = gauge("lag_seconds", "How far the target is behind the source (streams that replicate).",
+                    stream_labels)
+        position = gauge("applied_position_bytes", "The source position (LSN, in bytes) applied on the target.",
+                         stream_labels)
+        wal = gauge("retained_wal_bytes", "WAL the stream's replication slot holds on its source.", stream_labels)
+        copied = CounterMetricFamily("sluicegate_rows_copied", "Rows copied into the target, per table.",
+                                     labels=[*stream_labels, "table"])
+        total = gauge("table_rows_estimated", "The table's rows as the source estimates them (or copied, if more).",
+                      [*stream_labels, "table"])
+        table_done = gauge("table_copied", "1 once the table's copy is done.", [*stream_labels, "table"])
+        applied = CounterMetricFamily("sluicegate_rows_applied", "Rows replayed into the target from the source's "
+                                      "changes (catchup, fast-forward, replicate).", labels=stream_labels)
+        batches = CounterMetricFamily("sluicegate_batches", "Replay batches committed on the target.",
+                                      labels=stream_labels)
+        retries = CounterMetricFamily("sluicegate_retries", "Retryable failures this driver retried.",
+                                      labels=stream_labels)
+        errors = CounterMetricFamily("sluicegate_errors", "Failures that put a stream in Error in this driver.",
+                                     labels=stream_labels)
+        try:
+            streams = self._streams()
+        except Exception as exc:  # noqa: BLE001 - the target may be restarting: say so, serve the rest
+            log.debug("metrics: could not read workflow %s: %s", self.workflow, exc)
+            target_up.add_metric([self.workflow], 0)
+            yield from (up, target_up)
+            return
+        target_up.add_metric([self.workflow], 1)
+        for s in streams:
+            labels = [self.workflow, s["stream"], s["source"]]
+            state.add_metric([*labels, s["state"]], 1)
+            if s["lag_seconds"] is not None:
+                lag.add_metric(labels, s["lag_seconds"])
+            if s["position_bytes"] is not None:
+                position.add_metric(labels, s["position_bytes"])
+            if s.get("retained_wal_bytes") is not None:
+                wal.add_metric(labels, s["retained_wal_bytes"])
+            for t in s["tables"]:
+                copied.add_metric([*labels, t["table"]], t["rows_copied"])
+                total.add_metric([*labels, t["table"]], t["rows_total"])
+                table_done.add_metric([*labels, t["table"]], 1 if t["state"] == "Copied" else 0)
+            applied.add_metric(labels, s["rows_applied"])
+            batches.add_metric(labels, s["batches"])
+            retries.add_metric(labels, counted("retries", self.workflow, s["target"], s["id"]))
+            errors.add_metric(labels, counted("errors", self.workflow, s["target"], s["id"]))
+        yield from (up, target_up, state, lag, position, wal, copied, total, table_done, applied, batches, retries,
+                    errors)
+
+    def _streams(self) -> list[dict]:
+        from ..postgres.connect import describe
+        from .reshard import load_all
+        from .status import slot_facts, workflow_status
+
+        streams = []
+        for shard, url, wf in load_all(self.workflow, self.target_url):
+            status = workflow_status(wf, slots=slot_facts(wf))
+            by_id = {s.id: s for s in wf.streams}
+            for s in status["streams"]:
+                stream = by_id[s["id"]]
+                # A Reshard's target shards number their streams each from 1: the shard tells them apart.
+                streams.append({**s, "stream": f"{shard}/{s['id']}" if shard else str(s["id"]), "target": url,
+                                "source": describe(stream.source_url),
+                                "position_bytes": stream.position, "rows_applied": stream.rows_applied,
+                                "batches": stream.batches})
+        return streams
+
+
+class MetricsServer:
+    """/metrics over HTTP on addr:port, in a thread of its own, until `stop`."""
+
+    def __init__(self, target_url: str, name: str, port: int, addr: str = "127.0.0.1"):
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(WorkflowCollector(target_url, name))
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.port = self._server.server_port
+        log.info("serving metrics at http://%s:%d/metrics", addr, self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
