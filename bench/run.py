@@ -321,7 +321,8 @@ class Bench:
     def logged_at(self, pattern: str) -> float | None:
         """When `workflow run -v` first logged a line matching `pattern` (a Unix time); None if it did not."""
         for line in self.wf_log.read_text(errors="replace").splitlines():
-            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (.*)", line)
+            # time, level and logger (e.g. "INFO sluicegate:"; older versions logged neither), message
+            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[.,](\d{3}) (?:[A-Z]+ [\w.]+: )?(.*)", line)
             if found and re.match(pattern, found[3]):
                 stamp = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S")
                 return stamp.timestamp() + int(found[2]) / 1000

@@ -15,6 +15,7 @@ import psycopg
 
 from ..errors import SluicegateError, UsageError
 from ..postgres.connect import first_line, redact
+from .logsetup import LEVELS
 
 TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
@@ -44,20 +45,60 @@ def friendly(fn):
             sys.exit(130)
         except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
             ctx = click.get_current_context(silent=True)
-            if ctx is not None and (ctx.find_root().params.get("verbose") or ctx.find_root().meta.get(_VERBOSE)):
+            if ctx is not None and ctx.find_root().meta.get(_VERBOSE):
                 raise
             _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with -v for the traceback)")
 
     return wrapper
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does to stderr.")
+_VERBOSE = "sluicegate.verbose"
+_LOG = "sluicegate.log"
+
+
+def _log_option(ctx: click.Context, param: click.Parameter, value) -> None:
+    """-v, --log-level, --log-file: before the subcommand or after it, each one read applies at once."""
+    if value in (None, False):
+        return
+    root = ctx.find_root()
+    options = root.meta.setdefault(_LOG, {})
+    options[param.name] = value
+    _configure_logging(root)
+
+
+def _configure_logging(root: click.Context) -> None:
+    from .logsetup import configure
+
+    options = root.meta.get(_LOG, {})
+    level = LEVELS[options["log_level"]] if options.get("log_level") else (
+        logging.INFO if options.get("verbose") else logging.WARNING)
+    if level <= logging.INFO:
+        root.meta[_VERBOSE] = True  # an unexpected error shows its traceback
+    try:
+        configure(level, options.get("log_file"))
+    except OSError as exc:
+        _fail(f"cannot write the log file {options.get('log_file')}: {exc.strerror or exc}")
+
+
+def _log_options() -> list[click.Option]:
+    return [
+        click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_log_option,
+                     help="Log what the engine does (= --log-level info)."),
+        click.Option(["--log-level"], type=click.Choice(list(LEVELS), case_sensitive=False), default=None,
+                     expose_value=False, callback=_log_option,
+                     help="debug, info, warning (default) or error; debug also lets Spark's py4j speak."),
+        click.Option(["--log-file"], type=click.Path(dir_okay=False), default=None, expose_value=False,
+                     callback=_log_option,
+                     help="Write log lines (and progress lines) to this file, not stderr."),
+    ]
+
+
+@click.group(params=_log_options())
 @click.version_option(package_name="sluicegate")
-def cli(verbose: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Sluicegate: consistent, resumable PostgreSQL table replication on Apache Spark."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s",
-                        stream=sys.stderr)
+    _configure_logging(ctx.find_root())
 
 
 @cli.group()
@@ -225,13 +266,18 @@ def workflow() -> None:
 @TARGET
 @SPARK_MASTER
 @SPARK_CONF
-@click.option("--no-progress", is_flag=True, help="Do not draw progress (also off when not a terminal).")
+@click.option("--no-progress", is_flag=True,
+              help="Progress lines on stdout instead of the live table (as when stdout is not a terminal).")
+@click.option("--progress-interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              envvar="SLUICEGATE_PROGRESS_INTERVAL", metavar="SECONDS",
+              help="Seconds between progress lines (stdout, when not drawn on a terminal).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
               help="Serve Prometheus metrics at http://ADDR:N/metrics while the workflow runs.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="The address the metrics are served on (0.0.0.0: every interface).")
 @friendly
-def workflow_run(name, target, spark_master, spark_conf, no_progress, metrics_port, metrics_addr):
+def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_interval, metrics_port,
+                 metrics_addr):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
     from ..spark.session import launch_settings, parse_conf
@@ -288,38 +334,49 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, metrics_po
         from ..spark.runner import SparkRunner
 
         runners.append(SparkRunner(spark))
-        _run(name, target, kind, runners[0], stop, no_progress)
+        _run(name, target, kind, runners[0], stop, no_progress, progress_interval)
     finally:
         if metrics is not None:
             metrics.stop()
         heartbeat.stop()
 
 
-def _run(name, target, kind, runner, stop, no_progress) -> None:
+def _progress(name, target, kind, no_progress, interval):
+    """The live table (on stderr) when both outputs are a terminal, but not for a Reshard's many streams;
+    else a line per interval on stdout (`workflow run > file`)."""
+    from rich.console import Console
+
+    from .progress import ProgressLines, ProgressView
+
+    console = Console(stderr=True)
+    if not no_progress and console.is_terminal and sys.stdout.isatty() and kind != "Reshard":
+        view = ProgressView(target, name, console)
+    else:
+        view = ProgressLines(target, name, interval)
+    view.start()
+    return view
+
+
+def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
     from ..postgres.connect import connect
     from ..workflow import state as st
     from ..workflow.engine import Engine
 
     if kind == "Reshard":
         runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
-        _run_reshard(name, target, runner, stop)
+        view = _progress(name, target, kind, no_progress, interval)
+        try:
+            _run_reshard(name, target, runner, stop)
+        finally:
+            view.stop()
         return
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    view = None
-    if not no_progress and console.is_terminal:
-        from .progress import ProgressView
-
-        view = ProgressView(target, name, console)
-        view.start()
+    view = _progress(name, target, kind, no_progress, interval)
     engine = Engine(target, name, runner, stop=stop)
     try:
         final = engine.run()
     finally:
         engine.close()
-        if view:
-            view.stop()
+        view.stop()
     if final == st.ERROR:
         with connect(target, role="target") as conn:
             msg = st.load_workflow(conn, name).streams[0].message
@@ -574,26 +631,16 @@ from .vstream import vstream_group
 cli.add_command(log_group)
 cli.add_command(vstream_group)
 
-_VERBOSE = "sluicegate.verbose"
-
-
-def _verbose(ctx: click.Context, param, value: bool) -> None:
-    if value:
-        ctx.find_root().meta[_VERBOSE] = True
-        logging.getLogger().setLevel(logging.INFO)
-
-
-def _verbose_everywhere(group: click.Group) -> None:
-    """`-v` after the subcommand too (`sluicegate workflow run W -v`), not only before it."""
+def _log_options_everywhere(group: click.Group) -> None:
+    """-v, --log-level and --log-file after the subcommand too (`sluicegate workflow run W -v`)."""
     for cmd in group.commands.values():
-        if not any("-v" in p.opts for p in cmd.params):
-            cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose,
-                                           help="Log what the engine does to stderr."))
+        if not any("--log-level" in p.opts for p in cmd.params):
+            cmd.params.extend(_log_options())
         if isinstance(cmd, click.Group):
-            _verbose_everywhere(cmd)
+            _log_options_everywhere(cmd)
 
 
-_verbose_everywhere(cli)
+_log_options_everywhere(cli)
 
 
 def main() -> None:

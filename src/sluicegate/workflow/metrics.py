@@ -19,7 +19,7 @@ _counts: Counter = Counter()  # (metric, workflow, target, stream id) -> n
 
 
 def count(metric: str, workflow: str, target_url: str, stream_id: int) -> None:
-    """One more retry or error (metric "retries" or "errors") of a stream, whose id is unique on its target."""
+    """One more retry or error (metric "retries" or "errors") of a stream (its id is unique on its target)."""
     from ..postgres.connect import describe
 
     with _lock:
@@ -47,30 +47,56 @@ class WorkflowCollector:
             return GaugeMetricFamily(f"sluicegate_{name}", doc, labels=labels)
 
         stream_labels = ["workflow", "stream", "source"]
-        up = gauge("driver_up", "1 while this workflow's driver (workflow run) serves these metrics.", ["workflow"])
+        up = gauge(
+            "driver_up", "1 while this workflow's driver (workflow run) serves these metrics.", ["workflow"]
+        )
         up.add_metric([self.workflow], 1)
-        target_up = gauge("target_up", "1 if the workflow's state could be read from its target at this scrape.",
-                          ["workflow"])
-        state = gauge("stream_state", "1 for the stream's current state (Init, Copying, Running, Stopped, Error).",
-                      [*stream_labels, "state"])
-        lag = gauge("lag_seconds", "How far the target is behind the source (streams that replicate).",
-                    stream_labels)
-        position = gauge("applied_position_bytes", "The source position (LSN, in bytes) applied on the target.",
-                         stream_labels)
-        wal = gauge("retained_wal_bytes", "WAL the stream's replication slot holds on its source.", stream_labels)
-        copied = CounterMetricFamily("sluicegate_rows_copied", "Rows copied into the target, per table.",
-                                     labels=[*stream_labels, "table"])
-        total = gauge("table_rows_estimated", "The table's rows as the source estimates them (or copied, if more).",
-                      [*stream_labels, "table"])
+        target_up = gauge(
+            "target_up",
+            "1 if the workflow's state could be read from its target at this scrape.",
+            ["workflow"],
+        )
+        state = gauge(
+            "stream_state",
+            "1 for the stream's current state (Init, Copying, Running, Stopped, Error).",
+            [*stream_labels, "state"],
+        )
+        lag = gauge(
+            "lag_seconds", "How far the target is behind the source (streams that replicate).", stream_labels
+        )
+        position = gauge(
+            "applied_position_bytes",
+            "The source position (LSN, in bytes) applied on the target.",
+            stream_labels,
+        )
+        wal = gauge(
+            "retained_wal_bytes", "WAL the stream's replication slot holds on its source.", stream_labels
+        )
+        copied = CounterMetricFamily(
+            "sluicegate_rows_copied",
+            "Rows copied into the target, per table.",
+            labels=[*stream_labels, "table"],
+        )
+        total = gauge(
+            "table_rows_estimated",
+            "The table's rows as the source estimates them (or copied, if more).",
+            [*stream_labels, "table"],
+        )
         table_done = gauge("table_copied", "1 once the table's copy is done.", [*stream_labels, "table"])
-        applied = CounterMetricFamily("sluicegate_rows_applied", "Rows replayed into the target from the source's "
-                                      "changes (catchup, fast-forward, replicate).", labels=stream_labels)
-        batches = CounterMetricFamily("sluicegate_batches", "Replay batches committed on the target.",
-                                      labels=stream_labels)
-        retries = CounterMetricFamily("sluicegate_retries", "Retryable failures this driver retried.",
-                                      labels=stream_labels)
-        errors = CounterMetricFamily("sluicegate_errors", "Failures that put a stream in Error in this driver.",
-                                     labels=stream_labels)
+        applied = CounterMetricFamily(
+            "sluicegate_rows_applied",
+            "Rows replayed into the target from the source's changes (catchup, fast-forward, replicate).",
+            labels=stream_labels,
+        )
+        batches = CounterMetricFamily(
+            "sluicegate_batches", "Replay batches committed on the target.", labels=stream_labels
+        )
+        retries = CounterMetricFamily(
+            "sluicegate_retries", "Retryable failures this driver retried.", labels=stream_labels
+        )
+        errors = CounterMetricFamily(
+            "sluicegate_errors", "Failures that put a stream in Error in this driver.", labels=stream_labels
+        )
         try:
             streams = self._streams()
         except Exception as exc:  # noqa: BLE001 - the target may be restarting: say so, serve the rest
@@ -96,8 +122,21 @@ class WorkflowCollector:
             batches.add_metric(labels, s["batches"])
             retries.add_metric(labels, counted("retries", self.workflow, s["target"], s["id"]))
             errors.add_metric(labels, counted("errors", self.workflow, s["target"], s["id"]))
-        yield from (up, target_up, state, lag, position, wal, copied, total, table_done, applied, batches, retries,
-                    errors)
+        yield from (
+            up,
+            target_up,
+            state,
+            lag,
+            position,
+            wal,
+            copied,
+            total,
+            table_done,
+            applied,
+            batches,
+            retries,
+            errors,
+        )
 
     def _streams(self) -> list[dict]:
         from ..postgres.connect import describe
@@ -111,10 +150,17 @@ class WorkflowCollector:
             for s in status["streams"]:
                 stream = by_id[s["id"]]
                 # A Reshard's target shards number their streams each from 1: the shard tells them apart.
-                streams.append({**s, "stream": f"{shard}/{s['id']}" if shard else str(s["id"]), "target": url,
-                                "source": describe(stream.source_url),
-                                "position_bytes": stream.position, "rows_applied": stream.rows_applied,
-                                "batches": stream.batches})
+                streams.append(
+                    {
+                        **s,
+                        "stream": f"{shard}/{s['id']}" if shard else str(s["id"]),
+                        "target": url,
+                        "source": describe(stream.source_url),
+                        "position_bytes": stream.position,
+                        "rows_applied": stream.rows_applied,
+                        "batches": stream.batches,
+                    }
+                )
         return streams
 
 

@@ -93,15 +93,15 @@ ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS driver_pid int;
 ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS driver_host text;
 -- The source database's identity (postgres/identity.py), to tell at create whether a target feeds a source.
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_identity jsonb;
--- What a stream has replayed (metrics, progress lines): counted in each batch's transaction, with its position.
+-- What a stream has replayed (metrics, progress lines): counted in each batch's transaction.
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS rows_applied bigint NOT NULL DEFAULT 0;
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS batches bigint NOT NULL DEFAULT 0;
 """
 # What the last statements above add: a schema with all of them needs no DDL (whose ALTER TABLE locks would
 # wait for every reader of the state, the status commands and running drivers included).
 _NEWEST_COLUMNS = [("workflows", "driver_seen_at"), ("workflows", "driver_pid"), ("workflows", "driver_host"),
-                   ("streams", "source_identity"), ("copy_state", "deferred_indexes"), ("streams", "source_url"),
-                   ("streams", "rows_applied"), ("streams", "batches")]
+                   ("streams", "source_identity"), ("copy_state", "deferred_indexes"),
+                   ("streams", "source_url"), ("streams", "rows_applied"), ("streams", "batches")]
 _TABLES = ["workflows", "streams", "copy_state", "vdiffs", "vdiff_ranges"]
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
@@ -274,7 +274,8 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
            FROM sluicegate.streams s WHERE workflow = %s ORDER BY id""",
         (wf.source_url, name),
     ).fetchall():
-        stream = Stream(*s[:8], parse_lsn(s[8]) if s[8] else None, *s[9:12], rows_applied=s[12], batches=s[13])
+        stream = Stream(*s[:8], parse_lsn(s[8]) if s[8] else None, *s[9:12], rows_applied=s[12],
+                        batches=s[13])
         # to_jsonb(c): state made before deferred_indexes existed reads as NULL
         for spec, lastpk, rows, done, deferred in conn.execute(
             """SELECT spec, lastpk, rows_copied, done, to_jsonb(c) -> 'deferred_indexes'
@@ -338,18 +339,21 @@ def read_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | No
 
 
 def counts_applied(conn: psycopg.Connection) -> bool:
-    """Whether the schema has the replay counters (a driver whose schema upgrade a lock held up runs without)."""
-    return conn.execute("""SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'sluicegate.streams'::regclass
-                                                     AND attname = 'batches' AND NOT attisdropped)""").fetchone()[0]
+    """Whether the schema has the replay counters (a driver whose schema upgrade a lock held up runs
+    without them)."""
+    return conn.execute("""SELECT EXISTS (SELECT 1 FROM pg_attribute
+                                          WHERE attrelid = 'sluicegate.streams'::regclass
+                                            AND attname = 'batches' AND NOT attisdropped)""").fetchone()[0]
 
 
 def save_position(conn: psycopg.Connection, stream_id: int, position: int, *, caught_up_at=None,
                   transaction_time=None, state: str | None = None, applied: int | None = None) -> None:
-    """`applied`: the rows of a replay batch committed with this position (counted with one batch); None counts
-    nothing (the schema may lack the counters: counts_applied)."""
+    """`applied`: the rows of a replay batch committed with this position (counted with one batch); None
+    counts nothing (the schema may lack the counters: counts_applied)."""
     counters = sql.SQL("")
     if applied is not None:
-        counters = sql.SQL("rows_applied = rows_applied + {}, batches = batches + 1,").format(sql.Literal(applied))
+        counters = sql.SQL("rows_applied = rows_applied + {}, batches = batches + 1,").format(
+            sql.Literal(applied))
     conn.execute(
         sql.SQL(
             """UPDATE sluicegate.streams SET {} position = %s::pg_lsn,
