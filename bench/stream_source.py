@@ -1,12 +1,13 @@
 """The Spark streaming source (`readStream.format("sluicegate")`): a backlog of changes through a query to the
 noop sink, with the CPU its driver side spent planning (bench/README.md).
 
-Starts a throwaway source PostgreSQL on 127.0.0.1, writes the backlog (ROWS/2 inserts in 20 transactions, then
-ROWS/2 updates in 20 transactions) behind a slot, and runs one query with Trigger.AvailableNow to the noop sink
-on local[2] after a warm-up query. Measured: the query's wall time; CPU of the driver's long-lived Python
-process that plans batches (PySpark's streaming source runner) and of its source backend (the control
-connection, the first backend the query opens); CPU of the whole source server. Progress to stderr, one JSON
-line to stdout.
+Starts a throwaway source PostgreSQL on 127.0.0.1, writes the backlog (ROWS/2 inserts in 20 transactions,
+then ROWS/2 updates in 20 transactions) behind a slot, and runs one query with Trigger.AvailableNow to the
+noop sink on local[2] after a warm-up query over 10 rows. Measured: the query's wall time; CPU of the driver's
+long-lived Python process that plans batches (PySpark's streaming source runner; `warm_planner_process_cpu_s`
+is the same for the warm-up query: mostly its start-up) and of its source backend (the control connection:
+the backend seen in the most samples); CPU of the whole source server. Progress to stderr, one JSON line to
+stdout.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from sluicegate.localpg import LocalPostgres
 
@@ -70,14 +72,14 @@ def planner_pids() -> list[int]:
 
 
 class Sampler(threading.Thread):
-    """Every 50 ms: the last CPU reading of the planner process and of the query's first source backend."""
+    """Every 50 ms: the last CPU reading of the planner process and of each source backend."""
 
     def __init__(self, url: str, dbname: str):
         super().__init__(daemon=True)
         self.url, self.dbname = url, dbname
         self.stop_event = threading.Event()
         self.planner: dict[int, float] = {}
-        self.backends: dict[int, tuple[object, float]] = {}  # pid -> (backend_start, cpu)
+        self.backends: dict[int, tuple[int, float]] = {}  # pid -> (samples it was seen in, cpu)
 
     def run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as c:
@@ -86,18 +88,18 @@ class Sampler(threading.Thread):
                     used = cpu(pid)
                     if used is not None:
                         self.planner[pid] = used
-                for pid, started in c.execute(
-                        "SELECT pid, backend_start FROM pg_stat_activity WHERE datname = %s "
+                for (pid,) in c.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = %s "
                         "AND backend_type = 'client backend' AND pid <> pg_backend_pid()", (self.dbname,)):
                     used = cpu(pid)
                     if used is not None:
-                        self.backends[pid] = (started, used)
+                        self.backends[pid] = (self.backends.get(pid, (0, 0.0))[0] + 1, used)
                 self.stop_event.wait(0.05)
 
-    def result(self) -> dict:
-        first = min(self.backends.values(), key=lambda v: v[0])[1] if self.backends else None
-        return {"planner_process_cpu_s": round(sum(self.planner.values()), 2),
-                "planner_backend_cpu_s": None if first is None else round(first, 2)}
+    def result(self, prefix: str = "") -> dict:
+        planner = max(self.backends.values())[1] if self.backends else None  # lives as long as the query
+        return {f"{prefix}planner_process_cpu_s": round(sum(self.planner.values()), 2),
+                f"{prefix}planner_backend_cpu_s": None if planner is None else round(planner, 2)}
 
 
 def main() -> None:
@@ -126,7 +128,8 @@ def measure(args, work: Path) -> dict:
             c.execute(DDL)
             c.execute("CREATE TABLE warm (id int PRIMARY KEY)")
             for name, table in (("bench", "acc"), ("warm", "warm")):
-                c.execute(f"CREATE PUBLICATION {name} FOR TABLE {table}")  # noqa: S608 - fixed names
+                c.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name),
+                                                                              sql.Identifier(table)))
                 c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
         per = args.rows // 40
         log(f"backlog: {per * 20} inserts and {per * 20} updates in 40 transactions")
@@ -136,7 +139,8 @@ def measure(args, work: Path) -> dict:
                           (i * per + 1, (i + 1) * per))
                 c.commit()
             for i in range(20):
-                c.execute("UPDATE acc SET bal = bal + 1 WHERE id BETWEEN %s AND %s", (i * per + 1, (i + 1) * per))
+                c.execute("UPDATE acc SET bal = bal + 1 WHERE id BETWEEN %s AND %s",
+                          (i * per + 1, (i + 1) * per))
                 c.commit()
             c.execute("INSERT INTO warm SELECT generate_series(1, 10)")
             c.commit()
@@ -161,7 +165,14 @@ def measure(args, work: Path) -> dict:
                 out.update(rows=rows, batches=batches)
             return took
 
-        run("warm", work / "warm")  # Python workers started, the source registered
+        sampler = Sampler(src.url(), "bench")
+        sampler.start()
+        try:
+            run("warm", work / "warm")  # Python workers started, the source registered
+        finally:
+            sampler.stop_event.set()
+            sampler.join()
+        out.update(sampler.result("warm_"))
         server_before = server_cpu(src.pid)
         sampler = Sampler(src.url(), "bench")
         sampler.start()
