@@ -281,7 +281,7 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark durably handled everything before `end`: only now may the slot move."""
         from ..postgres import capture
 
-        self._driver_call(f"confirming slot {self.settings.slot} up to {end.get('lsn')}",
+        self._driver_call(f"confirming up to {end.get('lsn')}",
                           lambda: capture.advance_slot(self._control(), self.settings.slot, _lsn(end)))
 
     def stop(self) -> None:
