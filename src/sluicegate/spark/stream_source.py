@@ -66,6 +66,7 @@ from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructFi
 
 from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean, is_retryable
 from ..position import format_lsn, parse_lsn
+from ..postgres import peek
 
 NAME = "sluicegate"
 DEFAULT_MAX_BYTES = 64 << 20
@@ -99,7 +100,6 @@ SCHEMA = StructType([
 OPTIONS = ("source", "slot", "publication", "tables", "maxBytesPerBatch", "maxChangesPerBatch")
 _REQUIRED = ("source", "slot")
 
-_BEGIN, _COMMIT, _RELATION, _TYPE = b"BCRY"
 _OPS = {"I": "insert", "U": "update", "D": "delete"}
 
 
@@ -449,7 +449,7 @@ def _peek(conn, settings: Settings, upto: int):
     cur.execute(
         "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
         "%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s)",
-        (settings.slot, format_lsn(upto), _quote_ident(settings.publication)),
+        (settings.slot, format_lsn(upto), peek.quote_publication(settings.publication)),
     )
     return cur
 
@@ -467,7 +467,7 @@ def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
             cur = _peek(conn, settings, end)
             txn: _TxnRows | None = None
             begin: Begin | None = None
-            for event in assemble(_wanted(cur, start, end)):
+            for event in assemble(peek.in_range(cur, start, end)):
                 if isinstance(event, Change):
                     txn.add(_change_row(event, begin), event.size)
                 elif isinstance(event, Begin):
@@ -484,24 +484,6 @@ def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
             cur.close()
     finally:
         conn.close()
-
-
-def _wanted(rows, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """Drop the messages of transactions outside the batch before they are decoded; keep Relation and Type
-    messages (they describe tables for every later transaction of this decoding session)."""
-    keep = False
-    for lsn, data in rows:
-        kind = data[0]
-        if kind == _BEGIN:
-            final = int.from_bytes(data[1:9], "big")
-            keep = start <= final < end
-        elif kind in (_RELATION, _TYPE):
-            yield lsn, data
-            continue
-        if keep:
-            yield lsn, data
-        if kind == _COMMIT:
-            keep = False
 
 
 def _change_row(change, begin) -> tuple:
@@ -633,8 +615,3 @@ def _lsn(offset: dict) -> int:
     except (KeyError, TypeError, ValueError):
         raise TerminalError(f"offset {offset!r} is not a {NAME} position (like {{'lsn': '0/16B3748'}}): "
                             f"was the checkpoint written by another source?") from None
-
-
-def _quote_ident(name: str) -> str:
-    """pgoutput splits publication_names like identifiers (lower-casing unquoted ones): always quote."""
-    return '"' + name.replace('"', '""') + '"'
