@@ -1,6 +1,6 @@
 """A streaming query over format("sluicegate") in its own process, for the kill -9 test of test_stream_source.
 
-    python stream_source_driver.py SOURCE_URL SLOT CHECKPOINT OUT_JSONL MAX_CHANGES first|resume
+    python stream_source_driver.py SOURCE_URL SLOT CHECKPOINT OUT_JSONL MAX_BYTES first|resume
 
 Each micro-batch's rows go to OUT_JSONL as one line {"batch": id, "rows": [...]}, written and fsynced before
 Spark commits the batch (foreachBatch: a batch replayed after a crash is written again under the same id).
@@ -22,7 +22,7 @@ import time
 
 
 def main() -> None:
-    source, slot, checkpoint, out, max_changes, mode = sys.argv[1:7]
+    source, slot, checkpoint, out, max_bytes, mode = sys.argv[1:7]
 
     from sluicegate.spark import stream_source
     from sluicegate.spark.session import get_spark
@@ -40,7 +40,7 @@ def main() -> None:
 
     def start(trigger: dict):
         df = (spark.readStream.format("sluicegate").option("source", source).option("slot", slot)
-              .option("maxChangesPerBatch", max_changes).load())
+              .option("maxBytesPerBatch", max_bytes).load())
         return (df.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
                 .trigger(**trigger).start())
 

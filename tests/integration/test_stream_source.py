@@ -1,22 +1,27 @@
 """spark.readStream.format("sluicegate") on real PostgreSQL and real Spark: every change exactly once, batches
-bounded by maxChangesPerBatch, the slot confirmed only behind Spark's commits, kill -9 and restart from the
-checkpoint replaying the planned batch with the same rows."""
+[start, end) of the transactions whose commit record begins in them, bounded in WAL, planned on the driver
+without a single peek and read once in an executor; the slot confirmed only behind Spark's commits; kill -9
+and restart from the checkpoint replaying the planned batch with the same rows; executor errors reaching the
+query with their type and SQLSTATE."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from psycopg import sql
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
-from sluicegate.errors import TerminalError
+from sluicegate.errors import RetryableError, TerminalError
 from sluicegate.position import format_lsn, parse_lsn
 from sluicegate.postgres.assembler import Change, TruncateChange, assemble
 from sluicegate.postgres.pgoutput import UNCHANGED, Begin, Commit
@@ -32,7 +37,7 @@ DRIVER = Path(__file__).with_name("stream_source_driver.py")
 
 def oracle_changes(pair, slot: str, publication: str) -> list[tuple]:
     """Every change a slot holds, peeked and decoded here without the data source's code:
-    (commit end, lsn, table, op, before, after) with before/after as JSON text."""
+    (commit record's start, its end, lsn, table, op, before, after) with before/after as JSON text."""
     rows = pair.src("SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
                     "'proto_version', '1', 'publication_names', %s)", (slot, publication))
     out, pending = [], []
@@ -54,7 +59,7 @@ def oracle_changes(pair, slot: str, publication: str) -> list[tuple]:
             pending += [(format_lsn(event.lsn), f"{r.schema}.{r.name}", "truncate", None, None)
                         for r in event.relations]
         elif isinstance(event, Commit):
-            out += [(event.end_lsn, *row) for row in pending]
+            out += [(event.commit_lsn, event.end_lsn, *row) for row in pending]
     return out
 
 
@@ -75,9 +80,17 @@ def offsets(checkpoint: Path, batch: int) -> tuple[int, int] | None:
     return (end(batch - 1), end(batch)) if end(batch) is not None else None
 
 
+def planned_batches(checkpoint: Path) -> list[int]:
+    return sorted(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
+
+
 def committed_batches(checkpoint: Path) -> list[int]:
     d = checkpoint / "commits"
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+
+
+def wal_insert_lsn(pair) -> int:
+    return parse_lsn(pair.src("SELECT pg_current_wal_insert_lsn()::text")[0][0])
 
 
 def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
@@ -86,8 +99,9 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
     pair.src("CREATE TABLE events (id bigserial PRIMARY KEY, kind text NOT NULL)")
     pair.src("CREATE TABLE ignored (id int PRIMARY KEY)")  # not in `tables`: never streamed
     stream_source.register(spark)
+    bound = 2048
     reader = (spark.readStream.format("sluicegate").option("source", pair.source).option("slot", "s1")
-              .option("tables", "accounts, public.events").option("maxChangesPerBatch", "4"))
+              .option("tables", "accounts, public.events").option("maxBytesPerBatch", "2KiB"))
 
     # The first query creates the publication and the slot (nothing to read yet); the second reads from there.
     first = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c0")) \
@@ -102,7 +116,7 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
     pair.src("INSERT INTO accounts VALUES (1, 'ann', NULL, %s), (2, 'bob', 'x', 'small')", (doc,))
     pair.src("UPDATE accounts SET name = 'anna' WHERE id = 1")  # doc unchanged and TOASTed: not sent
     pair.src("INSERT INTO ignored VALUES (1)")
-    pair.src("INSERT INTO events (kind) SELECT 'bulk' FROM generate_series(1, 7)")  # one transaction > limit
+    pair.src("INSERT INTO events (kind) SELECT 'bulk' FROM generate_series(1, 7)")
     for i in range(6):
         pair.src("INSERT INTO events (kind) VALUES (%s)", (f"single {i}",))
     pair.src("BEGIN; DELETE FROM accounts WHERE id = 2; UPDATE accounts SET id = 3 WHERE id = 1; COMMIT")
@@ -125,7 +139,7 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
     query = reader.load().writeStream.format("memory").queryName("sluicegate_changes") \
         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     try:
-        query.awaitTermination(180)
+        query.awaitTermination(300)
         assert query.exception() is None
     finally:
         stop.set()
@@ -135,9 +149,9 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
     rows = [r.asDict() for r in spark.sql("SELECT * FROM sluicegate_changes").collect()]
     got = [as_change(r) for r in rows]
     assert len(got) == len(set(got)) == len(expected)  # exactly once
-    assert sorted(got) == sorted(row[1:] for row in expected)
+    assert sorted(got) == sorted(row[2:] for row in expected)
     by_lsn = {r["lsn"]: r for r in rows}
-    assert all(r["commit_lsn"] == format_lsn(end) for end, r in ((e[0], by_lsn[e[1]]) for e in expected))
+    assert all(by_lsn[e[2]]["commit_lsn"] == format_lsn(e[1]) for e in expected)
 
     # op, key, before and after as the source wrote them
     accounts = sorted((r for r in rows if r["table"] == "accounts"), key=lambda r: parse_lsn(r["lsn"]))
@@ -157,17 +171,18 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
     assert not [r for r in rows if r["after"] and r["after"].get("kind") == "rolled back"]
     assert all(r["commit_time"] is not None and r["xid"] > 0 for r in rows)
 
-    # Admission control: at most 4 changes per batch, unless one transaction alone is bigger.
-    progress = [p for p in query.recentProgress if p["numInputRows"]]
-    for p in progress:
-        start, end = ((json.loads(p["sources"][0][k]) or {"lsn": format_lsn(created)})["lsn"]
-                      for k in ("startOffset", "endOffset"))
-        start, end = parse_lsn(start), parse_lsn(end)
-        batch = [r for r in rows if start < parse_lsn(r["commit_lsn"]) <= end]
-        assert len(batch) == p["numInputRows"]
-        assert len(batch) <= 4 or len({r["commit_lsn"] for r in batch}) == 1, p
-    # 2+1 | 7 (the next transaction would pass the limit, so it gets a batch of its own) | 1+1+1+1 | 1+1+2 | 1
-    assert [p["numInputRows"] for p in progress] == [3, 7, 4, 4, 1]
+    # Admission control: a batch spans at most 2 KiB of WAL and holds exactly the transactions whose commit
+    # record begins in it, whole (the first one too, though its WAL alone, with the TOASTed doc, is more).
+    final_of = {e[2]: e[0] for e in expected}
+    batches = planned_batches(checkpoint)
+    spans = [offsets(checkpoint, n) for n in batches]
+    spans[0] = (created, spans[0][1])
+    assert all(0 < end - start <= bound for start, end in spans)
+    progress = {p["batchId"]: p["numInputRows"] for p in query.recentProgress}
+    assert sorted(progress) == batches
+    for n, (start, end) in zip(batches, spans):
+        assert progress[n] == sum(1 for r in rows if start <= final_of[r["lsn"]] < end), n
+    assert sum(1 for n in batches if progress[n]) >= 3
 
     # The slot only ever stood at its start or at the end of a batch Spark had committed.
     ends = {n: offsets(checkpoint, n)[1] for n in committed_batches(checkpoint)}
@@ -176,6 +191,65 @@ def test_changes_arrive_once_in_bounded_batches(pair, spark, tmp_path):
         assert confirmed == created or confirmed in {ends[n] for n in done}, (format_lsn(confirmed), done)
     last = max(ends)
     assert slot_confirmed(pair, "s1") == ends[last - 1] < ends[last]  # the last batch waits for the next one
+
+
+def test_driver_plans_without_decoding(pair, spark, tmp_path):
+    """The source's statement log shows who ran what: the driver's connection never peeks at the slot, and
+    each batch is peeked exactly once, by an executor, up to the batch's end."""
+    pair.src("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.src("CREATE PUBLICATION p1 FOR TABLE t")
+    pair.src("SELECT pg_create_logical_replication_slot('p1', 'pgoutput')")
+    pair.src(sql.SQL("ALTER DATABASE {} SET log_statement = 'all'").format(sql.Identifier(pair.name)))
+    log = pair.source_server.logfile
+    since = log.stat().st_size
+    for i in range(40):
+        pair.src("INSERT INTO t VALUES (%s, repeat('v', 100))", (i,))
+    stream_source.register(spark)
+    reader = (spark.readStream.format("sluicegate").option("source", pair.source).option("slot", "p1")
+              .option("maxBytesPerBatch", "2KiB"))
+    checkpoint = tmp_path / "c"
+    query = reader.load().writeStream.format("memory").queryName("planned_only") \
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination(300)
+    assert query.exception() is None
+    ids = sorted(int(r["after"]["id"]) for r in spark.sql("SELECT after FROM planned_only").collect())
+    assert ids == list(range(40))
+
+    roles, statements, peeks = {}, {}, []
+    line_re = re.compile(r"^\S+ \S+ \S+ \[(\d+)\] (LOG|DETAIL):  (.*)$")
+    last_peek = {}
+    with log.open(errors="replace") as f:
+        f.seek(since)
+        for line in f:
+            found = line_re.match(line)
+            if not found:
+                continue
+            pid, kind, text = int(found[1]), found[2], found[3]
+            if kind == "LOG":
+                for role in (stream_source.PLANNER, stream_source.READER):
+                    if text.endswith(f"SET application_name = '{role}'"):
+                        roles[pid] = role
+                statements.setdefault(pid, []).append(text)
+                if "pg_logical_slot_peek" in text or "pg_logical_slot_get" in text:
+                    last_peek[pid] = len(peeks)
+                    peeks.append([pid, None])
+            elif pid in last_peek and peeks[last_peek[pid]][1] is None:  # the peek's parameters
+                upto = re.search(r"\$2 = '([0-9A-F]+/[0-9A-F]+)'", text)
+                peeks[last_peek.pop(pid)][1] = parse_lsn(upto[1]) if upto else None
+    planners = [pid for pid, role in roles.items() if role == stream_source.PLANNER]
+    assert planners
+    planner_statements = [s for pid in planners for s in statements[pid]]
+    assert any("pg_current_wal_flush_lsn" in s for s in planner_statements)  # the log shows the planner...
+    assert any("pg_replication_slot_advance" in s for s in planner_statements)
+    assert not [pid for pid, _ in peeks if pid in planners]  # ... and it never peeked
+    assert {roles.get(pid) for pid, _ in peeks} == {stream_source.READER}
+    ends = []
+    for n in planned_batches(checkpoint):
+        start, end = offsets(checkpoint, n)
+        if start is None or end > start:
+            ends.append(end)
+    assert len(ends) >= 3
+    assert sorted(upto for _, upto in peeks) == sorted(ends)  # one peek per batch, up to its end
 
 
 def test_kill_9_replays_the_planned_batch(pair, tmp_path):
@@ -197,7 +271,7 @@ def test_kill_9_replays_the_planned_batch(pair, tmp_path):
     env.pop("SLUICEGATE_DRIVER_PID", None)
 
     def start(mode):
-        args = [pair.source, "k9", str(checkpoint), str(out), "200", mode]
+        args = [pair.source, "k9", str(checkpoint), str(out), "48KiB", mode]
         return subprocess.Popen([sys.executable, str(DRIVER), *args], env=env, stdout=log.open("ab"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -231,8 +305,8 @@ def test_kill_9_replays_the_planned_batch(pair, tmp_path):
             writer.stop_event.set()
             writer.join()
             assert writer.error is None and writer.commits > 50
-            final = max(end for end, *_ in oracle_changes(pair, "oracle", "k9"))
-            wait_for(lambda: offsets(checkpoint, batches()[-1]["batch"])[1] >= final, timeout=120,
+            final = max(begins for begins, *_ in oracle_changes(pair, "oracle", "k9"))
+            wait_for(lambda: offsets(checkpoint, batches()[-1]["batch"])[1] > final, timeout=120,
                      what="the stream caught up", describe=tail)
         finally:
             reap_group(driver)
@@ -246,74 +320,191 @@ def test_kill_9_replays_the_planned_batch(pair, tmp_path):
         rows = [as_change(r) for r in b["rows"]]
         assert by_batch.setdefault(b["batch"], rows) == rows
     start, end = replayed
-    assert sorted(by_batch[planned]) == sorted(row[1:] for row in expected if start < row[0] <= end)
+    assert sorted(by_batch[planned]) == sorted(row[2:] for row in expected if start <= row[0] < end)
     assert by_batch[planned]
     got = [row for rows in by_batch.values() for row in rows]
     assert len(got) == len(set(got))  # no duplicates
-    assert sorted(got) == sorted(row[1:] for row in expected)  # none missing
+    assert sorted(got) == sorted(row[2:] for row in expected)  # none missing
     assert len(got) > 500
 
 
-def test_reader_replays_a_batch_and_skips_earlier_ones(pair, monkeypatch):
-    """The reader's calls one by one, as Spark makes them (no Spark needed): a batch read while the slot still
-    stands before it skips the earlier batch; read again, it gives the same rows; a batch the slot has moved
-    past is an error, never an empty batch."""
+def test_reader_batches_by_commit_start(pair, monkeypatch):
+    """The reader's calls one by one, as Spark makes them (no Spark needed). A batch [start, end) holds the
+    transactions whose commit record begins in it, for any positions: between records, inside a commit
+    record, or at commit ends (the offsets of older checkpoints); a batch read while the slot still stands
+    before it skips the earlier batch; read again, it gives the same rows; a batch the slot has moved past is
+    an error, never an empty batch."""
     pair.src("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.src("CREATE TABLE other (id int PRIMARY KEY)")
     reader = stream_source.ChangeSource({"source": pair.source, "slot": "r1", "tables": "t",
                                          "maxChangesPerBatch": "3"}).streamReader(stream_source.SCHEMA)
     limit = reader.getDefaultReadLimit()
-    assert limit == ReadMaxRows(3)
+    assert limit == ReadMaxBytes(3 * stream_source.BYTES_PER_CHANGE)
     initial = reader.initialOffset()
+    marks = []  # marks[i]: the WAL insert position before transaction i; its commit record begins after it
     for i in range(10):
+        marks.append(wal_insert_lsn(pair))
         pair.src("INSERT INTO t VALUES (%s, 'v')", (i,))
+    marks.append(wal_insert_lsn(pair))
+    commits = sorted({(begins, ends) for begins, ends, *_ in oracle_changes(pair, "r1", "r1")})
+    assert len(commits) == 10 and all(marks[i] < commits[i][0] < marks[i + 1] for i in range(10))
+
+    def at(lsn):
+        return {"lsn": format_lsn(lsn)}
 
     def ids(start, end):
-        [part] = reader.partitions(start, end)
+        [part] = reader.partitions(at(start), at(end))
         return [dict(r["after"])["id"] for batch in reader.read(part) for r in batch.to_pylist()]
 
-    first = reader.latestOffset(initial, limit)
-    second = reader.latestOffset(first, limit)
-    assert parse_lsn(initial["lsn"]) < parse_lsn(first["lsn"]) < parse_lsn(second["lsn"])
-    assert ids(first, second) == ["3", "4", "5"]  # the slot is still at the start of the first batch
-    assert ids(first, second) == ["3", "4", "5"]
-    assert ids(initial, first) == ["0", "1", "2"]
-    reader.commit(first)
-    assert slot_confirmed(pair, "r1") == parse_lsn(first["lsn"])
-    assert ids(first, second) == ["3", "4", "5"]
-    reader.commit(second)
-    with pytest.raises(TerminalError, match=r"slot r1 was consumed up to .* past this query's offset"):
-        ids(first, second)
-    rest = reader.latestOffset(second, ReadAllAvailable())
-    assert ids(second, rest) == ["6", "7", "8", "9"]
-    assert reader.latestOffset(rest, limit) == rest  # nothing new
+    # Planning: positions only, at most the read limit's WAL past the start.
+    flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    start = parse_lsn(initial["lsn"])
+    assert reader.latestOffset(initial, limit) == at(start + 3 * stream_source.BYTES_PER_CHANGE)
+    assert reader.latestOffset(initial, ReadMaxRows(2)) == at(start + 2 * stream_source.BYTES_PER_CHANGE)
+    assert reader.latestOffset(initial, ReadMaxBytes(1 << 30)) == at(flushed)
+    assert reader.latestOffset(initial, ReadAllAvailable()) == at(flushed)
+    assert reader.partitions(initial, initial) == []
 
-    # WAL that holds nothing to stream (other tables, other databases): once it passes 16 MB, an empty batch
-    # carries the offset past it, so the slot can let it go.
+    assert ids(marks[3], marks[6]) == ["3", "4", "5"]  # the slot is still at the start of the first batch
+    assert ids(marks[3], marks[6]) == ["3", "4", "5"]
+    assert ids(start, marks[3]) == ["0", "1", "2"]
+    reader.commit(at(marks[3]))
+    assert slot_confirmed(pair, "r1") == marks[3]
+    assert ids(marks[3], marks[6]) == ["3", "4", "5"]
+
+    # Commit ends (older checkpoints' offsets): (end 7, end 9] by commit end = [end 7, end 9) by commit start.
+    assert ids(commits[6][1], commits[7][1]) == ["7"]
+    assert ids(commits[7][1], commits[9][1]) == ["8", "9"]
+
+    # An offset inside transaction 6's commit record: the transaction belongs to the batch its record
+    # begins in, and a slot confirmed there skips it.
+    inside = commits[6][0] + 1
+    assert commits[6][1] > inside
+    assert ids(marks[6], commits[6][0]) == []
+    assert ids(marks[6], inside) == ["6"]
+    reader.commit(at(marks[6]))
+    reader.commit(at(inside))
+    assert slot_confirmed(pair, "r1") == inside
+    assert ids(inside, marks[10]) == ["7", "8", "9"]
+    with pytest.raises(TerminalError, match=r"slot r1 was consumed up to .* past this query's offset"):
+        ids(marks[6], inside)
+    with pytest.raises(TerminalError, match=r"slot r1 was consumed up to .* past this query's offset"):
+        reader.latestOffset(at(marks[6]), limit)  # found on the driver too
+    # A slot confirmed exactly where a commit record begins still has that transaction.
+    reader.commit(at(commits[7][0]))
+    assert slot_confirmed(pair, "r1") == commits[7][0]
+    assert ids(commits[7][0], marks[10]) == ["7", "8", "9"]
+
+    # Nothing written: the offset stays (our own peeks and slot advances write no WAL); WAL that holds nothing
+    # to stream (other tables, other databases) makes an empty batch, which lets the slot release it.
+    rest = marks[10]
+
+    def settled():
+        nonlocal rest
+        latest = parse_lsn(reader.latestOffset(at(rest), ReadAllAvailable())["lsn"])
+        reader.commit(at(latest))
+        if latest == rest:
+            return True
+        rest = latest
+        return False
+
+    wait_for(settled, timeout=60, what="the offset to stay where it is")
     pair.src("INSERT INTO other SELECT generate_series(1, 1000)")
-    assert reader.latestOffset(rest, limit) == rest
-    pair.src("SELECT pg_logical_emit_message(false, 'padding', repeat('x', 17000000))")
-    pair.src("INSERT INTO other VALUES (0)")  # its commit flushes the WAL before it
-    idle = reader.latestOffset(rest, limit)
-    assert parse_lsn(idle["lsn"]) - parse_lsn(rest["lsn"]) >= stream_source.IDLE_ADVANCE_BYTES
-    assert ids(rest, idle) == []
+    idle = reader.latestOffset(at(rest), ReadAllAvailable())
+    assert parse_lsn(idle["lsn"]) > rest
+    assert ids(rest, parse_lsn(idle["lsn"])) == []
     reader.commit(idle)
     assert slot_confirmed(pair, "r1") == parse_lsn(idle["lsn"])
     pair.src("UPDATE t SET v = 'after' WHERE id = 9")
-    assert ids(idle, reader.latestOffset(idle, limit)) == ["9"]
+    after = reader.latestOffset(idle, ReadAllAvailable())
+    assert ids(parse_lsn(idle["lsn"]), parse_lsn(after["lsn"])) == ["9"]
+
+    # Trigger.AvailableNow: nothing flushed after its start is planned.
+    later = stream_source.ChangeSource({"source": pair.source, "slot": "r1", "tables": "t"}) \
+        .streamReader(stream_source.SCHEMA)
+    later.prepareForTriggerAvailableNow()
+    ceiling = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    pair.src("INSERT INTO t VALUES (10, 'late')")
+    assert parse_lsn(later.latestOffset(idle, ReadAllAvailable())["lsn"]) <= ceiling
+    later.stop()
 
     # A transaction bigger than the memory buffer waits on disk for its commit; wide rows: smaller batches.
     monkeypatch.setattr(stream_source, "TXN_BUFFER_BYTES", 2000)
     monkeypatch.setattr(stream_source, "ARROW_BATCH_BYTES", 5000)
-    before_big = reader.latestOffset(idle, limit)
+    before_big = wal_insert_lsn(pair)
     pair.src("INSERT INTO t SELECT g, repeat('w', 100) FROM generate_series(100, 599) g")
-    big = reader.latestOffset(before_big, limit)
-    [part] = reader.partitions(before_big, big)
+    big = parse_lsn(reader.latestOffset(at(before_big), ReadAllAvailable())["lsn"])
+    [part] = reader.partitions(at(before_big), at(big))
     batches = list(reader.read(part))
     rows = [r for batch in batches for r in batch.to_pylist()]
     assert [dict(r["after"])["id"] for r in rows] == [str(i) for i in range(100, 600)]
-    assert {r["commit_lsn"] for r in rows} == {big["lsn"]} and len(batches) > 5
+    assert len({r["commit_lsn"] for r in rows}) == 1 and len(batches) > 5
     reader.stop()
+
+
+def test_read_errors_keep_type_and_sqlstate(pair, monkeypatch):
+    """read() in an executor: a lost connection is retried in place and the batch still comes whole and once;
+    a terminal error (here the publication dropped under a planned batch) is ours, carries the server's
+    SQLSTATE, and is raised at once, not retried."""
+    pair.src("CREATE TABLE t (id int PRIMARY KEY)")
+    reader = stream_source.ChangeSource({"source": pair.source, "slot": "e1", "tables": "t"}) \
+        .streamReader(stream_source.SCHEMA)
+    start = reader.initialOffset()
+    for i in range(10):
+        pair.src("INSERT INTO t SELECT g FROM generate_series(%s::int, %s::int) g",
+                 (i * 100, i * 100 + 99))
+    end = reader.latestOffset(start, ReadAllAvailable())
+    [part] = reader.partitions(start, end)
+
+    monkeypatch.setattr(stream_source, "ROWS_PER_ARROW_BATCH", 100)
+    monkeypatch.setattr(stream_source, "FETCH_ROWS", 50)
+    batches = reader.read(part)
+    got = [r["after"] for r in next(batches).to_pylist()]  # a transaction handed over, 9 still on the server
+    terminated = pair.src("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE application_name = %s", (stream_source.READER,))
+    assert terminated == [(True,)]
+    got += [r["after"] for batch in batches for r in batch.to_pylist()]
+    assert [int(dict(a)["id"]) for a in got] == list(range(1000))  # resumed after the rows Spark had
+
+    pair.src("DROP PUBLICATION e1")  # decoding looks it up as of each change: changes after the drop fail
+    pair.src("INSERT INTO t VALUES (1000)")
+    [part] = reader.partitions(end, reader.latestOffset(end, ReadAllAvailable()))
+    t = time.monotonic()
+    with pytest.raises(TerminalError, match=r"reading changes \[.*\) of slot e1 failed: publication "
+                                            r"\"e1\" does not exist.* \(SQLSTATE 42704\)$") as failed:
+        list(reader.read(part))
+    assert time.monotonic() - t < stream_source.RETRY_SECONDS / 2  # raised at once, not retried
+    assert "\n" not in str(failed.value) and not failed.value.retryable
+    reader.stop()
+
+
+def test_executor_errors_reach_the_query(pair, spark, tmp_path):
+    """Spark carries read()'s exception to the query as the text of a Python traceback: our type, our
+    message, the SQLSTATE; query_error() gives the error back; a terminal error ends the query."""
+    pair.src("CREATE TABLE t (id int PRIMARY KEY)")
+    pair.src("CREATE PUBLICATION q1 FOR TABLE t")
+    pair.src("SELECT pg_create_logical_replication_slot('q1', 'pgoutput')")
+    pair.src("INSERT INTO t VALUES (1)")
+    stream_source.register(spark)
+    reader = spark.readStream.format("sluicegate").option("source", pair.source).option("slot", "q1")
+    checkpoint = tmp_path / "c"
+    first = reader.load().writeStream.format("noop").option("checkpointLocation", str(checkpoint)) \
+        .trigger(availableNow=True).start()
+    first.awaitTermination(120)
+    assert first.exception() is None and planned_batches(checkpoint)  # the next query resumes after it
+    pair.src("DROP PUBLICATION q1")  # the same checkpoint: the query does not create it again
+    pair.src("INSERT INTO t VALUES (2)")  # decoded as of the drop: the publication is missing
+    query = reader.load().writeStream.format("noop").option("checkpointLocation", str(checkpoint)) \
+        .trigger(availableNow=True).start()
+    with pytest.raises(Exception, match=r"sluicegate\.errors\.TerminalError: reading changes .* of slot q1 "
+                                        r"failed: publication \"q1\" does not exist.*\(SQLSTATE 42704\)"):
+        query.awaitTermination(120)
+    err = stream_source.query_error(query.exception())
+    assert type(err) is TerminalError and not err.retryable
+    assert err.message.startswith("reading changes [") and err.message.endswith("(SQLSTATE 42704)")
+    assert stream_source.query_error(RuntimeError("something else")) is None
+    assert isinstance(stream_source.query_error(RuntimeError(
+        "Traceback ...\nsluicegate.errors.RetryableError: source restarting")), RetryableError)
 
 
 def test_bad_options_and_sources(pair, spark, tmp_path):
@@ -331,6 +522,8 @@ def test_bad_options_and_sources(pair, spark, tmp_path):
         load(source=pair.source)
     with pytest.raises(Exception, match=r"'maxChangesPerBatch' must be a positive whole number"):
         load(source=pair.source, slot="s", maxChangesPerBatch="0")
+    with pytest.raises(Exception, match=r"'maxBytesPerBatch' must be a positive size .* not 'lots'"):
+        load(source=pair.source, slot="s", maxBytesPerBatch="lots")
     with pytest.raises(Exception, match=r"cannot connect to source 127\.0\.0\.1:1/x") as failed:
         load(source="postgresql://u:secret@127.0.0.1:1/x", slot="s")
     assert "secret" not in str(failed.value)

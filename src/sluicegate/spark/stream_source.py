@@ -1,51 +1,91 @@
 """`spark.readStream.format("sluicegate")`: PostgreSQL row changes as a Spark stream; offsets are positions.
 
-A micro-batch (start, end] holds the row changes of every transaction whose commit ends (Commit.end_lsn) after
-`start` and at or before `end`; transactions are never split. Both sides only *peek* at the logical slot
-(pg_logical_slot_peek_binary_changes is replayable), so a batch read again after a crash gives the same rows;
-the slot moves only in `commit(end)`, which Spark calls once the batch is durably handled (guarantee 7).
+Batches. A micro-batch [start, end) holds the row changes of every transaction whose commit record *begins*
+at or after `start` and before `end` (Begin.final_lsn); a transaction is never split. Offsets may be any
+WAL position, so the driver plans a batch from positions alone and never decodes a row: `end` is the WAL
+flushed now, or `start` plus the batch's WAL bound (below), whichever is less. read(), in an executor, is
+the only place a batch is decoded, once: one peek at the slot with upto_lsn = end, keeping the transactions
+with start <= final_lsn < end. PostgreSQL's own rules make this exact:
+
+- pg_logical_slot_peek_binary_changes(slot, upto) decodes WAL records up to the first whose end
+  (EndRecPtr) reaches `upto` (pg_logical_slot_get_changes_guts), when `upto` was flushed before the call
+  (`end` was flushed when it was planned); so every commit record that begins before `upto` is decoded,
+  and a later one only when `upto` falls in the page header before it: read() drops that by its final_lsn.
+- A slot confirmed at L skips the transactions whose commit record begins before L
+  (SnapBuildXactNeedsSkip(buf->origptr) against start_decoding_at, which is the slot's confirmed_flush_lsn),
+  and pg_replication_slot_advance(slot, L) confirms exactly L. So commit(end) releases exactly the batches
+  up to `end`, and a later peek still sees every transaction of the batches after it.
+
+Both sides only *peek* (replayable), so a batch read again after a crash gives the same rows, in the same
+order; the slot moves only in `commit(end)`, which Spark calls once the batch is durably handled
+(guarantee 7). A slot dropped, invalidated or consumed past an offset is a terminal error naming the way out.
+
+Checkpoints written before (offsets were commit ends, a batch (start, end] held the transactions whose commit
+*ends* in it) go on unchanged. Those offsets were never strictly inside the commit record of a transaction
+with rows: commit ends, the slot's creation point (a record boundary), or a flushed position past which the
+planning scan had seen every commit (a commit record straddling it ended the batch instead). For a position
+P outside a commit record [b, e), "e <= P" is "b < P", so (start, end] by commit end is [start, end) by
+commit start: a batch planned by the old code and replayed by this one gives the same rows, and the next
+batch starts where it ended. Nothing is lost or read twice at the switch.
+
+Admission control bounds a batch's WAL, not its rows (counting rows would mean decoding them):
+`maxBytesPerBatch` (default 64 MiB) caps end - start; `maxChangesPerBatch` n still works and means a cap of
+n * BYTES_PER_CHANGE, the least WAL a row change of a table with a key takes, so such a batch holds about n
+changes or fewer (rows COPYed into a table without indexes take less WAL: then more). A batch may hold more:
+the transactions whose commit begins in it come whole, with changes written before `start`. Spark's
+ReadAllAvailable (Trigger.Once) reads everything flushed. WAL without such commits (unpublished tables,
+other databases, a big transaction still being written) makes empty batches: they move the offset, so the
+slot lets that WAL go, but each is a micro-batch and a peek that decodes from the slot's restart_lsn.
 
 Where it runs: initialOffset/latestOffset/partitions/commit in one long-lived Python process on the driver
-(it keeps a control connection); read() in executor workers (each opens its own connection).
-
-Offsets are never inside a commit record (they are commit ends, the slot's start, or a flushed position
-past which the scan saw every commit), so "commits after start" is the same as "its commit record begins at
-or after start" -- PostgreSQL's own rule for where a slot starts. read() therefore decides at Begin
-(Begin.final_lsn is where the commit record begins) and never decodes a skipped transaction's rows.
+(its control connection is named `sluicegate stream planner` in pg_stat_activity); read() in executor
+workers (each opens its own connection, `sluicegate stream reader`). Errors: a psycopg error becomes a
+RetryableError or TerminalError (by is_retryable) whose one-line message carries its SQLSTATE. Retryable
+ones are retried in place for up to RETRY_SECONDS (read() resumes after the rows it already handed to
+Spark: a batch's rows come in the same order every time); terminal ones are raised at once. Spark shows
+`sluicegate.errors.TerminalError: <message>` in the query's exception; `query_error()` gives the error back.
 """
 
 from __future__ import annotations
 
 import pickle
+import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
-from ..errors import TerminalError, UsageError, did_you_mean
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean, is_retryable
 from ..position import format_lsn, parse_lsn
+from ..postgres import peek
 
 NAME = "sluicegate"
-DEFAULT_MAX_CHANGES = 100_000
-# With nothing published to read, an offset still moves past this much WAL (one empty batch), so the slot
-# can release WAL that only other tables (or other databases) wrote.
-IDLE_ADVANCE_BYTES = 16 << 20
+DEFAULT_MAX_BYTES = 64 << 20
+# The least WAL one row change takes (a DELETE's record; an INSERT into a table with a key takes two records),
+# to turn maxChangesPerBatch into a WAL bound that seldom lets more changes in
+BYTES_PER_CHANGE = 64
 ROWS_PER_ARROW_BATCH = 8192
 ARROW_BATCH_BYTES = 16 << 20  # ... or fewer rows, once they came from this many pgoutput bytes
 # pgoutput bytes of one transaction held in memory (as Python rows, ~10x that); the rest waits in a temporary
 # file for the commit, whose end every row carries
 TXN_BUFFER_BYTES = 8 << 20
 FETCH_ROWS = 5000  # rows per round trip of the server-side cursor
-SLOT_BUSY_TIMEOUT = 30.0  # seconds to wait for a slot another peek or advance holds
+RETRY_SECONDS = 60.0  # how long a retryable error (connection lost, slot busy) is retried in place
+PLANNER, READER = "sluicegate stream planner", "sluicegate stream reader"  # application_name of each side
 
 _S = StringType()
 SCHEMA = StructType([
     StructField("lsn", _S),  # the change's position
-    StructField("commit_lsn", _S),  # end of its transaction's commit record: the offset it belongs to
+    StructField("commit_lsn", _S),  # end of its transaction's commit record
     StructField("xid", LongType()),
     StructField("commit_time", TimestampType()),
     StructField("op", _S),  # insert | update | delete | truncate
@@ -57,10 +97,9 @@ SCHEMA = StructType([
 ])
 
 # Option names as documented; Spark hands them over lower-cased.
-OPTIONS = ("source", "slot", "publication", "tables", "maxChangesPerBatch")
+OPTIONS = ("source", "slot", "publication", "tables", "maxBytesPerBatch", "maxChangesPerBatch")
 _REQUIRED = ("source", "slot")
 
-_BEGIN, _COMMIT, _INSERT, _UPDATE, _DELETE, _TRUNCATE, _RELATION, _TYPE = b"BCIUDTRY"
 _OPS = {"I": "insert", "U": "update", "D": "delete"}
 
 
@@ -69,13 +108,26 @@ def register(spark) -> None:
     spark.dataSource.register(ChangeSource)
 
 
+def query_error(exc: BaseException | None) -> SluicegateError | None:
+    """The Sluicegate error a streaming query failed with (Spark carries it as the text of a Python
+    traceback), rebuilt with its type and message; None if it failed otherwise."""
+    from .. import errors
+
+    found = re.findall(r"^sluicegate\.errors\.(\w+): (.*)$", str(exc or ""), re.MULTILINE)
+    for name, message in reversed(found):
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, SluicegateError):
+            return cls(message)
+    return None
+
+
 @dataclass(frozen=True)
 class Settings:
     source: str
     slot: str
     publication: str
     tables: tuple[str, ...]  # empty: every table of schema public
-    max_changes: int
+    max_bytes: int  # WAL bytes a batch spans at most
 
     @classmethod
     def parse(cls, options) -> Settings:
@@ -89,17 +141,35 @@ class Settings:
             if not (given.get(name) or "").strip():
                 raise UsageError(f"format {NAME!r} needs option {name!r}: .option({name!r}, ...)")
         slot = given["slot"].strip()
-        raw_max = given.get("maxchangesperbatch", str(DEFAULT_MAX_CHANGES))
-        try:
-            max_changes = int(raw_max)
-            if max_changes < 1:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"option 'maxChangesPerBatch' must be a positive whole number, not {raw_max!r}"
-                             ) from None
+        bounds = []
+        if "maxbytesperbatch" in given:
+            bounds.append(_positive_size(given["maxbytesperbatch"]))
+        if "maxchangesperbatch" in given:
+            raw = given["maxchangesperbatch"]
+            try:
+                max_changes = int(raw)
+                if max_changes < 1:
+                    raise ValueError
+            except ValueError:
+                raise UsageError(f"option 'maxChangesPerBatch' must be a positive whole number, not {raw!r}"
+                                 ) from None
+            bounds.append(max_changes * BYTES_PER_CHANGE)
         tables = tuple(t.strip() for t in (given.get("tables") or "").split(",") if t.strip())
         publication = (given.get("publication") or "").strip() or slot
-        return cls(given["source"], slot, publication, tables, max_changes)
+        return cls(given["source"], slot, publication, tables, min(bounds, default=DEFAULT_MAX_BYTES))
+
+
+def _positive_size(raw) -> int:
+    from ..changes.translog import parse_size
+
+    try:
+        size = parse_size(str(raw))
+    except UsageError:
+        size = 0
+    if size < 1:
+        raise UsageError(f"option 'maxBytesPerBatch' must be a positive size (WAL bytes, or like 16MiB), "
+                         f"not {raw!r}")
+    return size
 
 
 class ChangeSource(DataSource):
@@ -127,20 +197,11 @@ class ChangeSource(DataSource):
 
 
 class LsnRange(InputPartition):
-    """One micro-batch: transactions whose commit ends in (start, end]."""
+    """One micro-batch: transactions whose commit record begins in [start, end)."""
 
     def __init__(self, start: int, end: int):
         super().__init__((start, end))
         self.start, self.end = start, end
-
-
-@dataclass
-class _Scan:
-    rows: int = 0  # rows the peek returned (all message kinds)
-    rows_before: int = 0  # ... of transactions before start (already in an earlier batch)
-    changes: int = 0  # row changes of the transactions taken
-    last_end: int | None = None  # commit end of the last transaction taken
-    cut: bool = False  # stopped at the read limit (the next transaction would pass it)
 
 
 class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -148,80 +209,80 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.settings = settings
         self._conn = None  # driver only: the control connection (never pickled to executors)
         self._ceiling: int | None = None  # Trigger.AvailableNow: read nothing committed after this
-        self._last: tuple[int, int, float] | None = None  # (end, rows of its batch, rows per change)
 
     def __getstate__(self):
         return {**self.__dict__, "_conn": None}
 
-    # -- driver ------------------------------------------------------------------------------------------
+    # -- driver: positions only, never a peek ----------------------------------------------------------------
 
     def initialOffset(self) -> dict:
         """A new query starts where the slot stands (created now, after its publication, if missing)."""
         from ..postgres import capture, catalog
 
         s = self.settings
-        conn = self._control()
-        if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (s.publication,)).fetchone():
-            tables = catalog.resolve_tables(conn, list(s.tables) or None)
-            capture.ensure_publication(conn, s.publication, tables)
-        elif s.tables:
-            self._check_publication_tables(conn)
-        return _offset(capture.ensure_slot(conn, s.slot))
+
+        def start():
+            conn = self._control()
+            exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (s.publication,))
+            if not exists.fetchone():
+                tables = catalog.resolve_tables(conn, list(s.tables) or None)
+                capture.ensure_publication(conn, s.publication, tables)
+            elif s.tables:
+                self._check_publication_tables(conn)
+            return _offset(capture.ensure_slot(conn, s.slot))
+
+        return self._driver_call("starting the query", start)
 
     def getDefaultReadLimit(self):
-        return ReadMaxRows(self.settings.max_changes)
+        return ReadMaxBytes(self.settings.max_bytes)
 
     def prepareForTriggerAvailableNow(self) -> None:
         from ..postgres import capture
 
-        self._ceiling = capture.wal_flush_position(self._control())[0]
+        self._ceiling = self._driver_call("reading the flushed WAL position",
+                                          lambda: capture.wal_flush_position(self._control())[0])
 
     def latestOffset(self, start: dict, limit) -> dict:
+        """The next batch's end: the WAL flushed now (or at the AvailableNow start), at most the read limit's
+        WAL past `start`. Nothing is decoded here."""
         from ..postgres import capture
 
         start_lsn = _lsn(start)
-        conn = self._control()
-        _check_slot(conn, self.settings.slot, start_lsn)
-        upto = self._ceiling if self._ceiling is not None else capture.wal_flush_position(conn)[0]
+
+        def plan():
+            conn = self._control()
+            _check_slot(conn, self.settings.slot, start_lsn)
+            return self._ceiling if self._ceiling is not None else capture.wal_flush_position(conn)[0]
+
+        upto = self._driver_call("planning a batch", plan)
         if upto <= start_lsn:
             return start
-        max_changes = limit.max_rows if isinstance(limit, ReadMaxRows) else None  # else ReadAllAvailable
-        if max_changes is not None:
-            behind, per_change = 0, 3.0
-            if self._last is not None and self._last[0] == start_lsn:
-                behind, per_change = self._last[1], self._last[2]
-            cap = behind + int(max_changes * per_change) + 64
+        if isinstance(limit, ReadAllAvailable):
+            bound = None
+        elif isinstance(limit, ReadMaxBytes):
+            bound = limit.max_bytes
+        elif isinstance(limit, ReadMaxRows):
+            bound = limit.max_rows * BYTES_PER_CHANGE
         else:
-            cap = None
-        while True:
-            scan = _scan(conn, self.settings, start_lsn, upto, cap, max_changes)
-            if scan.cut or cap is None or scan.rows < cap:
-                break
-            cap *= 2  # stopped at the row cap before the read limit: look further
-        if scan.cut:
-            end = scan.last_end
-        elif scan.changes:
-            # Everything committed before `upto` was seen; a commit record straddling it ends the batch.
-            end = max(scan.last_end, upto)
-        elif upto - start_lsn >= IDLE_ADVANCE_BYTES:
-            end = upto
-        else:
-            return start
-        if scan.changes:
-            taken_rows = scan.rows - scan.rows_before
-            self._last = (end, taken_rows, max(1.0, min(4.0, taken_rows / scan.changes)))
-        return _offset(end)
+            bound = self.settings.max_bytes
+        return _offset(upto if bound is None else min(upto, start_lsn + max(1, bound)))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """Also for a batch Spark replays after a restart: a slot that can no longer supply it fails the query
+        here, on the driver, before any task starts."""
         start_lsn, end_lsn = _lsn(start), _lsn(end)
-        return [LsnRange(start_lsn, end_lsn)] if end_lsn > start_lsn else []
+        if end_lsn <= start_lsn:
+            return []
+        self._driver_call("checking the slot",
+                          lambda: _check_slot(self._control(), self.settings.slot, start_lsn))
+        return [LsnRange(start_lsn, end_lsn)]
 
     def commit(self, end: dict) -> None:
-        """Spark durably handled everything up to `end`: only now may the slot move."""
+        """Spark durably handled everything before `end`: only now may the slot move."""
         from ..postgres import capture
 
-        _with_slot(lambda: capture.advance_slot(self._control(), self.settings.slot, _lsn(end)),
-                   self.settings.slot)
+        self._driver_call(f"confirming up to {end.get('lsn')}",
+                          lambda: capture.advance_slot(self._control(), self.settings.slot, _lsn(end)))
 
     def stop(self) -> None:
         if self._conn is not None:
@@ -231,9 +292,8 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _control(self):
         if self._conn is None or self._conn.closed or self._conn.broken:
             from ..postgres import capture
-            from ..postgres.connect import connect
 
-            conn = connect(self.settings.source, role="source", autocommit=True)
+            conn = _connect(self.settings.source, PLANNER)
             try:
                 capture.check_source(conn)
             except BaseException:
@@ -241,6 +301,14 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise
             self._conn = conn
         return self._conn
+
+    def _driver_call(self, doing: str, fn: Callable):
+        def again():  # a fresh connection for the next try
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        return _retrying(f"{doing} on slot {self.settings.slot}", fn, again)
 
     def _check_publication_tables(self, conn) -> None:
         from ..postgres import catalog
@@ -260,14 +328,112 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from ..workflow.faults import fault_point
 
         fault_point("stream_source.read")  # kill -9 tests: a batch planned, none of it handed to Spark
-        yield from _read_batches(self.settings, partition.start, partition.end)
+        yield from _read_retrying(self.settings, partition.start, partition.end)
 
 
-# -- peeking at the slot -------------------------------------------------------------------------------------
+# -- errors and retries --------------------------------------------------------------------------------------
+
+
+def _as_error(exc: BaseException, doing: str) -> SluicegateError | None:
+    """`exc` as one of our errors: itself, or a psycopg error as a RetryableError or TerminalError (by
+    is_retryable) with the server's SQLSTATE; None for anything else (a bug: it goes up as it is)."""
+    import psycopg
+
+    from ..postgres.connect import first_line
+    from ..postgres.pgoutput import DecodeError
+
+    if isinstance(exc, SluicegateError):
+        return exc
+    if isinstance(exc, psycopg.Error):
+        state = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
+        kind = RetryableError if is_retryable(exc) else TerminalError
+        return kind(f"{doing} failed: {first_line(exc)}{state}")
+    if isinstance(exc, DecodeError):
+        return TerminalError(f"{doing} failed: {first_line(exc)}")
+    return None
+
+
+class _Backoff:
+    """Waits between the tries of a run of retryable failures; the run gives up RETRY_SECONDS after its first
+    failure. An error leaves as ours (_as_error): a terminal one at once, a retryable one at the deadline."""
+
+    def __init__(self, doing: str):
+        self.doing = doing
+        self.deadline: float | None = None
+        self.delay = 0.1
+
+    def failed(self, exc: Exception) -> None:
+        """Wait before the next try, or raise."""
+        err = _as_error(exc, self.doing)
+        if err is None:
+            raise exc
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + RETRY_SECONDS
+        if not err.retryable or now + self.delay > self.deadline:
+            raise err from None
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 5.0)
+
+    def progressed(self) -> None:
+        self.deadline, self.delay = None, 0.1
+
+
+def _retrying(doing: str, fn: Callable, again: Callable | None = None):
+    """fn(), tried again (after again()) while it fails with a retryable error."""
+    backoff = _Backoff(doing)
+    while True:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - sorted by _Backoff: ours, psycopg's, or raised as it is
+            backoff.failed(exc)
+        if again is not None:
+            again()
+
+
+def _read_retrying(settings: Settings, start: int, end: int) -> Iterator:
+    """_read_batches, read again after a retryable error; the rows Spark already has are skipped (a peek of
+    the same batch gives the same rows in the same order)."""
+    backoff = _Backoff(f"reading changes [{format_lsn(start)}, {format_lsn(end)}) of slot {settings.slot}")
+    handed = 0
+    while True:
+        skip = handed
+        try:
+            for batch in _read_batches(settings, start, end):
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                if skip:
+                    batch, skip = batch.slice(skip), 0
+                handed += batch.num_rows
+                backoff.progressed()
+                yield batch
+            return
+        except Exception as exc:  # noqa: BLE001 - sorted by _Backoff
+            backoff.failed(exc)
+
+
+# -- peeking at the slot (executors) -------------------------------------------------------------------------
+
+
+def _connect(url: str, application_name: str):
+    """A source session (autocommit) that pg_stat_activity and the server log name by its side."""
+    from psycopg import sql
+
+    from ..postgres.connect import connect
+
+    conn = connect(url, role="source", autocommit=True)
+    try:
+        conn.execute(sql.SQL("SET application_name = {}").format(sql.Literal(application_name)))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _check_slot(conn, slot: str, start: int) -> None:
-    """The slot can still supply every change after `start`, or a terminal error with the way out."""
+    """The slot can still supply every transaction of a batch from `start`, or a terminal error with the way
+    out."""
     from ..postgres import capture
 
     capture.check_slot(conn, slot, start, consumer="this query's offset", way_out=(
@@ -275,129 +441,49 @@ def _check_slot(conn, slot: str, start: int) -> None:
         f"then reads from where slot {slot} stands)"))
 
 
-def _peek(conn, settings: Settings, upto: int, nchanges: int | None):
+def _peek(conn, settings: Settings, upto: int):
     """A server-side cursor over the slot's changes from its confirmed position up to `upto`: (lsn, bytes).
-    The server stops after the first transaction that brings its row count to `nchanges`. `conn` must be
-    inside a transaction."""
+    `conn` must be inside a transaction."""
     cur = conn.cursor(name="sluicegate_peek", binary=True)
     cur.itersize = FETCH_ROWS
     cur.execute(
         "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
-        "%s, %s::pg_lsn, %s, 'proto_version', '1', 'publication_names', %s)",
-        (settings.slot, format_lsn(upto), nchanges, _quote_ident(settings.publication)),
+        "%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s)",
+        (settings.slot, format_lsn(upto), peek.quote_publication(settings.publication)),
     )
     return cur
 
 
-def _scan(conn, settings: Settings, start: int, upto: int, cap: int | None, max_changes: int | None) -> _Scan:
-    """Where the next batch after `start` ends, from message kinds and commit ends alone (no row decoding)."""
-    from ..postgres import pgoutput
-
-    def run() -> _Scan:
-        scan = _Scan()
-        taking, txn = False, 0
-        with conn.transaction():
-            cur = _peek(conn, settings, upto, cap)
-            try:
-                for _, data in cur:
-                    scan.rows += 1
-                    kind = data[0]
-                    if kind == _BEGIN:  # the commit record's start decides, as in read()
-                        taking, txn = int.from_bytes(data[1:9], "big") >= start, 0
-                    if not taking:
-                        scan.rows_before += 1
-                    elif kind in (_INSERT, _UPDATE, _DELETE):
-                        txn += 1
-                    elif kind == _TRUNCATE:
-                        txn += len(pgoutput.decode(bytes(data)).relation_oids)
-                    elif kind == _COMMIT:
-                        taking = False
-                        if max_changes is not None and scan.changes and scan.changes + txn > max_changes:
-                            scan.cut = True
-                            break
-                        scan.changes += txn
-                        scan.last_end = int.from_bytes(data[10:18], "big")
-            finally:
-                cur.close()
-        return scan
-
-    return _with_slot(run, settings.slot)
-
-
 def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
-    """The batch's rows as Arrow record batches, in commit order, in bounded memory."""
+    """The batch's rows as Arrow record batches, in commit order, in bounded memory: one peek up to `end`."""
     from ..postgres.assembler import Change, assemble
-    from ..postgres.connect import connect
-    from ..postgres.pgoutput import Begin, Commit, DecodeError
+    from ..postgres.pgoutput import Begin, Commit
 
     builder = _ArrowBuilder()
-    conn = connect(settings.source, role="source")
+    conn = _connect(settings.source, READER)
     try:
         _check_slot(conn, settings.slot, start)  # a peek starts at the slot: it must not be past the batch
-        cur, first = _open_peek(conn, settings, end)
-        rows = _chain(first, cur)
-        txn: _TxnRows | None = None
-        begin: Begin | None = None
-        for event in assemble(_wanted(rows, start, end)):
-            if isinstance(event, Change):
-                txn.add(_change_row(event, begin), event.size)
-            elif isinstance(event, Begin):
-                begin, txn = event, _TxnRows()
-            elif isinstance(event, Commit):
-                if not start < event.end_lsn <= end:
-                    raise DecodeError(f"transaction {begin.xid} commits at {format_lsn(event.end_lsn)}, "
-                                      f"outside the batch ({format_lsn(start)}, {format_lsn(end)}]")
-                commit_lsn = format_lsn(event.end_lsn)
-                for rows_, nbytes in txn.drain():
-                    yield from builder.extend(rows_, nbytes, commit_lsn)
-                txn = None
-            else:  # TruncateChange: a row per table
-                for row in _truncate_rows(event, begin):
-                    txn.add(row, 0)
-        yield from builder.flush()
-        cur.close()
-        conn.rollback()
+        with conn.transaction():
+            cur = _peek(conn, settings, end)
+            txn: _TxnRows | None = None
+            begin: Begin | None = None
+            for event in assemble(peek.in_range(cur, start, end)):
+                if isinstance(event, Change):
+                    txn.add(_change_row(event, begin), event.size)
+                elif isinstance(event, Begin):
+                    begin, txn = event, _TxnRows()
+                elif isinstance(event, Commit):
+                    commit_lsn = format_lsn(event.end_lsn)
+                    for rows_, nbytes in txn.drain():
+                        yield from builder.extend(rows_, nbytes, commit_lsn)
+                    txn = None
+                else:  # TruncateChange: a row per table
+                    for row in _truncate_rows(event, begin):
+                        txn.add(row, 0)
+            yield from builder.flush()
+            cur.close()
     finally:
         conn.close()
-
-
-def _open_peek(conn, settings: Settings, end: int):
-    """The peek cursor and its first rows: the server decodes at the first fetch, holding the slot; if another
-    peek or an advance holds it, try again."""
-    import psycopg
-
-    def open_peek():
-        try:
-            cur = _peek(conn, settings, end, None)
-            return cur, cur.fetchmany(FETCH_ROWS)
-        except psycopg.errors.ObjectInUse:
-            conn.rollback()  # the failed transaction, before the next try
-            raise
-
-    return _with_slot(open_peek, settings.slot)
-
-
-def _chain(first: list, rest) -> Iterator:
-    yield from first
-    yield from rest
-
-
-def _wanted(rows, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """Drop the messages of transactions outside the batch before they are decoded; keep Relation and Type
-    messages (they describe tables for every later transaction of this decoding session)."""
-    keep = False
-    for lsn, data in rows:
-        kind = data[0]
-        if kind == _BEGIN:
-            final = int.from_bytes(data[1:9], "big")
-            keep = start <= final < end
-        elif kind in (_RELATION, _TYPE):
-            yield lsn, data
-            continue
-        if keep:
-            yield lsn, data
-        if kind == _COMMIT:
-            keep = False
 
 
 def _change_row(change, begin) -> tuple:
@@ -459,7 +545,8 @@ class _TxnRows:
         self.bytes += size
         if self.bytes > TXN_BUFFER_BYTES:
             if self.spill is None:
-                self.spill = tempfile.TemporaryFile(prefix="sluicegate-txn-")  # noqa: SIM115 - closed by drain()
+                spill = tempfile.TemporaryFile(prefix="sluicegate-txn-")  # noqa: SIM115 - drain() closes it
+                self.spill = spill
             pickle.dump((self.rows, self.bytes), self.spill, protocol=pickle.HIGHEST_PROTOCOL)
             self.rows, self.bytes = [], 0
 
@@ -528,22 +615,3 @@ def _lsn(offset: dict) -> int:
     except (KeyError, TypeError, ValueError):
         raise TerminalError(f"offset {offset!r} is not a {NAME} position (like {{'lsn': '0/16B3748'}}): "
                             f"was the checkpoint written by another source?") from None
-
-
-def _quote_ident(name: str) -> str:
-    """pgoutput splits publication_names like identifiers (lower-casing unquoted ones): always quote."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _with_slot(fn, slot: str):
-    """fn() (a peek or an advance, which take the slot for their length), again while another holds it."""
-    import psycopg
-
-    deadline = time.monotonic() + SLOT_BUSY_TIMEOUT
-    while True:
-        try:
-            return fn()
-        except psycopg.errors.ObjectInUse:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
