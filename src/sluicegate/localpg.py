@@ -1,12 +1,14 @@
 """Throwaway local PostgreSQL servers for the embedded demo and integration tests (Linux).
 
 Uses the system's PostgreSQL binaries when there are any, else the optional `pgserver` wheel's.
-Every server listens on 127.0.0.1 only, with scram-sha-256 over TCP and wal_level=logical.
+Every server listens on 127.0.0.1 (and on the extra `interfaces` it is given, e.g. a test's own network
+namespace link), with scram-sha-256 over TCP and wal_level=logical.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import ipaddress
 import os
 import pwd
 import shutil
@@ -36,7 +38,8 @@ def find_bindir() -> Path:
     if os.environ.get("SLUICEGATE_PG_BINDIR"):
         return Path(os.environ["SLUICEGATE_PG_BINDIR"])
     if shutil.which("pg_config"):
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                             check=False).stdout.strip()
         if out and (Path(out) / "initdb").exists():  # libpq-dev's pg_config alone names a dir without servers
             return Path(out).resolve()
     if shutil.which("pg_ctl"):
@@ -99,7 +102,11 @@ class LocalPostgres:
     host = HOST
 
     def __init__(self, datadir: Path | str, *, port: int | None = None, password: str = "sluicegate",
-                 user: str = "postgres", settings: dict[str, str] | None = None, bindir: Path | None = None):
+                 user: str = "postgres", settings: dict[str, str] | None = None, bindir: Path | None = None,
+                 interfaces: tuple[str, ...] = ()):
+        """`interfaces`: more addresses to listen on, each with its network ("10.213.77.1/30"), whose
+        clients may log in (over scram-sha-256, like loopback's)."""
+        self.interfaces = tuple(ipaddress.ip_interface(i) for i in interfaces)
         self.datadir = Path(datadir).absolute()
         self._auto_port, self._port = port is None, port or _free_port()
         self.password, self.user, self.settings = password, user, dict(settings or {})
@@ -130,11 +137,11 @@ class LocalPostgres:
         # Output goes to the server log (captured for initdb, which wants an empty dir), never to our stdout:
         # pytest's capture would wait forever on a pipe the daemonized postmaster inherited.
         acct = self.account
-        kw = dict(user=acct.pw_uid, group=acct.pw_gid, extra_groups=[]) if acct else {}
+        kw = {"user": acct.pw_uid, "group": acct.pw_gid, "extra_groups": []} if acct else {}
         with open(os.devnull if capture else self.logfile, "a") as log:
             proc = subprocess.run([str(self.bindir / args[0]), *args[1:]], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE if capture else log, stderr=subprocess.STDOUT,
-                                  text=True, cwd="/", **kw)
+                                  text=True, cwd="/", check=False, **kw)
         if check and proc.returncode:
             out = proc.stdout if capture else self.log_tail()
             raise LocalPostgresError(f"{args[0]} failed (exit {proc.returncode}) for {self.datadir}\n{out}")
@@ -181,7 +188,7 @@ class LocalPostgres:
                 shutil.rmtree(tmp, ignore_errors=True)
         return cache
 
-    def init(self) -> "LocalPostgres":
+    def init(self) -> LocalPostgres:
         """initdb (or copy the template) unless datadir holds a cluster already; (re)write our settings."""
         self.datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not (self.datadir / "PG_VERSION").exists():
@@ -198,6 +205,9 @@ class LocalPostgres:
         self._write_conf()
         hba = ["local all all trust", "local replication all trust",
                f"host all all {HOST}/32 scram-sha-256", f"host replication all {HOST}/32 scram-sha-256"]
+        for i in self.interfaces:
+            hba += [f"host all all {i.network} scram-sha-256",
+                    f"host replication all {i.network} scram-sha-256"]
         (self.datadir / "pg_hba.conf").write_text("\n".join(hba) + "\n")
         conf = self.datadir / "postgresql.conf"
         if f"include_if_exists '{_CONF}'" not in conf.read_text():
@@ -213,7 +223,8 @@ class LocalPostgres:
         return Path(tempfile.gettempdir()) / f"sgpg-{hashlib.sha1(bytes(self.datadir)).hexdigest()[:12]}"
 
     def _write_conf(self) -> None:
-        conf = {"listen_addresses": HOST, "port": self._port, "unix_socket_directories": self._sockdir,
+        listen = ",".join([HOST, *(str(i.ip) for i in self.interfaces)])
+        conf = {"listen_addresses": listen, "port": self._port, "unix_socket_directories": self._sockdir,
                 "wal_level": "logical", "max_replication_slots": 20, "max_wal_senders": 20,
                 "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
                 "shared_buffers": "128MB", "max_connections": 200, "logging_collector": "off",
@@ -221,7 +232,7 @@ class LocalPostgres:
         (self.datadir / _CONF).write_text("".join(f"{k} = '{str(v).replace(chr(39), chr(39) * 2)}'\n"
                                                   for k, v in conf.items()))
 
-    def start(self, timeout: float = 60) -> "LocalPostgres":
+    def start(self, timeout: float = 60) -> LocalPostgres:
         if not self._configured:
             self.init()
         if self.running:
@@ -258,7 +269,7 @@ class LocalPostgres:
         if self._sockdir != self.datadir and self._sockdir.exists() and not any(self._sockdir.iterdir()):
             self._sockdir.rmdir()
 
-    def restart(self, mode: str = "fast") -> "LocalPostgres":
+    def restart(self, mode: str = "fast") -> LocalPostgres:
         self.stop(mode)
         return self.start()
 
@@ -281,16 +292,17 @@ class LocalPostgres:
             except (OSError, ValueError):
                 pass
 
-    def __enter__(self) -> "LocalPostgres":
+    def __enter__(self) -> LocalPostgres:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def url(self, dbname: str = "postgres", password: str | None = None) -> str:
+    def url(self, dbname: str = "postgres", password: str | None = None, host: str = HOST) -> str:
+        """`host`: 127.0.0.1, or the address of one of the server's `interfaces`."""
         pw = self.password if password is None else password
         user, pw, db = (quote(x, safe="") for x in (self.user, pw, dbname))
-        return f"postgresql://{user}:{pw}@{HOST}:{self._port}/{db}"
+        return f"postgresql://{user}:{pw}@{host}:{self._port}/{db}"
 
     def create_database(self, name: str) -> None:
         self.psql(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
