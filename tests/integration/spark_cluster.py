@@ -28,13 +28,19 @@ from pathlib import Path
 import psycopg
 
 from sluicegate.procs import pid_alive
-from sluicegate.spark.launch import spark_home
 
 from ..conftest import wait_for
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def spark_home() -> Path:
+    """The installed PySpark's directory: its bin/spark-class and jars run the cluster's daemons."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(_find_spark_home())
 
 
 def free_port(host: str) -> int:
@@ -343,7 +349,7 @@ def _env() -> dict[str, str]:
 def start_driver(workflow: str, target: str, log: Path, spark_args: list[str]) -> subprocess.Popen:
     """`sluicegate workflow run` in a session of its own (its JVM and local executors with it)."""
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", workflow,
+        return subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", workflow,
                                  "--target", target, "--no-progress", *spark_args], env=_env(),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

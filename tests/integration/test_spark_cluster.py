@@ -157,11 +157,11 @@ def keyspace(source_server, target_server):
 def test_reshard_2_to_3(cluster, keyspace, tmp_path):
     ks = keyspace
     for shard, url in ks["sources"].items():
-        load_shard(url, shard, ids=4000)
+        load_shard(url, shard, ids=2000)
     create_reshard("rs", parse_shards("source", [f"{n}={u}" for n, u in ks["sources"].items()]),
                    parse_shards("target", [f"{n}={u}" for n, u in ks["targets"].items()]),
-                   None, {"events": "account_id"}, [], {"cycle_rows": 1500, "chunk_rows": 500})
-    writers = [ShardWriter(url, shard, seed, ids=4000) for seed, (shard, url) in enumerate(ks["sources"].items())]
+                   None, {"events": "account_id"}, [], {"cycle_rows": 10_000, "chunk_rows": 1000})
+    writers = [ShardWriter(url, shard, seed, ids=2000) for seed, (shard, url) in enumerate(ks["sources"].items())]
     for w in writers:
         w.start()
     any_target = ks["targets"]["55-aa"]
