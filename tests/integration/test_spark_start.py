@@ -1,4 +1,4 @@
-"""What a `workflow run` driver loads while Spark starts: Spark's start is on the copy's critical path."""
+"""Spark started the standard way (spark-submit, Spark's own configuration); the executor check at start."""
 
 from __future__ import annotations
 
@@ -6,6 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import venv
+
+import pytest
+
+from sluicegate import __version__
+from sluicegate.workflow.create import create_movetables
+
+pytestmark = pytest.mark.spark
 
 DRIVER = """
 import json, sys
@@ -16,105 +24,154 @@ loaded = [m for m in ("pandas", "numpy", "pyarrow") if m in sys.modules]
 import numpy as np
 # Once NumPy is loaded, its arrays still reach the JVM as Java arrays (PySpark's converter, unwrapped).
 length = sc._jvm.java.lang.reflect.Array.getLength(np.array([1, 2, 3], dtype=np.int64))
+conf = {k: sc.getConf().get(k) for k in ("spark.master", "spark.driver.host", "spark.driver.bindAddress",
+                                         "spark.app.name")}
 sc.stop()
-print(json.dumps({"loaded": loaded, "length": length}))
+print(json.dumps({"loaded": loaded, "length": length, "conf": conf}))
 """
 
 
-def test_starting_spark_and_running_a_python_job_loads_no_pandas_numpy_or_pyarrow():
-    # PySpark's NumPy converters import pandas, NumPy and pyarrow (~0.36 s of CPU) at the first Py4J call
-    # with arguments, the start's SparkConf; session.py makes them ask whether NumPy is loaded first.
-    out = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=300)
+def test_a_local_start_binds_to_loopback_and_loads_no_pandas_numpy_or_pyarrow():
+    # PySpark's NumPy converters import pandas, NumPy and pyarrow at the first Py4J call with arguments, the
+    # start's SparkConf; session.py makes them ask whether NumPy is loaded first.
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "SLUICEGATE_SPARK_MASTER")}
+    out = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=300, env=env,
+                         check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"loaded": [], "length": 3}
+    assert result == {"loaded": [], "length": 3, "conf": {
+        "spark.master": "local[*]", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.app.name": "sluicegate"}}
 
 
-KEPT_DRIVER = """
-import json, os
+SETTINGS_DRIVER = """
+import json, sys
 from sluicegate.spark.session import get_spark_context
-sc = get_spark_context()
-seeds = sc.parallelize(range(2), 2).map(lambda _: os.environ.get("PYTHONHASHSEED")).collect()
-marked = sc._jvm.java.lang.System.getProperty("sluicegate.test.kept")
+flags = {"spark.sluicegate.test.flag": "from-conf", "spark.sluicegate.test.both": "from-conf"}
+sc = get_spark_context(conf=flags, light_jvm=True)
+keys = ["spark.sluicegate.test.defaults", "spark.sluicegate.test.flag", "spark.sluicegate.test.both",
+        "spark.sql.shuffle.partitions", "spark.ui.enabled", "spark.driver.host", "spark.driver.bindAddress",
+        "spark.app.name"]
+conf = {k: sc.getConf().get(k) for k in keys}
+args = list(sc._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
 sc.stop()
-print(json.dumps({"seeds": seeds, "marked": marked}))
+print(json.dumps({"conf": conf, "jvm_args": args}))
 """
 
 
-def _start(env: dict) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", KEPT_DRIVER], capture_output=True, text=True, timeout=300,
-                         env=env)
+def test_spark_defaults_conf_beats_our_defaults_and_conf_flags_beat_it(tmp_path):
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "spark.sluicegate.test.defaults  from-defaults\n"
+        "spark.sluicegate.test.both      from-defaults\n"
+        "spark.sql.shuffle.partitions    3\n"
+        # The issue's case: a driver host of the user's must reach the running context.
+        "spark.driver.host               localhost\n"
+        "spark.driver.extraJavaOptions   -Dsluicegate.test.opt=from-defaults -XX:TieredStopAtLevel=1\n")
+    (conf_dir / "log4j2.properties").write_text("rootLogger.level = error\n")
+    # SPARK_LOCAL_IP (scripts/env.sh sets it) is only Spark's default for the driver's address: it must not
+    # override the host spark-defaults.conf gives.
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("SLUICEGATE_SPARK_MASTER", None)
+    out = subprocess.run([sys.executable, "-c", SETTINGS_DRIVER], capture_output=True, text=True, timeout=300,
+                         env=env, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["conf"] == {
+        "spark.sluicegate.test.defaults": "from-defaults",
+        "spark.sluicegate.test.flag": "from-conf",
+        "spark.sluicegate.test.both": "from-conf",     # --conf beats spark-defaults.conf
+        "spark.sql.shuffle.partitions": "3",           # spark-defaults.conf beats our 8
+        "spark.ui.enabled": "false",                   # ours: nobody set it
+        "spark.driver.host": "localhost",
+        "spark.driver.bindAddress": None,              # Spark binds to the user's host, not our loopback
+        "spark.app.name": "sluicegate",
+    }
+    args = result["jvm_args"]
+    # Our JVM options come first, the user's extraJavaOptions after them (so theirs win where both set one).
+    assert "-Dsluicegate.test.opt=from-defaults" in args
+    ours, theirs = args.index("-XX:TieredStopAtLevel=1"), args.index("-Dsluicegate.test.opt=from-defaults")
+    assert ours < theirs
+    # The user's log4j2.properties in SPARK_CONF_DIR is Spark's configuration, not ours.
+    assert not any(a.startswith("-Dlog4j2.configurationFile=") for a in args)
 
 
-def _kept_env(tmp_path) -> dict:
-    # The kept commands live beside the class archive: here a directory of the test's own (and no archive).
-    return {**os.environ, "SLUICEGATE_SPARK_CLASS_ARCHIVE": str(tmp_path / "classes.jsa"),
-            "SLUICEGATE_SPARK_DIRECT_LAUNCH": ""}
+def sluicegate(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True,
+                          text=True, env=env, timeout=300, stdin=subprocess.DEVNULL, check=False)
 
 
-def test_spark_starts_from_the_command_its_launcher_wrote_last_time(tmp_path):
-    env = _kept_env(tmp_path)
-    first, _ = _start(env)  # through Spark's launcher, whose command is kept
-    kept = list((tmp_path / "launch").glob("*.json"))
-    assert len(kept) == 1
-    cmd = json.loads(kept[0].read_text())
-    assert "org.apache.spark.deploy.SparkSubmit" in cmd and cmd[-1] == "pyspark-shell"
-    # Mark the kept command: the next start runs it as it is, not the launcher's new one.
-    at = cmd.index("org.apache.spark.deploy.SparkSubmit")
-    kept[0].write_text(json.dumps(cmd[:at] + ["-Dsluicegate.test.kept=1"] + cmd[at:]))
-    second, _ = _start(env)
-    assert first == {"seeds": ["0", "0"], "marked": None}
-    # The scripts' environment is the driver's too: Python workers hash strings alike (PYTHONHASHSEED=0).
-    assert second == {"seeds": ["0", "0"], "marked": "1"}
+NOWHERE = "postgresql://127.0.0.1:1/none"  # (--conf is read before anything connects)
 
 
-def test_a_kept_command_whose_jvm_exits_is_forgotten_and_spark_starts_the_usual_way(tmp_path):
-    env = _kept_env(tmp_path)
-    _start(env)
-    [kept] = (tmp_path / "launch").glob("*.json")
-    cmd = json.loads(kept.read_text())
-    at = cmd.index("org.apache.spark.deploy.SparkSubmit")
-    # The last -Xmx counts: the JVM cannot start.
-    kept.write_text(json.dumps(cmd[:at] + ["-Xmx1k"] + cmd[at:]))
-    result, stderr = _start(env)
-    assert result == {"seeds": ["0", "0"], "marked": None}
-    assert "heap" not in stderr  # the abandoned start says nothing
-    assert not kept.exists()  # forgotten: the next start asks Spark's launcher again
+@pytest.mark.parametrize(("command", "status"), [
+    (["workflow", "run", "w", "--target", NOWHERE], 1),
+    (["vdiff", "w", "--target", NOWHERE], 2),  # vdiff's exit status for an error
+    (["movetables", "create", "--workflow", "w", "--source", NOWHERE, "--target", NOWHERE], 1),
+])
+def test_a_malformed_conf_flag_is_a_one_line_usage_error(command, status):
+    run = sluicegate(*command, "--conf", "spark.executor.memory", env=dict(os.environ))
+    assert run.returncode == status
+    assert run.stderr == ("error: --conf 'spark.executor.memory': expected KEY=VALUE, "
+                          "e.g. --conf spark.executor.memory=4g\n")
 
 
-SPAWN_ORDER_DRIVER = """
-import json, subprocess, sys
-spawned = []  # for each driver JVM started: was PySpark imported by then?
-
-class Spy(subprocess.Popen):
-    def __init__(self, args, *rest, **kwargs):
-        if "org.apache.spark.deploy.SparkSubmit" in args and "org.apache.spark.launcher.Main" not in args:
-            spawned.append("pyspark" in sys.modules)
-        super().__init__(args, *rest, **kwargs)
-
-subprocess.Popen = Spy
-from sluicegate.spark.session import get_spark_context
-sc = get_spark_context()
-squares = sc.parallelize(range(3), 2).map(lambda x: x * x).collect()
-sc.stop()
-print(json.dumps({"spawned": spawned, "squares": squares}))
-"""
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A Python of the driver's version without Sluicegate (nor anything else installed)."""
+    home = tmp_path_factory.mktemp("bare-venv")
+    venv.create(home, with_pip=False)
+    return str(home / "bin" / "python")
 
 
-def test_a_kept_command_spawns_the_jvm_before_pyspark_is_imported(tmp_path):
-    # PySpark's import (~75 ms of the GIL) runs while the JVM boots, not before it on the critical path.
-    env = _kept_env(tmp_path)
-    for _ in range(2):  # the first start asks Spark's launcher for the command, the second reads it kept
-        out = subprocess.run([sys.executable, "-c", SPAWN_ORDER_DRIVER], capture_output=True, text=True,
-                             timeout=300, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"spawned": [False], "squares": [0, 1, 4]}
+def _workflow(pair, name: str) -> None:
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, note text)")
+    pair.src("INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 50) g")
+    create_movetables(name, pair.source, pair.target, None, [], {})
 
 
-def test_without_direct_launch_spark_starts_through_spark_submit(tmp_path):
-    env = {**_kept_env(tmp_path), "SLUICEGATE_SPARK_DIRECT_LAUNCH": "off"}
-    result, _ = _start(env)
-    assert result == {"seeds": ["0", "0"], "marked": None}
-    assert not (tmp_path / "launch").exists()
+def _assert_one_line_error(run: subprocess.CompletedProcess, *needles: str) -> None:
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: executor on "), run.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_executors_without_sluicegate_are_a_one_line_error_naming_the_fix(pair, bare_python):
+    _workflow(pair, "bare")
+    env = {**os.environ, "PYSPARK_PYTHON": bare_python}
+    run = sluicegate("workflow", "run", "bare", "--target", pair.target, "--spark-master", "local[1]",
+                     "--no-progress", env=env)
+    _assert_one_line_error(run, f"(Python {bare_python}) cannot import sluicegate (ModuleNotFoundError",
+                           f"install sluicegate=={__version__} on every worker, or ship a packed virtual "
+                           "environment with --conf spark.archives=")
+    assert pair.dst("SELECT count(*) FROM items") == [(0,)]  # no copy task ran
+
+
+def test_executors_with_another_sluicegate_version_are_a_one_line_error(pair, tmp_path):
+    _workflow(pair, "other")
+    other = tmp_path / "other" / "sluicegate"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    run = sluicegate("workflow", "run", "other", "--target", pair.target, "--spark-master", "local[1]",
+                     "--conf", f"spark.executorEnv.PYTHONPATH={other.parent}", "--no-progress",
+                     env=dict(os.environ))
+    _assert_one_line_error(run, f"has sluicegate 0.0.1, the driver {__version__}: "
+                                f"install sluicegate=={__version__} on every worker")
+
+
+def test_executors_that_never_start_are_a_one_line_error_not_a_hang(pair):
+    # Executors of 2 cores on a worker of 1 never start: Spark's job would wait for ever, logging a warning.
+    _workflow(pair, "stuck")
+    run = sluicegate("workflow", "run", "stuck", "--target", pair.target,
+                     "--spark-master", "local-cluster[1,1,1024]", "--conf", "spark.executor.cores=2",
+                     "--conf", "spark.sluicegate.executorCheckTimeout=5", "--no-progress",
+                     env=dict(os.environ))
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr[-2000:]
+    assert lines[0].startswith(
+        "error: no executor ran Sluicegate's check task within 5s (master local-cluster[1,1,1024]): "
+        "check that the workers have free cores and memory and can reach the driver at 127.0.0.1:")

@@ -24,7 +24,7 @@ def test_workflow_run_without_rules_imports_no_pyarrow():
 
 
 def test_a_copy_task_imports_neither_psycopg_3_nor_pyarrow():
-    # What PySpark's daemon imports before it forks the workers (spark/python_daemon.py).
+    # What a Python worker imports to run its first copy task.
     assert loaded("sluicegate.workflow.copy_task", "sluicegate.spark.runner") == []
 
 

