@@ -107,6 +107,30 @@ def reap_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+# A Materialize rule that projects and filters, and the same in PostgreSQL's SQL: what its target must hold.
+EU_RULE = ("items_eu: SELECT id AS item_id, upper(name) AS uname, price * qty AS total FROM items "
+           "WHERE region = 'eu' AND qty > 0")
+EU_EXPECTED = "SELECT id, upper(name), price * qty FROM items WHERE region = 'eu' AND qty > 0 ORDER BY id"
+EU_TARGET = "SELECT item_id, uname, total FROM items_eu ORDER BY item_id"
+
+
+def load_priced_items(pair, rows: int) -> None:
+    """items with a region (a third each of eu, us, apac), a price and a quantity (a fifth of them 0)."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, name text, region text, price numeric(10,2), qty int)")
+    pair.src("""INSERT INTO items SELECT g, 'item ' || g, (ARRAY['eu','us','apac'])[1 + g %% 3],
+                (g %% 1000) / 8.0, g %% 5 FROM generate_series(1, %s) g""", (rows,))
+
+
+def move_priced_items(pair, max_id: int) -> None:
+    """Changes that move rows into the rule's filter and out of it, delete, change keys and insert."""
+    pair.src("UPDATE items SET region = 'eu', qty = 1 WHERE id % 7 = 0")
+    pair.src("UPDATE items SET qty = 0 WHERE id % 11 = 0")
+    pair.src("DELETE FROM items WHERE id % 13 = 0")
+    pair.src("UPDATE items SET id = id + %s WHERE id %% 17 = 0", (max_id + 100_000,))
+    pair.src("INSERT INTO items SELECT g, 'new ' || g, 'eu', 3.5, 2 FROM generate_series(%s::int, %s::int) g",
+             (max_id + 1, max_id + 300))
+
+
 def run_sql(url: str, text, params=None):
     with psycopg.connect(url, autocommit=True) as c:
         cur = c.execute(text, params)
