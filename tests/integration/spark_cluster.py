@@ -256,7 +256,8 @@ class StandaloneCluster:
 
     def _spawn(self, role: str, argv: list[str], local_ip: str, prefix: list[str]) -> int:
         env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": local_ip,
-               "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(self.workdir)}
+               "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(self.workdir),
+               "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}  # no submission server on 6066
         env.pop("SPARK_CONF_DIR", None)
         log = self._logs[role] = self.workdir / f"{role}.log"
         with log.open("ab") as out:
