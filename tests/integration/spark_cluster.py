@@ -134,11 +134,15 @@ def describe(chain: list[int]) -> str:
     return "; ".join(f"{p}: {cmdline(p)[:140]}" for p in chain)
 
 
+def slot_reader(source_url: str, slot: str) -> int:
+    """The backend PID of the slot's replication connection (held by its play task while it runs)."""
+    with psycopg.connect(source_url, autocommit=True) as c:
+        return wait_for(lambda: c.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                          (slot,)).fetchone()[0], what=f"a walsender on slot {slot}")
+
+
 def walsender(pair, workflow: str) -> int:
-    """The backend PID of the stream's replication connection (held by its play task while it runs)."""
-    slot = stream_row(pair, workflow)["slot"]
-    return wait_for(lambda: pair.src("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                                     (slot,))[0][0], what="a walsender on the stream's slot")
+    return slot_reader(pair.source, stream_row(pair, workflow)["slot"])
 
 
 def replication_chain(pair, workflow: str) -> list[int]:
@@ -147,8 +151,9 @@ def replication_chain(pair, workflow: str) -> list[int]:
 
 
 def in_driver_note(chain: list[int], driver_pid: int) -> str | None:
-    """Why a test xfails when the chain's process is the driver's own: a stream with a rule replicates on
-    the driver today (Engine.play runs its player there, rows and all), which issue 22 means to end."""
+    """Why a test xfails when the chain's process is the driver's own: a stream with a rule (a Reshard
+    stream has its key range's) replicates on the driver today (Engine.play runs its player there, rows
+    and all), which issue 22 means to end."""
     if chain[0] != driver_pid:
         return None
     return ("a stream with a rule replicates in the driver's process (Engine.play runs its player there, "

@@ -29,14 +29,17 @@ from .helpers import (
     reshard_caught_up,
     reshard_keyspace,
     reshard_streams,
+    run_sql,
     stream_row,
 )
 from .spark_cluster import (
     LocalCluster,
     StandaloneCluster,
     describe,
+    executor_chain,
     in_driver_note,
     replication_chain,
+    slot_reader,
     sluicegate,
     start_driver,
     stop_driver,
@@ -155,6 +158,12 @@ def test_reshard_2_to_3(cluster, keyspace, tmp_path):
         wait_for(lambda: all(s[2] == "Running" for s in reshard_streams(ks)) or driver.poll() is not None,
                  timeout=300, what="every stream Running", describe=_diagnose(cluster, log))
         assert driver.poll() is None, log.read_text()[-3000:]
+        # -55's one stream, from -80
+        slot = run_sql(ks["targets"]["-55"], "SELECT slot_name FROM sluicegate.streams")[0][0]
+        chain = executor_chain(ks["sources"]["-80"], slot_reader(ks["sources"]["-80"], slot))
+        in_driver = in_driver_note(chain, driver.pid)
+        if not in_driver:
+            cluster.assert_in_executor(chain, driver.pid)
         wait_for(lambda: all(w.commits > 50 or w.error for w in writers), what="writes while Running")
         for w in writers:
             w.stop_event.set()
@@ -170,3 +179,5 @@ def test_reshard_2_to_3(cluster, keyspace, tmp_path):
     report = _vdiff_equal(cluster, "rs", any_target)  # no driver runs: vdiff's own application
     assert [s["target_shard"] for s in report["shards"]] == RESHARD_TARGETS
     assert all(assert_resharded(ks).values())
+    if in_driver:  # everything else holds; this is the part of issue 22 that is not done
+        pytest.xfail(in_driver)
