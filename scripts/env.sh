@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
   # (setuptools calls its pyproject ext-modules table experimental, at length: quiet)
   PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$extras]" >&2
-  # Spark's classes archived for the driver JVM (spark/classcache.py): ~2 s off every Spark start. Best effort.
+  # Spark's classes archived for the driver JVM (spark/classcache.py): Spark starts sooner. Best effort.
   "$VENV/bin/python" -m sluicegate.spark.classcache --force >&2 || true
   echo "$want" > "$stamp"
 fi

@@ -7,11 +7,13 @@ import pytest
 from sluicegate.errors import UsageError
 from sluicegate.spark.executors import compare, job_failure
 from sluicegate.spark.session import (
+    configure,
     default_settings,
     in_process_executors,
     is_local,
     launch_settings,
     parse_conf,
+    requested_settings,
     unreachable_driver,
 )
 
@@ -91,6 +93,18 @@ def test_the_master_goes_to_spark_submit_only_when_named(monkeypatch):
     assert launch_settings(None, {"spark.master": "spark://h:7077"})["spark.master"] == "spark://h:7077"
     with pytest.raises(UsageError, match="two Spark masters"):
         launch_settings("yarn", {"spark.master": "local[2]"})
+
+
+def test_what_a_command_configured_applies_where_spark_starts_without_settings(monkeypatch):
+    monkeypatch.delenv("SLUICEGATE_SPARK_MASTER", raising=False)
+    try:
+        configure(conf={"spark.a": "1", "spark.b": "1"})  # a create command's --conf (rule validation)
+        assert requested_settings(None, None) == {"spark.a": "1", "spark.b": "1"}
+        assert requested_settings("local[2]", {"spark.b": "2"}) == {
+            "spark.a": "1", "spark.b": "2", "spark.master": "local[2]"}
+    finally:
+        configure()
+    assert requested_settings(None, None) == {}
 
 
 DRIVER = {"python": "3.11.7", "executable": "/venv/bin/python", "host": "driver", "pid": 1,

@@ -66,6 +66,11 @@ def configure(master: str | None = None, conf: Mapping[str, str] | None = None) 
     _configured["master"], _configured["conf"] = master, dict(conf or {})
 
 
+def requested_settings(master: str | None, conf: Mapping[str, str] | None) -> dict[str, str]:
+    """`launch_settings` for a call's own master and conf over what `configure` set for the process."""
+    return launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
+
+
 def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, str]:
     """What goes to spark-submit as `--conf`: the user's settings, and the master when one was named
     (`--spark-master` or SLUICEGATE_SPARK_MASTER; else spark-defaults.conf's, else Spark's local[*])."""
@@ -175,12 +180,10 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
     starts it sooner on a small machine and costs nothing when no rows pass through the JVM."""
     from pyspark import SparkConf, SparkContext
 
-    active = SparkContext._active_spark_context
-    if active is not None:
-        return active
-    settings = launch_settings(master or _configured["master"], {**_configured["conf"], **(conf or {})})
-    explicit_master = settings.get("spark.master")
-    if is_local(explicit_master):
+    if SparkContext._active_spark_context is not None:
+        return SparkContext.getOrCreate()
+    settings = requested_settings(master, conf)
+    if is_local(settings.get("spark.master")):
         # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* still win.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -188,27 +191,19 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
     _ensure_java()
     _lazy_numpy_converters()
     with SparkContext._lock:
-        if SparkContext._gateway is None:
-            gateway = _launch(settings, driver_java_options(light_jvm, archive_options))
-            seen = gateway.jvm.org.apache.spark.SparkConf(True)  # spark.* as spark-submit resolved them
-            conf_obj = SparkConf(loadDefaults=False)
-            for key, value in settings.items():
-                conf_obj.set(key, value)
-            master_now = seen.get("spark.master", "local[*]")
-            for key, value in default_settings(master_now, _Seen(seen), app_name).items():
-                conf_obj.set(key, value)
-        else:  # a JVM of an earlier context of this process: its spark-submit already read the defaults
-            gateway = None
-            conf_obj = SparkConf()  # loadDefaults: that JVM's spark.* properties
-            for key, value in settings.items():
-                conf_obj.set(key, value)
-            for key, value in default_settings(conf_obj.get("spark.master", "local[*]"), _Seen(conf_obj),
-                                               app_name).items():
-                conf_obj.set(key, value)
-        if gateway is not None:
-            sc = SparkContext(conf=conf_obj, gateway=gateway)
-        else:
-            sc = SparkContext.getOrCreate(conf_obj)
+        if SparkContext._active_spark_context is not None:
+            return SparkContext.getOrCreate()
+        # A JVM of an earlier context of this process is reused: its spark-submit read spark-defaults.conf.
+        gateway = _launch(settings, driver_java_options(light_jvm, archive_options)) \
+            if SparkContext._gateway is None else None
+        jvm = gateway.jvm if gateway is not None else SparkContext._jvm
+        seen = _Seen(jvm.org.apache.spark.SparkConf(True))  # spark.* as spark-submit resolved them
+        conf_obj = SparkConf()  # (on a running JVM: its spark.* properties; else SparkContext adds them)
+        for key, value in settings.items():
+            conf_obj.set(key, value)
+        for key, value in default_settings(seen.get("spark.master", "local[*]"), seen, app_name).items():
+            conf_obj.set(key, value)
+        sc = SparkContext(conf=conf_obj, gateway=gateway)
     sc.setLogLevel("ERROR")
     if warning := unreachable_driver(sc.master, sc.getConf().get("spark.driver.host", None)):
         log.warning(warning)
@@ -216,7 +211,7 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
 
 
 class _Seen(Mapping):
-    """A SparkConf (Python's or the JVM's) as the keys it holds."""
+    """The JVM's SparkConf as the keys it holds."""
 
     def __init__(self, conf):
         self._conf = conf
