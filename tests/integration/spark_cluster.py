@@ -258,6 +258,7 @@ class StandaloneCluster:
         self.spark_args = ["--spark-master", self.url]
         self.master_pid = self.worker_pid = None
         self._logs: dict[str, Path] = {}
+        self._procs: dict[int, subprocess.Popen] = {}
 
     def _spawn(self, role: str, argv: list[str], local_ip: str, prefix: list[str]) -> int:
         env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": local_ip,
@@ -270,6 +271,7 @@ class StandaloneCluster:
             proc = subprocess.Popen([*prefix, str(spark_home() / "bin" / "spark-class"), *argv], env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     cwd=self.workdir)
+        self._procs[proc.pid] = proc
         return proc.pid
 
     def state(self) -> dict:
@@ -313,6 +315,8 @@ class StandaloneCluster:
         for pid in (self.worker_pid, *executors, self.master_pid):
             if pid:
                 _stop(pid)
+                if pid in self._procs:
+                    self._procs.pop(pid).wait(timeout=30)  # reaped: no zombie left behind
 
     def assert_in_executor(self, chain: list[int], driver_pid: int) -> int:
         """The chain (executor_chain) runs in an executor under this cluster's worker, outside the driver's
