@@ -13,6 +13,7 @@ Every process started here is stopped by its PID; the namespace and its link go 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -388,18 +389,54 @@ def start_driver(workflow: str, target: str, log: Path, spark_args: list[str]) -
                                 start_new_session=True)
 
 
+def _session_left(sid: int) -> list[int]:
+    """Live processes of the session `sid` (a command started with start_new_session: its PID)."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                left.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return left
+
+
+def _reap_session(proc: subprocess.Popen, grace: float = 30) -> None:
+    """After the command exited: its JVM and a local cluster's executors go too (they shut down after it);
+    what is still there after `grace` is killed by its session's process group."""
+    deadline = time.monotonic() + grace
+    while _session_left(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _session_left(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def stop_driver(proc: subprocess.Popen, timeout: float = 90) -> int:
     """SIGTERM (a clean stop), its exit status; the whole session is killed if it does not stop in time."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
-        return proc.wait(timeout=timeout)
+        rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        return -signal.SIGKILL
+        rc = -signal.SIGKILL
+    _reap_session(proc)
+    return rc
 
 
 def sluicegate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True,
-                          text=True, timeout=timeout, env=_env(), check=False)
+    """A command to its end, in a session of its own (a vdiff may start Spark: its processes go with it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        _reap_session(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
