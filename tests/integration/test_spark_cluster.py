@@ -109,7 +109,7 @@ def test_movetables_copies_and_replicates_under_writes(cluster, pair, tmp_path):
 
 def test_materialize_with_a_rule_projects_and_filters(cluster, pair, tmp_path):
     load_priced_items(pair, 6000)
-    create_materialize("mat", pair.source, pair.target, [EU_RULE], {"cycle_rows": 2500, "chunk_rows": 900})
+    create_materialize("mat", pair.source, pair.target, [EU_RULE], {"cycle_rows": 10_000, "chunk_rows": 1500})
     log = tmp_path / "driver.log"
     driver = start_driver("mat", pair.target, log, cluster.spark_args)
     try:
