@@ -1,12 +1,14 @@
 """Throwaway local PostgreSQL servers for the embedded demo and integration tests (Linux).
 
 Uses the system's PostgreSQL binaries when there are any, else the optional `pgserver` wheel's.
-Every server listens on 127.0.0.1 only, with scram-sha-256 over TCP and wal_level=logical.
+Every server listens on 127.0.0.1 (and on the extra `interfaces` it is given, e.g. a test's own network
+namespace link), with scram-sha-256 over TCP and wal_level=logical.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import ipaddress
 import os
 import pwd
 import shutil
@@ -104,7 +106,11 @@ class LocalPostgres:
     host = HOST
 
     def __init__(self, datadir: Path | str, *, port: int | None = None, password: str = "sluicegate",
-                 user: str = "postgres", settings: dict[str, str] | None = None, bindir: Path | None = None):
+                 user: str = "postgres", settings: dict[str, str] | None = None, bindir: Path | None = None,
+                 interfaces: tuple[str, ...] = ()):
+        """`interfaces`: more addresses to listen on, each with its network ("10.213.77.1/30"), whose
+        clients may log in (over scram-sha-256, like loopback's)."""
+        self.interfaces = tuple(ipaddress.ip_interface(i) for i in interfaces)
         self.datadir = Path(datadir).absolute()
         self._auto_port, self._port = port is None, port or _free_port()
         self.password, self.user, self.settings = password, user, dict(settings or {})
@@ -139,7 +145,7 @@ class LocalPostgres:
         with open(os.devnull if capture else self.logfile, "a") as log:
             proc = subprocess.run([str(self.bindir / args[0]), *args[1:]], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE if capture else log, stderr=subprocess.STDOUT,
-                                  text=True, cwd="/", **kw, check=False)
+                                  text=True, cwd="/", check=False, **kw)
         if check and proc.returncode:
             out = proc.stdout if capture else self.log_tail()
             raise LocalPostgresError(f"{args[0]} failed (exit {proc.returncode}) for {self.datadir}\n{out}")
@@ -203,6 +209,9 @@ class LocalPostgres:
         self._write_conf()
         hba = ["local all all trust", "local replication all trust",
                f"host all all {HOST}/32 scram-sha-256", f"host replication all {HOST}/32 scram-sha-256"]
+        for i in self.interfaces:
+            hba += [f"host all all {i.network} scram-sha-256",
+                    f"host replication all {i.network} scram-sha-256"]
         (self.datadir / "pg_hba.conf").write_text("\n".join(hba) + "\n")
         conf = self.datadir / "postgresql.conf"
         if f"include_if_exists '{_CONF}'" not in conf.read_text():
@@ -218,7 +227,8 @@ class LocalPostgres:
         return Path(tempfile.gettempdir()) / f"sgpg-{hashlib.sha1(bytes(self.datadir)).hexdigest()[:12]}"
 
     def _write_conf(self) -> None:
-        conf = {"listen_addresses": HOST, "port": self._port, "unix_socket_directories": self._sockdir,
+        listen = ",".join([HOST, *(str(i.ip) for i in self.interfaces)])
+        conf = {"listen_addresses": listen, "port": self._port, "unix_socket_directories": self._sockdir,
                 "wal_level": "logical", "max_replication_slots": 20, "max_wal_senders": 20,
                 "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
                 "shared_buffers": "128MB", "max_connections": 200, "logging_collector": "off",
@@ -292,11 +302,13 @@ class LocalPostgres:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def url(self, dbname: str = "postgres", password: str | None = None, *, with_password: bool = True) -> str:
-        """`with_password=False`: libpq finds it (a pgpass file: `pgpass_line`), as Sluicegate's stored URLs."""
+    def url(self, dbname: str = "postgres", password: str | None = None, *, with_password: bool = True,
+            host: str = HOST) -> str:
+        """`host`: 127.0.0.1, or the address of one of the server's `interfaces`. `with_password=False`: libpq
+        finds it (a pgpass file: `pgpass_line`), as Sluicegate's stored URLs."""
         pw = self.password if password is None else password
         user, pw, db = (quote(x, safe="") for x in (self.user, pw, dbname))
-        return f"postgresql://{user}{f':{pw}' if with_password else ''}@{HOST}:{self._port}/{db}"
+        return f"postgresql://{user}{f':{pw}' if with_password else ''}@{host}:{self._port}/{db}"
 
     def pgpass_line(self) -> str:
         """This server's line of a pgpass file (every database)."""

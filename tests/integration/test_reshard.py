@@ -5,98 +5,31 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-import threading
 
-import psycopg
 import pytest
 
 from sluicegate.errors import UsageError
-from sluicegate.position import parse_lsn
-from sluicegate.sharding.keyrange import KeyRange, keyspace_id
 from sluicegate.workflow.reshard import create_reshard, parse_shards
 
-from ..conftest import Pair, wait_for
+from ..conftest import wait_for
+from .helpers import RESHARD_TARGETS as TARGETS
+from .helpers import ShardWriter as _ShardWriter
+from .helpers import assert_resharded, reshard_keyspace
+from .helpers import load_shard as _load
+from .helpers import reshard_caught_up as _all_caught_up
+from .helpers import reshard_streams as _streams
+from .helpers import run_sql as _sql
 
 pytestmark = pytest.mark.spark
-
-SOURCES = ["-80", "80-"]
-TARGETS = ["-55", "55-aa", "aa-"]
-TABLES = {"accounts": ("id", "SELECT id, owner, balance FROM accounts ORDER BY id"),
-          "events": ("account_id", "SELECT id, account_id, kind FROM events ORDER BY id")}
 
 
 @pytest.fixture
 def keyspace(source_server, target_server):
-    pairs = [Pair(source_server, target_server, f"ks{os.getpid()}_{i}_{random.randrange(10**6)}") for i in range(3)]
-    yield {"sources": {n: p.source for n, p in zip(SOURCES, pairs)},
-           "targets": {n: p.target for n, p in zip(TARGETS, pairs)}}
-    for p in pairs:
-        p.cleanup()
-
-
-def _sql(url, text, params=None):
-    with psycopg.connect(url, autocommit=True) as c:
-        cur = c.execute(text, params)
-        return cur.fetchall() if cur.description else None
-
-
-def _ids_in(shard: str, start: int, count: int) -> list[int]:
-    r = KeyRange.parse(shard)
-    return [i for i in range(start, start + count) if r.contains(keyspace_id(str(i)))]
-
-
-def _load(url: str, shard: str) -> None:
-    _sql(url, "CREATE TABLE accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance numeric(12,2))")
-    _sql(url, "CREATE TABLE events (id bigint PRIMARY KEY, account_id bigint NOT NULL, kind text)")
-    accounts = _ids_in(shard, 1, 6000)
-    with psycopg.connect(url) as c:
-        with c.cursor().copy("COPY accounts FROM STDIN") as cp:
-            for i in accounts:
-                cp.write_row((i, f"owner {i}", i % 997))
-        with c.cursor().copy("COPY events FROM STDIN") as cp:
-            for i in accounts[:2000]:  # events live with their account: event ids are unique per shard
-                cp.write_row((i * 10 + 1, i, "open"))
-
-
-class _ShardWriter(threading.Thread):
-    """Updates, inserts and deletes that stay inside one source shard, committed continuously."""
-
-    def __init__(self, url: str, shard: str, seed: int):
-        super().__init__(daemon=True)
-        self.url, self.rng = url, random.Random(seed)
-        self.existing = _ids_in(shard, 1, 6000)
-        self.fresh = iter(_ids_in(shard, 100_000, 50_000))
-        self.stop_event, self.commits, self.error = threading.Event(), 0, None
-
-    def run(self):
-        try:
-            with psycopg.connect(self.url) as c:
-                while not self.stop_event.is_set():
-                    k = self.rng.choice(self.existing)
-                    op = self.rng.random()
-                    if op < 0.4:
-                        c.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (k,))
-                    elif op < 0.6:
-                        n = next(self.fresh)
-                        c.execute("INSERT INTO accounts VALUES (%s, 'new', 0)", (n,))
-                        c.execute("INSERT INTO events VALUES (%s, %s, 'open')", (n * 10 + 1, n))
-                        self.existing.append(n)
-                    elif op < 0.7:
-                        c.execute("DELETE FROM accounts WHERE id = %s", (k,))
-                    elif op < 0.9:
-                        c.execute("INSERT INTO events VALUES (%s, %s, 'tx') ON CONFLICT (id) DO UPDATE SET kind = 'tx2'",
-                                  (k * 10 + 2, k))
-                    else:
-                        c.execute("DELETE FROM events WHERE account_id = %s", (k,))
-                    c.commit()
-                    self.commits += 1
-                    self.stop_event.wait(0.005)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
+    with reshard_keyspace(source_server, target_server) as ks:
+        yield ks
 
 
 def _driver(target: str, log, fault: str | None = None, fault_dir=None) -> subprocess.Popen:
@@ -110,28 +43,15 @@ def _driver(target: str, log, fault: str | None = None, fault_dir=None) -> subpr
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
 
 
 def _status(target: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "status", "rs", "--target", target,
-                          "--json"], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "status", "rs",
+                          "--target", target, "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def _streams(ks) -> list[tuple]:
-    rows = []
-    for shard, url in ks["targets"].items():
-        rows += [(shard, *r) for r in _sql(url, "SELECT source_shard, state, position::text, message "
-                                                 "FROM sluicegate.streams ORDER BY id")]
-    return rows
-
-
-def _all_caught_up(ks) -> bool:
-    flushed = parse_lsn(_sql(next(iter(ks["sources"].values())), "SELECT pg_current_wal_flush_lsn()::text")[0][0])
-    return all(state == "Running" and pos and parse_lsn(pos) >= flushed for _, _, state, pos, _ in _streams(ks))
 
 
 def test_reshard_2_to_3_with_live_writes_and_kill_9_during_copy(keyspace, spark, tmp_path):
@@ -203,19 +123,9 @@ def test_reshard_2_to_3_with_live_writes_and_kill_9_during_copy(keyspace, spark,
     assert shards["aa-"]["tables"]["public.accounts <- 80-"]["mismatched"] == 1
     _sql(ks["targets"]["aa-"], "UPDATE accounts SET balance = %s WHERE id = %s",
          (_sql(ks["sources"]["80-"], "SELECT balance FROM accounts WHERE id = %s", (one,))[0][0], one))
-    for table, (column, query) in TABLES.items():
-        source_rows = [r for url in ks["sources"].values() for r in _sql(url, query)]
-        assert len({r[0] for r in source_rows}) == len(source_rows)
-        position = {"accounts": 0, "events": 1}[table]
-        total = 0
-        for shard, url in ks["targets"].items():
-            r = KeyRange.parse(shard)
-            expected = sorted(row for row in source_rows if r.contains(keyspace_id(str(row[position]))))
-            assert _sql(url, query) == expected, (table, shard)
-            # 80- truncated its events: aa- has none left, 55-aa keeps those that came from -80
-            assert expected or (table, shard) == ("events", "aa-"), (table, shard)
-            total += len(expected)
-        assert total == len(source_rows)  # every row in exactly one target shard
+    counts = assert_resharded(ks)
+    # 80- truncated its events: aa- has none left, 55-aa keeps those that came from -80
+    assert [k for k, n in counts.items() if not n] == [("events", "aa-")], counts
 
 
 def test_bad_shards_are_refused(keyspace, spark):

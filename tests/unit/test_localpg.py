@@ -96,3 +96,15 @@ def test_long_datadir_uses_short_socket_dir_and_servers_coexist(tmp_path):
         assert not a.running and not b.running
     a.kill()  # no-op when not running
     assert not a._sockdir.exists()  # the short socket dir goes with the server
+
+
+def test_extra_interface_is_listened_on_and_its_network_admitted(tmp_path):
+    # 127.0.0.2 stands for a test's own network namespace link: another address of this machine
+    with LocalPostgres(tmp_path / "data", interfaces=("127.0.0.2/31",)) as server:
+        assert server.psql("SHOW listen_addresses") == "127.0.0.1,127.0.0.2"
+        url = server.url(host="127.0.0.2")
+        assert url.startswith(f"postgresql://postgres:sluicegate@127.0.0.2:{server.port}/")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT host(inet_server_addr())").fetchone()[0] == "127.0.0.2"
+    hba = (server.datadir / "pg_hba.conf").read_text().splitlines()
+    assert {"host all all 127.0.0.2/31 scram-sha-256", "host replication all 127.0.0.2/31 scram-sha-256"} <= set(hba)
