@@ -151,14 +151,18 @@ def replication_chain(pair, workflow: str) -> list[int]:
     return executor_chain(pair.source, walsender(pair, workflow))
 
 
-def in_driver_note(chain: list[int], driver_pid: int) -> str | None:
-    """Why a test xfails when the chain's process is the driver's own: a stream with a rule (a Reshard
-    stream has its key range's) replicates on the driver today (Engine.play runs its player there, rows
-    and all), which issue 22 means to end."""
-    if chain[0] != driver_pid:
-        return None
-    return ("a stream with a rule replicates in the driver's process (Engine.play runs its player there, "
-            f"its rows through the driver): {describe(chain[:1])}")
+def rule_reader_chain(url: str, busy, timeout: float = 120) -> list[int]:
+    """executor_chain of a rule player's reader: a batch's peek at the slot (one connection a batch, so
+    looked for while `busy()` writes on the source, until one is caught)."""
+    from sluicegate.workflow.rule_player import READER
+
+    def find():
+        busy()
+        with psycopg.connect(url, autocommit=True) as c:
+            row = c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (READER,)).fetchone()
+        return executor_chain(url, row[0]) if row else None
+
+    return wait_for(find, timeout=timeout, interval=0.01, what="a rule player's reader on the source")
 
 
 def _stop(pid: int, timeout: float = 30) -> None:

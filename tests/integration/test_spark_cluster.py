@@ -37,8 +37,8 @@ from .spark_cluster import (
     StandaloneCluster,
     describe,
     executor_chain,
-    in_driver_note,
     replication_chain,
+    rule_reader_chain,
     slot_reader,
     sluicegate,
     start_driver,
@@ -116,10 +116,9 @@ def test_materialize_with_a_rule_projects_and_filters(cluster, pair, tmp_path):
         wait_for(lambda: stream_row(pair, "mat")["state"] == "Running" or driver.poll() is not None,
                  timeout=300, what="Running", describe=_diagnose(cluster, log))
         assert driver.poll() is None, log.read_text()[-3000:]
-        chain = replication_chain(pair, "mat")
-        in_driver = in_driver_note(chain, driver.pid)
-        if not in_driver:
-            cluster.assert_in_executor(chain, driver.pid)
+        busy = lambda: pair.src("UPDATE items SET qty = qty WHERE id % 97 = 0")
+        chain = rule_reader_chain(pair.source, busy)
+        cluster.assert_in_executor(chain, driver.pid)  # the rule's replicate tasks: on an executor
         move_priced_items(pair, 6000)
         wait_for(lambda: caught_up(pair, "mat"), what="caught up", describe=_diagnose(cluster, log))
         expected = pair.src(EU_EXPECTED)
@@ -130,8 +129,6 @@ def test_materialize_with_a_rule_projects_and_filters(cluster, pair, tmp_path):
     finally:
         rc = stop_driver(driver)
     assert rc == 0, log.read_text()[-3000:]
-    if in_driver:  # everything else holds; this is the part of issue 22 that is not done
-        pytest.xfail(in_driver)
 
 
 @pytest.fixture
@@ -161,9 +158,7 @@ def test_reshard_2_to_3(cluster, keyspace, tmp_path):
         # -55's one stream, from -80
         slot = run_sql(ks["targets"]["-55"], "SELECT slot_name FROM sluicegate.streams")[0][0]
         chain = executor_chain(ks["sources"]["-80"], slot_reader(ks["sources"]["-80"], slot))
-        in_driver = in_driver_note(chain, driver.pid)
-        if not in_driver:
-            cluster.assert_in_executor(chain, driver.pid)
+        cluster.assert_in_executor(chain, driver.pid)
         wait_for(lambda: all(w.commits > 50 or w.error for w in writers), what="writes while Running")
         for w in writers:
             w.stop_event.set()
@@ -179,5 +174,3 @@ def test_reshard_2_to_3(cluster, keyspace, tmp_path):
     report = _vdiff_equal(cluster, "rs", any_target)  # no driver runs: vdiff's own application
     assert [s["target_shard"] for s in report["shards"]] == RESHARD_TARGETS
     assert all(assert_resharded(ks).values())
-    if in_driver:  # everything else holds; this is the part of issue 22 that is not done
-        pytest.xfail(in_driver)

@@ -128,7 +128,8 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
 
     try:
         return psycopg.connect(
-            url, autocommit=autocommit, options=SESSION_OPTIONS, application_name="sluicegate",
+            url, autocommit=autocommit, options=SESSION_OPTIONS,
+            application_name=kwargs.pop("application_name", "sluicegate"),
             connect_timeout=kwargs.pop("connect_timeout", 10), **kwargs,
         )
     except psycopg.OperationalError as exc:

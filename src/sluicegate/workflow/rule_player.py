@@ -37,6 +37,7 @@ from .player import PlayResult, PlayTask, wait_flushed
 log = logging.getLogger("sluicegate")
 
 SEQ, OP, UNCH, META = "__sg_seq", "__sg_op", "__sg_unch", "__sg_meta"
+READER = "sluicegate rule reader"  # application_name of a batch's peek at the slot
 RAW_NAME = "__sg_raw_{}"  # (rules.compile.RAW, without importing Spark's side of it here)
 EXTRA = [SEQ, OP, UNCH, META]
 ROWS_PER_BATCH = 4096
@@ -309,7 +310,7 @@ def _read(spec: BatchSpec, index: int, builder):
     taking = False
     last_end = None
     transactions, commit_time = 0, None
-    with connect(task.source_url, role="source") as conn:
+    with connect(task.source_url, role="source", application_name=READER) as conn:
         def counting(rows):
             nonlocal counted
             for row in rows:
