@@ -48,13 +48,24 @@ def test_many_cycles_under_concurrent_writes(pair, spark):
 
 
 def _worker_rss_mb() -> float:
-    """Total RSS of this machine's PySpark Python workers (where Spark tasks apply changes)."""
+    """Total RSS of this test process's PySpark Python workers (where Spark tasks apply changes): the
+    descendants of this process (its Spark JVM's daemon and workers), never another run's on the machine."""
     import os
 
-    total = 0
+    parents = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+                continue
+    ours, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - ours
+        ours |= frontier
+    total = 0
+    for pid in ours:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read()
