@@ -38,7 +38,7 @@ def test_only_local_and_local_n_run_executors_in_the_drivers_jvm():
 def test_a_local_master_gets_loopback_for_the_driver_and_ours_for_what_nobody_set():
     assert default_settings("local[*]", {"spark.app.name": "pyspark-shell"}) == {
         "spark.app.name": "sluicegate", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "8",
+        "spark.python.task.killTimeout": "500ms", "spark.sql.shuffle.partitions": "8",
         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
 
@@ -54,7 +54,8 @@ def test_what_spark_defaults_or_conf_set_is_never_defaulted():
     seen = {"spark.driver.host": "10.1.2.3", "spark.ui.enabled": "true", "spark.app.name": "nightly",
             "spark.sql.shuffle.partitions": "64"}
     # The driver's host set: Spark binds to it (no loopback bind address beside a host of the user's).
-    assert default_settings("local[2]", seen) == {"spark.ui.showConsoleProgress": "false"}
+    assert default_settings("local[2]", seen) == {"spark.ui.showConsoleProgress": "false",
+                                                  "spark.python.task.killTimeout": "500ms"}
     bind_only = default_settings("local[2]", {"spark.driver.bindAddress": "0.0.0.0"})
     assert bind_only["spark.driver.host"] == "127.0.0.1" and "spark.driver.bindAddress" not in bind_only
 

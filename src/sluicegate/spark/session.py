@@ -91,6 +91,9 @@ def default_settings(master: str, seen: Mapping[str, str],
     defaults = {
         "spark.ui.enabled": "false",  # Spark's UI listens on every interface: opt in with --conf
         "spark.ui.showConsoleProgress": "false",
+        # A stop cancels the running tasks; a cancelled task's Python worker holds the stream's replication
+        # connection until Spark kills it, 2 s later by default. What it had not committed rolls back anyway.
+        "spark.python.task.killTimeout": "500ms",
     }
     if is_local(master):
         defaults["spark.sql.shuffle.partitions"] = "8"  # sized for one machine; Spark's 200 is for clusters
