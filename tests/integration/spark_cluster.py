@@ -152,17 +152,34 @@ def replication_chain(pair, workflow: str) -> list[int]:
 
 
 def rule_reader_chain(url: str, busy, timeout: float = 120) -> list[int]:
-    """executor_chain of a rule player's reader: a batch's peek at the slot (one connection a batch, so
-    looked for while `busy()` writes on the source, until one is caught)."""
+    """executor_chain of a rule player's reader: a batch's peek at the slot, one short connection a batch,
+    so caught while a thread keeps writing (`busy()`) and one held session polls for it."""
+    import threading
+
     from sluicegate.workflow.rule_player import READER
 
-    def find():
-        busy()
-        with psycopg.connect(url, autocommit=True) as c:
-            row = c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (READER,)).fetchone()
-        return executor_chain(url, row[0]) if row else None
+    stop = threading.Event()
 
-    return wait_for(find, timeout=timeout, interval=0.01, what="a rule player's reader on the source")
+    def write():
+        while not stop.is_set():
+            busy()
+            stop.wait(0.02)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as c:
+            def find():
+                row = c.execute("SELECT host(client_addr), client_port, current_setting('port')::int "
+                                "FROM pg_stat_activity WHERE application_name = %s AND client_port > 0",
+                                (READER,)).fetchone()
+                owners = socket_owners(*row) if row else []
+                return ancestry(owners[0]) if len(owners) == 1 else None
+
+            return wait_for(find, timeout=timeout, interval=0.002, what="a rule player's reader on the source")
+    finally:
+        stop.set()
+        writer.join()
 
 
 def _stop(pid: int, timeout: float = 30) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from sluicegate.localpg import LocalPostgres
 from sluicegate.workflow.create import create_materialize, create_movetables
+from sluicegate.workflow.rule_player import READER
 
 from ..conftest import Pair, wait_for
 from .helpers import (
@@ -33,7 +34,6 @@ from .spark_cluster import (
     StandaloneCluster,
     describe,
     replication_chain,
-    rule_reader_chain,
     sluicegate,
     start_driver,
     stop_driver,
@@ -54,13 +54,15 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, pgpass):
     work = tmp_path_factory.mktemp("second-host")
     with contextlib.ExitStack() as stack:
         try:
             ns = stack.enter_context(NetworkNamespace())
         except NamespaceUnavailable as exc:
             pytest.skip(f"no network namespace for a second host (needs root or CAP_NET_ADMIN): {exc}")
+        with pgpass.open("a") as f:  # the servers' password at the host side's address too (no password is stored)
+            f.write(f"{ns.host_ip}:*:*:postgres:sluicegate\n")
         servers = []
         for side in ("source", "target"):
             # Each connection is logged with its client's address: which of them came from the namespace.
@@ -84,11 +86,13 @@ def pair(site):
     p.cleanup()
 
 
-def _connections_from(server: LocalPostgres, host: str, database: str) -> int:
-    """Sessions of `database` the server let in from `host` (its log; log_line_prefix is the client)."""
+def _connections_from(server: LocalPostgres, host: str, database: str, application: str = "") -> int:
+    """Sessions of `database` the server let in from `host` (its log; log_line_prefix is the client), of
+    `application` if given."""
     return sum(1 for line in server.logfile.read_text(errors="replace").splitlines()
                if line.startswith(f"{host} ") and "connection authorized" in line
-               and f"database={database} " in f"{line} ")
+               and f"database={database} " in f"{line} "
+               and (not application or f"application_name={application}" in line))
 
 
 def _diagnose(site, log):
@@ -145,9 +149,10 @@ def test_materialize_with_the_executor_on_a_second_host(site, pair, tmp_path):
         assert driver.poll() is None, log.read_text()[-3000:]
         # the copy's rule ran in Spark tasks there, which wrote the target from the namespace
         assert _connections_from(site.target, ns.ns_ip, pair.name) >= 2
-        busy = lambda: pair.src("UPDATE items SET qty = qty WHERE id % 97 = 0")
-        chain = rule_reader_chain(pair.source, busy)
-        site.cluster.assert_in_executor(chain, driver.pid)  # the rule's replicate tasks: on an executor
+        # the rule's replicate tasks (each batch's peek at the slot) ran there too
+        pair.src("UPDATE items SET qty = qty WHERE id % 97 = 0")
+        wait_for(lambda: _connections_from(site.source, ns.ns_ip, pair.name, READER) > 0,
+                 what="a rule player's reader from the namespace", describe=_diagnose(site, log))
         move_priced_items(pair, 6000)
         wait_for(lambda: caught_up(pair, "farmat"), what="caught up", describe=_diagnose(site, log))
         expected = pair.src(EU_EXPECTED)
