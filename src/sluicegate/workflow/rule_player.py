@@ -143,9 +143,9 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
         return _apply_without_rows(spec)
     parts = [_table_frame(engine, spec, runners, i).select(F.lit(i).alias("__sg_t"), "*") for i in spec.active]
     batch = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    engine.runner.sc.setJobDescription(f"replicate {task.workflow} through its rules")
     try:
-        rows = batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string").collect()
+        rows = _collect(engine, batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string"),
+                        f"replicate {task.workflow} through its rules")
     except Exception as exc:
         from ..spark import errors as spark_errors
 
@@ -156,6 +156,17 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
     if summary.get("error"):
         raise pickle.loads(base64.b64decode(summary["error"]))
     return summary
+
+
+def _collect(engine, frame, description: str) -> list:
+    """frame.collect() as one of the engine's jobs: a stop cancels it (Engine._cancel_on_stop)."""
+    sc = engine.runner.sc
+    sc.setJobDescription(description)
+    sc.addJobTag(engine.tag)
+    try:
+        return frame.collect()
+    finally:
+        sc.removeJobTag(engine.tag)
 
 
 def _table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int, int] | None = None,
@@ -201,7 +212,7 @@ def _diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Ter
             continue
         label = runner.rule.rule.split(":", 1)[0]
         try:
-            n = _count(_table_frame(engine, spec, runners, i, ruled=False))
+            n = _count(engine, _table_frame(engine, spec, runners, i, ruled=False))
             if _fails(engine, spec, runners, i, (0, n)) is None:
                 continue
             lo, hi = 0, n
@@ -223,8 +234,8 @@ def _diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Ter
                          f"this batch was applied: change the rule (e.g. try_cast) and re-create the workflow")
 
 
-def _count(frame) -> int:
-    rows = frame.mapInArrow(_count_rows, "n long").collect()
+def _count(engine, frame) -> int:
+    rows = _collect(engine, frame.mapInArrow(_count_rows, "n long"), "find the row a rule fails on")
     return sum(r[0] for r in rows)
 
 
@@ -240,7 +251,7 @@ def _fails(engine, spec, runners, i, seq) -> BaseException | None:
     from ..spark import errors as spark_errors
 
     try:
-        _count(_table_frame(engine, spec, runners, i, seq))
+        _count(engine, _table_frame(engine, spec, runners, i, seq))
         return None
     except Exception as exc:
         if spark_errors.is_data_error(exc):
@@ -251,7 +262,8 @@ def _fails(engine, spec, runners, i, seq) -> BaseException | None:
 def _key_at(engine, spec, runners, i, seq_no: int) -> list | None:
     table = Table.from_json(spec.task.tables[i][0])
     frame = _table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
-    rows = frame.select(*[frame[f"__sg_o{i}"][RAW_NAME.format(j)] for j in table.key_indices]).collect()
+    rows = _collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW_NAME.format(j)] for j in table.key_indices]),
+                    "find the row a rule fails on")
     return list(rows[0]) if rows else None
 
 
