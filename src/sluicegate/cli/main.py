@@ -93,6 +93,18 @@ def _log_options() -> list[click.Option]:
     ]
 
 
+def _stop_on_signals(stop: threading.Event, runners: list) -> None:
+    """SIGTERM and Ctrl-C set `stop` and cancel the Spark jobs of `runners` (those made so far or later)."""
+    def on_signal(signum, frame):
+        stop.set()
+        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
+        for runner in runners:
+            threading.Thread(target=runner.cancel, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 @click.group(params=_log_options())
 @click.version_option(package_name="sluicegate")
 @click.pass_context
@@ -289,16 +301,7 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
     # From the start: a SIGTERM while the driver starts up stops it as cleanly as one later.
     stop = threading.Event()
     runners: list = []
-
-    def on_signal(signum, frame):
-        stop.set()
-        # Cancel from another thread: the main thread may be inside a Py4J call on the same gateway.
-        # An interrupted copy cycle is redone on the next run.
-        for runner in runners:
-            threading.Thread(target=runner.cancel, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(stop, runners)  # (an interrupted copy cycle is redone on the next run)
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
     kind = wf.kind
@@ -576,13 +579,7 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
             runners.append(SparkRunner(get_spark(spark_master, conf)))
         return runners[0]
 
-    def on_signal(signum, frame):
-        stop.set()
-        for r in runners:
-            threading.Thread(target=r.cancel, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(stop, runners)
     results = []
     for shard, url, vdiff_id in requests:
         execute_or_wait(url, name, vdiff_id, make_runner, stop=stop)
