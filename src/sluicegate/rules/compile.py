@@ -64,16 +64,18 @@ class CompiledRule:
         # aliased: a `SELECT *` in the rule brings the view's raw columns too, and names must stay unique
         return wrap_select(self.select, [f"{RAW.format(i)} AS {OUT.format(i)}" for i in range(len(self.source.columns))])
 
-    def typed_view_sql(self, raw_view: str) -> str:
+    def typed_view_sql(self, raw_view: str, extra: list[str] | tuple = (), in_range: bool = True) -> str:
+        """The typed columns, the raw ones and `extra` over `raw_view`; only a shard's rows with `in_range`
+        (replicate wants every change: it keeps the key range as a column, evaluate.transform_changes)."""
         cols = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(self.source.columns)]
         raws = [RAW.format(i) for i in range(len(self.source.columns))]
         where = ""
-        if self.keyrange is not None:  # on the source's text of the sharding column, as PostgreSQL would hash it
+        if self.keyrange is not None and in_range:  # on the source's text of the sharding column, as PostgreSQL would hash it
             from ..sharding.keyrange import KeyRange
 
             column, lo, hi = self.keyrange
             where = f" WHERE {KeyRange(lo, hi).spark_filter(RAW.format(column))}"
-        return f"SELECT {', '.join(cols + raws)} FROM {quote(raw_view)}{where}"
+        return f"SELECT {', '.join(cols + raws + list(extra))} FROM {quote(raw_view)}{where}"
 
     def to_json(self) -> dict:
         return {"rule": self.rule, "target": self.target.to_json(), "select": self.select, "view": self.view,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from . import types
 from .compile import OUT, RAW, CompiledRule, quote, raw_schema, rule_session, split_where
 from .spec import wrap_select
 from .types import pg_text
@@ -45,7 +44,7 @@ class RuleRunner:
         if self._split is None:
             self._split = split_where(self.session, rule.select)
         raw_df.createOrReplaceTempView(RAW_VIEW)
-        typed = self.session.sql(self._typed_sql(extra))
+        typed = self.session.sql(rule.typed_view_sql(RAW_VIEW, extra, in_range=False))
         typed.createOrReplaceTempView(quote(rule.view))
         in_range = None
         if rule.keyrange is not None:
@@ -60,11 +59,6 @@ class RuleRunner:
         outs = [f"{RAW.format(i)} AS {OUT.format(i)}" for i in range(len(names))]
         return self.session.sql(wrap_select(self._split.unfiltered, outs + [f"{e} AS {e}_" for e in extra]
                                             + [f"{KEEP} AS {KEEP}_"]))
-
-    def _typed_sql(self, extra: list[str]) -> str:
-        cols = [f"{types.spark_expr(c, RAW.format(i))} AS {quote(c.name)}" for i, c in enumerate(self.rule.source.columns)]
-        raws = [RAW.format(i) for i in range(len(self.rule.source.columns))]
-        return f"SELECT {', '.join(cols + raws + extra)} FROM {quote(RAW_VIEW)}"
 
 
 class MovesOnly:

@@ -38,7 +38,6 @@ log = logging.getLogger("sluicegate")
 
 SEQ, OP, UNCH, META = "__sg_seq", "__sg_op", "__sg_unch", "__sg_meta"
 READER = "sluicegate rule reader"  # application_name of a batch's peek at the slot
-RAW_NAME = "__sg_raw_{}"  # (rules.compile.RAW, without importing Spark's side of it here)
 EXTRA = [SEQ, OP, UNCH, META]
 ROWS_PER_BATCH = 4096
 UNCHANGED_WINDOW = 20_000  # keys whose last values a reader remembers, to fill in unchanged TOAST values
@@ -93,7 +92,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
             if upto <= result.position:  # nothing written since: note that the stream is caught up
                 if now - last_write >= task.heartbeat_seconds:
                     _, source_now = capture.wal_flush_position(src)
-                    _save_idle(task, result.position, source_now)
+                    _save_idle(dst, task, result.position, source_now)
                     last_write = now
                 if task.until == "caught_up":
                     result.caught_up = True
@@ -126,12 +125,12 @@ def _by_name(runners: dict) -> dict:
     return {f"{schema}.{name}": runner for (schema, name), runner in runners.items()}
 
 
-def _save_idle(task: PlayTask, position: int, source_now) -> None:
-    with connect(task.target_url, role="target") as dst:
+def _save_idle(dst, task: PlayTask, position: int, source_now) -> None:
+    """The stream is caught up at `position`: say so (its lag), if it still stands there."""
+    with dst.transaction():
         state, current = st.lock_stream(dst, task.stream_id)
         if state == task.expect_state and current == position:
             st.save_position(dst, task.stream_id, position, caught_up_at=source_now)
-            dst.commit()
 
 
 def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
@@ -260,9 +259,11 @@ def _fails(engine, spec, runners, i, seq) -> BaseException | None:
 
 
 def _key_at(engine, spec, runners, i, seq_no: int) -> list | None:
+    from ..rules.compile import RAW
+
     table = Table.from_json(spec.task.tables[i][0])
     frame = _table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
-    rows = _collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW_NAME.format(j)] for j in table.key_indices]),
+    rows = _collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW.format(j)] for j in table.key_indices]),
                     "find the row a rule fails on")
     return list(rows[0]) if rows else None
 
@@ -404,35 +405,26 @@ class _Rows:
         return self.range is not None and self.seq >= self.range[1]
 
     def add(self, op: str, values, unchanged):
-        from ..postgres.pgoutput import UNCHANGED
-
         if self.range is not None and not self.range[0] <= self.seq < self.range[1]:
             self.seq += 1
             return
-        cols = self.columns
-        if values is None:
-            values = (None,) * self.n
-        for j, v in enumerate(values):
+        yield from self._append(op, values, ",".join(map(str, unchanged)) if unchanged else None, None)
+
+    def marker(self, op: str, meta: str):
+        yield from self._append(op, None, None, meta)
+        yield from self.flush()
+
+    def _append(self, op: str, values, unchanged: str | None, meta: str | None):
+        from ..postgres.pgoutput import UNCHANGED
+
+        cols, n = self.columns, self.n
+        for j, v in enumerate(values if values is not None else (None,) * n):
             cols[j].append(None if v is UNCHANGED else v)
-        n = self.n
-        cols[n].append(self.seq)
-        cols[n + 1].append(op)
-        cols[n + 2].append(",".join(map(str, unchanged)) if unchanged else None)
-        cols[n + 3].append(None)
+        for j, v in enumerate((self.seq, op, unchanged, meta)):
+            cols[n + j].append(v)
         self.seq += 1
         if len(cols[n]) >= ROWS_PER_BATCH:
             yield from self.flush()
-
-    def marker(self, op: str, meta: str):
-        n = self.n
-        for j in range(n):
-            self.columns[j].append(None)
-        self.columns[n].append(self.seq)
-        self.columns[n + 1].append(op)
-        self.columns[n + 2].append(None)
-        self.columns[n + 3].append(meta)
-        self.seq += 1
-        yield from self.flush()
 
     def flush(self):
         import pyarrow as pa
