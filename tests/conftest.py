@@ -71,6 +71,14 @@ def target_server(pg_workdir):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def sink_server(pg_workdir):
+    """A third server: a second sink of cluster replication, stopped and started by some tests."""
+    server = LocalPostgres(pg_workdir / "sink").init().start()
+    yield server
+    server.stop()
+
+
 class Pair:
     """A fresh source and target database for one test."""
 

@@ -23,3 +23,14 @@ def format_size(n: int) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} bytes"
+
+
+_DURATIONS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '36h', '7d', '90min', '30s', '3600' (seconds)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _DURATIONS:
+        raise UsageError(f"duration {text!r} not understood: write e.g. 36h, 7d, 90min or a number of seconds")
+    return float(m.group(1)) * _DURATIONS[m.group(2).lower()]

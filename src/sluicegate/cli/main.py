@@ -373,6 +373,14 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
         finally:
             view.stop()
         return
+    governor = None
+    if kind == "Replicate":  # the seed's decision for an existing setup, printed; then the caps enforced
+        from ..cluster.decisions import at_start
+        from ..cluster.governor import Governor
+
+        for line in at_start(target, name):
+            click.echo(line, err=True)
+        governor = Governor(target, name, stop).start()
     view = _progress(name, target, kind, no_progress, interval)
     engine = Engine(target, name, runner, stop=stop)
     try:
@@ -380,6 +388,8 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
     finally:
         engine.close()
         view.stop()
+        if governor is not None:
+            governor.stop_soon()
     if final == st.ERROR:
         with connect(target, role="target") as conn:
             msg = st.load_workflow(conn, name).streams[0].message
@@ -419,8 +429,15 @@ def workflow_status_cmd(name, target, as_json, wal_warning):
     from ..workflow.reshard import load_all
     from ..workflow.status import merge_status, slot_facts, workflow_status
 
+    shards = load_all(name, target)
     status = merge_status([(shard, workflow_status(wf, slots=slot_facts(wf), wal_warning=wal_warning))
-                           for shard, _, wf in load_all(name, target)])
+                           for shard, _, wf in shards])
+    if shards[0][2].kind == "Replicate":  # safe time at the top level; every sink's slot on the source
+        from ..cluster.status import cluster_status
+
+        extra = cluster_status(shards[0][2], target)
+        status = {**{k: v for k, v in status.items() if k != "warnings"}, **extra,
+                  "warnings": status["warnings"] + extra["warnings"]}
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
@@ -623,9 +640,11 @@ def demo(rows, keep, workdir):
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
 from .log import log_group
+from .replicate import replicate_group
 from .vstream import vstream_group
 
 cli.add_command(log_group)
+cli.add_command(replicate_group)
 cli.add_command(vstream_group)
 
 def _log_options_everywhere(group: click.Group) -> None:

@@ -44,8 +44,32 @@ def print_status(console: Console, status: dict) -> None:
         for t in s["tables"]:
             grid.add_row(escape(t["table"]), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
         console.print(grid)
+    if "sinks" in status:
+        _print_sinks(console, status)
     for w in status.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _print_sinks(console: Console, status: dict) -> None:
+    """A Replicate sink: its safe time, and what every sink's slot holds on the source."""
+    lag = status.get("safe_time_lag_seconds")
+    console.print(f"safe time (sink {status['sink']}): {status.get('safe_time') or '-'}"
+                  + (f" ({lag:.1f} s behind the source)" if lag is not None else ""))
+    grid = Table(show_edge=False)
+    for col in ("sink", "slot", "holds", "age", "reader"):
+        grid.add_column(col)
+    for s in status["sinks"]:
+        if s.get("exists") is None:
+            held = age = reader = "?"
+        elif not s["exists"]:
+            held, age, reader = "slot gone", "-", "-"
+        else:
+            held = format_size(s["retained_wal_bytes"] or 0)
+            age = f"{s['retained_age_seconds']:.0f} s" if s["retained_age_seconds"] is not None else "-"
+            reader = "active" if s["active"] else "none"
+        name = f"{s['sink']} (this)" if s["this"] else s["sink"]
+        grid.add_row(escape(f"{name} {s['url']}"), s["slot"], held, age, reader)
+    console.print(grid)
 
 
 def driver_text(driver: dict) -> str:

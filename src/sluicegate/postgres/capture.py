@@ -102,7 +102,8 @@ def check_slot(conn: psycopg.Connection, name: str, position: int, way_out: str,
     terminal error ending with `way_out` (re-bootstrap, in the reader's terms)."""
     info = slot_info(conn, name)
     if info is None:
-        raise TerminalError(f"replication slot {name} is gone from the source; {way_out}")
+        why = release_note(conn, name)  # a Replicate sink's slot released by the retention governor
+        raise TerminalError(f"{why or f'replication slot {name} is gone from the source'}; {way_out}")
     if info.wal_status == "lost" or info.restart_lsn is None:
         raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {way_out}")
     # Sluicegate confirms only what its reader durably handled (replication.py keeps psycopg2 from
@@ -113,6 +114,23 @@ def check_slot(conn: psycopg.Connection, name: str, position: int, way_out: str,
             f"{format_lsn(position)}; {way_out}"
         )
     return info
+
+
+RELEASE_MARK = "sluicegate: "
+
+
+def release_note(conn: psycopg.Connection, publication: str) -> str | None:
+    """Why a slot was released on purpose (cluster/governor.py), as the comment on its publication (a slot
+    and its publication share a name) says; None if nothing says."""
+    row = conn.execute("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+                       (publication,)).fetchone()
+    note = row[0] if row else None
+    return note[len(RELEASE_MARK):] if note and note.startswith(RELEASE_MARK) else None
+
+
+def set_release_note(conn: psycopg.Connection, publication: str, note: str | None) -> None:
+    text = RELEASE_MARK + note if note else None
+    conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(sql.Identifier(publication), sql.Literal(text)))
 
 
 def release_slot(conn: psycopg.Connection, name: str, info: SlotInfo, timeout: float = 10.0) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from ..cluster.model import way_out as cluster_way_out
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture, locks
 from ..postgres.connect import connect, first_line
@@ -299,6 +300,7 @@ class Engine:
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
+            way_out=cluster_way_out(wf) or "",
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch

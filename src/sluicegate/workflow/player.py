@@ -52,6 +52,9 @@ class PlayTask:
     # (source qualified name, rule json) of tables whose rule only moves columns (a Reshard's key range, say):
     # applied here, in Python. A stream with a Spark SQL rule plays through workflow/rule_player.py instead.
     rules: tuple[tuple[str, dict], ...] = ()
+    # What to do when the slot can no longer supply the stream (the workflow kind's own way out); empty: the
+    # generic one (capture.rebootstrap).
+    way_out: str = ""
 
 
 @dataclass
@@ -71,7 +74,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
     deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
-        info = capture.check_slot(src_ctl, task.slot, task.position, capture.rebootstrap(task.workflow))
+        info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
@@ -86,7 +89,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
         except RetryableError:
             # Gone? Say so.
-            capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
+            capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
             raise
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
@@ -116,7 +119,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer)
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
-                    capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
+                    capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
                     raise
                 result.batches += 1
                 result.transactions += batch.transactions
@@ -128,7 +131,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     st.save_position(dst, task.stream_id, new_position,
                                      caught_up_at=source_now if caught_up else None,
                                      transaction_time=batch.commit_time,
-                                     applied=batch.rows if counting and batch.transactions else None)
+                                     applied=batch.rows if counting and batch.transactions else None,
+                                     safe=counting)
                     if task.clear_message and result.batches == 1:
                         st.set_message(dst, task.stream_id, "")
                     fault_point("replicate.before_commit")
@@ -143,6 +147,10 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
                 if time.monotonic() >= deadline:
                     return result
+
+
+def way_out(task: PlayTask) -> str:
+    return task.way_out or capture.rebootstrap(task.workflow)
 
 
 def _moves_only(task: PlayTask) -> dict | None:

@@ -32,7 +32,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from . import state as st
 from .faults import fault_point
-from .player import PlayResult, PlayTask, wait_flushed
+from .player import PlayResult, PlayTask, wait_flushed, way_out
 
 log = logging.getLogger("sluicegate")
 
@@ -69,7 +69,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
     last_write = 0.0
     with connect(task.source_url, role="source", autocommit=True) as src, \
             connect(task.target_url, role="target", autocommit=True) as dst:
-        info = capture.check_slot(src, task.slot, task.position, capture.rebootstrap(task.workflow))
+        info = capture.check_slot(src, task.slot, task.position, way_out(task))
         capture.release_slot(src, task.slot, info)  # a walsender left behind: a peek needs the slot
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src, task.slot, task.position)
@@ -505,10 +505,11 @@ def _apply(spec: BatchSpec, batches, summary: dict) -> None:
             raise
         summary["rows"] -= len(markers)
         caught_up = not meta["limited"] and task.stop_at is None
+        counting = st.counts_applied(dst)
         st.save_position(dst, task.stream_id, meta["position"],
                          caught_up_at=spec.source_now if caught_up else None,
                          transaction_time=meta["commit_time"],
-                         applied=summary["rows"] if meta["transactions"] and st.counts_applied(dst) else None)
+                         applied=summary["rows"] if meta["transactions"] and counting else None, safe=counting)
         if task.clear_message:
             st.set_message(dst, task.stream_id, "")
         fault_point("replicate.before_commit")

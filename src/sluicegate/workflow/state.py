@@ -96,13 +96,25 @@ ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS source_identity jsonb;
 -- What a stream has replayed (metrics, progress lines): counted in each batch's transaction.
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS rows_applied bigint NOT NULL DEFAULT 0;
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS batches bigint NOT NULL DEFAULT 0;
+-- Safe time (cluster/safetime.py): the source time up to which the stream has applied every committed
+-- transaction; only ever moved forward, and only while the stream is Running.
+ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS safe_time timestamptz;
+-- The retention governor's samples of the source's WAL position (cluster/governor.py): how old the WAL a
+-- slot holds is.
+CREATE TABLE IF NOT EXISTS sluicegate.wal_samples (
+    workflow text NOT NULL REFERENCES sluicegate.workflows ON DELETE CASCADE,
+    lsn pg_lsn NOT NULL,
+    taken_at timestamptz NOT NULL,
+    PRIMARY KEY (workflow, lsn)
+);
 """
 # What the last statements above add: a schema with all of them needs no DDL (whose ALTER TABLE locks would
 # wait for every reader of the state, the status commands and running drivers included).
 _NEWEST_COLUMNS = [("workflows", "driver_seen_at"), ("workflows", "driver_pid"), ("workflows", "driver_host"),
                    ("streams", "source_identity"), ("copy_state", "deferred_indexes"),
-                   ("streams", "source_url"), ("streams", "rows_applied"), ("streams", "batches")]
-_TABLES = ["workflows", "streams", "copy_state", "vdiffs", "vdiff_ranges"]
+                   ("streams", "source_url"), ("streams", "rows_applied"), ("streams", "batches"),
+                   ("streams", "safe_time"), ("wal_samples", "lsn")]
+_TABLES = ["workflows", "streams", "copy_state", "vdiffs", "vdiff_ranges", "wal_samples"]
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
 
@@ -250,6 +262,17 @@ def add_stream(conn: psycopg.Connection, workflow: str, source_shard: str, sourc
         )
 
 
+def append_tables(conn: psycopg.Connection, stream_id: int, tables: list[Table]) -> None:
+    """Tables joining a stream, not copied yet (their changes are skipped until their first copy cycle)."""
+    first = conn.execute("SELECT COALESCE(max(ordinal) + 1, 0) FROM sluicegate.copy_state WHERE stream_id = %s",
+                         (stream_id,)).fetchone()[0]
+    for i, t in enumerate(tables, first):
+        conn.execute(
+            "INSERT INTO sluicegate.copy_state (stream_id, table_name, ordinal, spec) VALUES (%s, %s, %s, %s)",
+            (stream_id, t.qualified, i, json.dumps(t.to_json())),
+        )
+
+
 def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     if not has_schema(conn):
         raise UsageError(f"no Sluicegate workflows on this target (schema sluicegate is missing): create {name!r} first")
@@ -306,6 +329,13 @@ def set_state(conn: psycopg.Connection, stream_id: int, state: str, message: str
     )
 
 
+def restart_stream(conn: psycopg.Connection, stream_id: int, message: str) -> None:
+    """Back to Init with no position: the next run makes the slot again and copies every table not done."""
+    conn.execute(
+        """UPDATE sluicegate.streams SET state = %s, position = NULL, caught_up_at = NULL, message = %s,
+                  updated_at = now() WHERE id = %s""", (INIT, message[:2000], stream_id))
+
+
 def set_message(conn: psycopg.Connection, stream_id: int, message: str) -> None:
     conn.execute(
         "UPDATE sluicegate.streams SET message = %s, updated_at = now() WHERE id = %s", (message[:2000], stream_id)
@@ -339,21 +369,28 @@ def read_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | No
 
 
 def counts_applied(conn: psycopg.Connection) -> bool:
-    """Whether the schema has the replay counters (a driver whose schema upgrade a lock held up runs
-    without them)."""
-    return conn.execute("""SELECT EXISTS (SELECT 1 FROM pg_attribute
-                                          WHERE attrelid = 'sluicegate.streams'::regclass
-                                            AND attname = 'batches' AND NOT attisdropped)""").fetchone()[0]
+    """Whether the schema has the replay counters and safe time (a driver whose schema upgrade a lock held
+    up runs without them)."""
+    return conn.execute("""SELECT count(*) = 2 FROM pg_attribute
+                           WHERE attrelid = 'sluicegate.streams'::regclass
+                             AND attname IN ('batches', 'safe_time') AND NOT attisdropped""").fetchone()[0]
 
 
 def save_position(conn: psycopg.Connection, stream_id: int, position: int, *, caught_up_at=None,
-                  transaction_time=None, state: str | None = None, applied: int | None = None) -> None:
+                  transaction_time=None, state: str | None = None, applied: int | None = None,
+                  safe: bool = False) -> None:
     """`applied`: the rows of a replay batch committed with this position (counted with one batch); None
-    counts nothing (the schema may lack the counters: counts_applied)."""
+    counts nothing (the schema may lack the counters: counts_applied). `safe`: move the stream's safe time
+    (the schema has it) to the batch's last commit time or, caught up, to the source's clock."""
     counters = sql.SQL("")
     if applied is not None:
         counters = sql.SQL("rows_applied = rows_applied + {}, batches = batches + 1,").format(
             sql.Literal(applied))
+    if safe:  # only while Running: a table still being copied is not all there
+        counters += sql.SQL("""safe_time = CASE WHEN COALESCE({state}, state) = 'Running'
+                                               THEN GREATEST(safe_time, {txn}, {caught}) ELSE safe_time END,
+                            """).format(state=sql.Literal(state), txn=sql.Literal(transaction_time),
+                                        caught=sql.Literal(caught_up_at))
     conn.execute(
         sql.SQL(
             """UPDATE sluicegate.streams SET {} position = %s::pg_lsn,
@@ -386,6 +423,15 @@ def save_deferred_indexes(conn: psycopg.Connection, stream_id: int, table: str, 
         "UPDATE sluicegate.copy_state SET deferred_indexes = %s WHERE stream_id = %s AND table_name = %s",
         (json.dumps(deferred) if deferred else None, stream_id, table),
     )
+
+
+def workflows_writing(conn: psycopg.Connection, tables: list[str]) -> list[tuple[str, str]]:
+    """(table, workflow) for each of `tables` (qualified) that a workflow on this target writes."""
+    return [tuple(r) for r in conn.execute(
+        """SELECT t, s.workflow FROM sluicegate.copy_state c JOIN sluicegate.streams s ON s.id = c.stream_id,
+                  LATERAL (SELECT COALESCE((c.spec -> 'rule' -> 'target' ->> 'schema') || '.'
+                                           || (c.spec -> 'rule' -> 'target' ->> 'name'), c.table_name)) AS w(t)
+           WHERE t = ANY(%s) ORDER BY 1, 2""", (tables,)).fetchall()]
 
 
 def delete_workflow(conn: psycopg.Connection, name: str) -> None:

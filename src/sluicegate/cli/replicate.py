@@ -1,0 +1,136 @@
+"""`sluicegate replicate …`: cluster replication (YugabyteDB 2DC) from a source database to sink databases."""
+
+from __future__ import annotations
+
+import shlex
+from functools import wraps
+
+import click
+
+from ..errors import SluicegateError
+
+
+def _friendly(fn):
+    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
+
+    @wraps(fn)
+    def run(*args, **kwargs):
+        from .main import friendly
+
+        return friendly(fn)(*args, **kwargs)
+
+    return run
+
+
+def _size(ctx, param, value):
+    from ..sizes import parse_size
+
+    try:
+        return parse_size(value) if value is not None else None
+    except SluicegateError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _duration(ctx, param, value):
+    from ..sizes import parse_duration
+
+    try:
+        return parse_duration(value) if value is not None else None
+    except SluicegateError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _names(text: str | None, what: str) -> list[str] | None:
+    from ..errors import UsageError
+
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"{what} names no table: list them ({what} a,b)")
+    return names
+
+
+OVERWRITE = click.option("--overwrite", is_flag=True,
+                         help="A sink table that already holds rows has them replaced by the copy (default: refuse).")
+
+
+@click.group("replicate")
+def replicate_group() -> None:
+    """Replicate a source database to one or more sink databases (cluster replication)."""
+
+
+@replicate_group.command("create")
+@click.option("--workflow", "name", required=True, help="Name of the new workflow.")
+@click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
+@click.option("--sink", "sinks", multiple=True, required=True, metavar="URL",
+              help="libpq URL of a sink database (repeatable: one source, several sinks).")
+@click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
+@click.option("--exclude-tables", default=None, metavar="A,B", help="Comma-separated tables not to replicate.")
+@click.option("--max-retained-wal", default=None, metavar="SIZE", callback=_size,
+              help="Release a sink's slot once it holds more source WAL than this (e.g. 64GB); the sink then "
+                   "needs `replicate bootstrap`.")
+@click.option("--max-retention-age", default=None, metavar="DURATION", callback=_duration,
+              help="Release a sink's slot once the WAL it holds is older than this (e.g. 36h, 7d).")
+@OVERWRITE
+@click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
+@click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
+@_friendly
+def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_wal, max_retention_age, overwrite,
+                     cycle_rows, chunk_rows):
+    """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
+    from ..cluster.create import create_replicate
+    from ..workflow.create import source_password_note
+
+    options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+    excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
+    decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
+                                 overwrite=overwrite, max_retained_wal=max_retained_wal,
+                                 max_retention_age=max_retention_age)
+    for d in decisions:
+        click.echo(d.line())
+    tables_n = len({d.table for d in decisions})
+    click.echo(f"created workflow {name}: {tables_n} table(s) to {len(sinks)} sink(s); run each sink's consumer with:")
+    for url in sinks:
+        click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
+    note = source_password_note(source)
+    if note:
+        click.echo(note, err=True)
+
+
+def _shown(url: str) -> str:
+    from ..postgres.connect import strip_password
+
+    return strip_password(url)
+
+
+@replicate_group.command("bootstrap")
+@click.argument("name")
+@click.option("--sink", required=True, metavar="URL", help="The sink to (re-)bootstrap.")
+@click.option("--tables", default=None, metavar="A,B",
+              help="Re-copy these tables even if the sink could resume them (default: only what cannot resume).")
+@_friendly
+def replicate_bootstrap(name, sink, tables):
+    """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
+    from ..cluster.bootstrap import bootstrap
+
+    for line in bootstrap(name, sink, _names(tables, "--tables")):
+        click.echo(line)
+    click.echo(f"run the sink's consumer: sluicegate workflow run {shlex.quote(name)} --target "
+               f"{shlex.quote(_shown(sink))}")
+
+
+@replicate_group.command("add-tables")
+@click.argument("name")
+@click.option("--tables", required=True, metavar="A,B", help="Comma-separated source tables to add.")
+@click.option("--target", "--sink", "target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
+              help="Any sink of the workflow (env SLUICEGATE_TARGET); the tables are added on every sink.")
+@OVERWRITE
+@_friendly
+def replicate_add_tables(name, tables, target, overwrite):
+    """Add tables to every sink while the workflow runs: each is copied, then replicated."""
+    from ..cluster.add_tables import add_tables
+
+    for d in add_tables(name, target, _names(tables, "--tables"), overwrite=overwrite):
+        click.echo(d.line())
+    click.echo(f"added to workflow {name}: running consumers copy the tables, then replicate them")

@@ -1,0 +1,72 @@
+"""`replicate add-tables`: new tables joined to a running workflow, on every sink, nothing lost or doubled.
+
+The hand-off that lost changes in YugabyteDB (their issue 16355) is a table whose changes start flowing at one
+point while its copy reflects another. Here the order makes the two meet exactly, by the copy algorithm's own
+rules: (1) the tables join every sink's publication on the source, so every change committed after that is
+decoded for them; (2) each sink records them as not yet copied, and its stream goes back to Copying; a running
+consumer skips their changes until their first copy cycle; (3) each table is then copied from its own snapshot,
+taken after (1): everything committed before the snapshot is in the copy, everything after is replayed once,
+for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
+between the copy's cycles.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import psycopg
+
+from ..errors import UsageError
+from ..postgres import capture, catalog
+from ..postgres.connect import connect, describe, first_line
+from ..workflow import state as st
+from ..workflow.create import _check_source_role, _check_table_rights
+from .create import Decision, decide_tables
+from .model import Cluster
+
+
+def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False) -> list[Decision]:
+    with connect(any_sink_url, role="target") as conn:
+        cluster = Cluster.of(st.load_workflow(conn, workflow))
+    with ExitStack() as stack:
+        src = stack.enter_context(connect(cluster.source_url, role="source", autocommit=True))
+        try:
+            new = catalog.resolve_tables(src, tables)
+            if not _check_source_role(src):
+                _check_table_rights(src, new)
+        except psycopg.Error as exc:
+            raise UsageError(f"source {describe(cluster.source_url)}: {first_line(exc)}") from None
+        sinks = {}
+        decisions = []
+        for sink, url in cluster.sinks.items():
+            conn = stack.enter_context(connect(url, role="target"))
+            try:
+                wf = st.load_workflow(conn, workflow)
+                for s in wf.streams:
+                    st.lock_stream(conn, s.id)  # a running batch finishes first; the next one sees the change
+                    have = {t.table.qualified for t in s.tables}
+                    again = [t.qualified for t in new if t.qualified in have]
+                    if again:
+                        raise UsageError(f"{', '.join(again)} already replicated by workflow {workflow!r}")
+                decisions += decide_tables(conn, workflow, sink, url, new, overwrite)
+            except psycopg.Error as exc:
+                raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
+            sinks[sink] = (conn, wf)
+        refused = [d for d in decisions if d.action == "refuse"]
+        if refused:
+            raise UsageError("sink tables already hold rows: " + "; ".join(
+                f"sink {d.sink} ({describe(d.url)}): {d.table}" for d in refused)
+                + ". Empty them, or pass --overwrite to replace their rows by the copy")
+        # (1) publications first: a sink that records the tables can rely on their changes being decoded
+        for sink, (conn, wf) in sinks.items():
+            for s in wf.streams:
+                if capture.slot_info(src, s.slot_name) is not None or s.position is not None:
+                    capture.ensure_publication(src, s.publication, [t.table for t in s.tables] + new)
+        # (2) every sink, each in its own transaction (a sink that fails here is fixed by running this again)
+        for sink, (conn, wf) in sinks.items():
+            for s in wf.streams:
+                st.append_tables(conn, s.id, new)
+                if s.state == st.RUNNING:
+                    st.set_state(conn, s.id, st.COPYING, "")
+            conn.commit()
+    return decisions

@@ -1,0 +1,55 @@
+"""The seed's bootstrap chart for an existing setup, decided when a sink's consumer starts, and printed.
+
+An existing setup resumes from the sink's checkpoint if the source can still supply every change after it:
+the sink's slot exists, its WAL was not removed, and it was not consumed past the checkpoint. Otherwise the
+stream goes to Error with the exact `replicate bootstrap` command; nothing is re-copied without being asked.
+(A new setup's decision, copy or refuse, was taken and printed by `create`.)
+"""
+
+from __future__ import annotations
+
+from ..errors import SluicegateError, TerminalError
+from ..position import format_lsn
+from ..postgres import capture
+from ..postgres.connect import connect
+from ..sizes import format_size
+from ..workflow import state as st
+from .model import Cluster
+
+
+def at_start(target_url: str, workflow: str) -> list[str]:
+    """One line per stream of this sink: what its consumer is about to do, and why."""
+    with connect(target_url, role="target") as conn:
+        wf = st.load_workflow(conn, workflow)
+        cluster = Cluster.of(wf)
+        here = f"sink {cluster.sink}"
+        try:
+            src = connect(wf.source_url, role="source", autocommit=True, connect_timeout=10)
+        except SluicegateError as exc:
+            return [f"{here}: cannot ask the source yet ({exc}); the consumer retries"]
+        lines = []
+        with src:
+            for s in wf.streams:
+                pending = [t.table.qualified for t in s.tables if not t.done]
+                if s.state == st.INIT:
+                    lines.append(f"{here}: new setup: bootstrap by a copy of {len(s.tables)} table(s) from the source")
+                    continue
+                if s.state in (st.STOPPED, st.ERROR):
+                    lines.append(f"{here}: stream is {s.state}{': ' + s.message if s.message else ''}")
+                    continue
+                try:
+                    info = capture.check_slot(src, s.slot_name, s.position, cluster.way_out(),
+                                              consumer=f"sink {cluster.sink}'s checkpoint")
+                except TerminalError as exc:
+                    st.lock_stream(conn, s.id)
+                    st.set_state(conn, s.id, st.ERROR, str(exc))
+                    conn.commit()
+                    lines.append(f"{here}: cannot resume: {exc}")
+                    continue
+                held, _ = capture.retained_wal(src, s.slot_name)
+                resume = (f"resume from checkpoint {format_lsn(s.position)}: slot {s.slot_name} present, WAL kept "
+                          f"from {format_lsn(info.restart_lsn)} ({format_size(held or 0)})")
+                if pending:
+                    resume += f"; copying {', '.join(pending)} (bootstrap in progress)"
+                lines.append(f"{here}: {resume}")
+    return lines

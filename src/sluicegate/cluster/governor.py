@@ -1,0 +1,177 @@
+"""The retention governor: caps on the WAL a lagging sink's slot holds on the source.
+
+A slot per sink keeps the source's WAL for the slowest sink (YugabyteDB's retention by the minimum replicated
+op id). A sink gone for days must not fill the source's disk, so `--max-retained-wal` and
+`--max-retention-age` cap what any one sink's slot may hold. Every sink's consumer (`workflow run W --target
+SINK`) runs a governor over all the workflow's sinks, so a sink whose own consumer is down is still governed
+while any other runs. Past a cap, the governor releases that sink's slot (and only that one): first it says
+why in the comment of the sink's publication, then drops the slot, then (if it can reach the sink) puts the
+sink's streams in Error with that reason and the bootstrap command. Nothing is skipped: the sink cannot
+resume without a bootstrap, and says so. A slot with a reader is left alone: its sink is catching up.
+
+The age of the WAL a slot holds is measured from samples of the source's WAL position (lsn, source clock)
+the governor keeps in its sink's state: the oldest WAL a slot holds (its restart_lsn) was written before the
+first sample past it. That errs on the young side by at most one sample interval: a cap is never applied early.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import psycopg
+
+from ..position import format_lsn, parse_lsn
+from ..postgres import capture
+from ..postgres.connect import connect, describe
+from ..sizes import format_size
+from ..workflow import state as st
+from .model import Cluster
+
+log = logging.getLogger("sluicegate")
+SAMPLE_EVERY = timedelta(seconds=10)  # one sample of the source's WAL position per this long, at most
+KEEP_SAMPLES = timedelta(days=8)  # history enough for any age shown or capped (longer caps keep longer)
+
+
+@dataclass(frozen=True)
+class SlotHold:
+    sink: str
+    slot: str
+    exists: bool
+    retained_bytes: int | None = None
+    age_seconds: float | None = None
+    wal_status: str | None = None
+    active: bool = False
+    released: str | None = None  # the governor's note, once it released the slot
+
+    def to_json(self) -> dict:
+        return {"sink": self.sink, "slot": self.slot, "exists": self.exists,
+                "retained_wal_bytes": self.retained_bytes,
+                "retained_age_seconds": round(self.age_seconds, 1) if self.age_seconds is not None else None,
+                "wal_status": self.wal_status, "active": self.active, "released": self.released}
+
+
+def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Cluster) -> list[SlotHold]:
+    """What each sink's slot holds on the source now (`sink_conn`: the sink whose samples date the WAL)."""
+    out = []
+    now = src.execute("SELECT clock_timestamp()").fetchone()[0]
+    for sink in cluster.sinks:
+        slot = cluster.slot(sink)
+        row = src.execute(
+            """SELECT restart_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status,
+                      active_pid IS NOT NULL
+               FROM pg_replication_slots WHERE slot_name = %s""", (slot,)).fetchone()
+        if row is None:
+            out.append(SlotHold(sink, slot, False, released=capture.release_note(src, slot)))
+            continue
+        restart, held, wal_status, active = row
+        age = _age(sink_conn, cluster.workflow, parse_lsn(restart), now) if restart else None
+        out.append(SlotHold(sink, slot, True, held, age, wal_status, active))
+    return out
+
+
+def _age(conn: psycopg.Connection, workflow: str, restart: int, now: datetime) -> float:
+    row = conn.execute("SELECT min(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s AND lsn > %s::pg_lsn",
+                       (workflow, format_lsn(restart))).fetchone()
+    conn.rollback()
+    return max(0.0, (now - row[0]).total_seconds()) if row and row[0] else 0.0
+
+
+def over_cap(hold: SlotHold, cluster: Cluster) -> str | None:
+    """Which cap a slot is past, in words; None if within both."""
+    if cluster.max_retained_wal is not None and (hold.retained_bytes or 0) > cluster.max_retained_wal:
+        return (f"it held {format_size(hold.retained_bytes)} of WAL, over --max-retained-wal "
+                f"{format_size(cluster.max_retained_wal)}")
+    if cluster.max_retention_age is not None and (hold.age_seconds or 0) > cluster.max_retention_age:
+        return (f"it held WAL written {_duration(hold.age_seconds)} ago, over --max-retention-age "
+                f"{_duration(cluster.max_retention_age)}")
+    return None
+
+
+class Governor:
+    """Runs in a sink's consumer: samples the source's WAL position and enforces the caps, every `interval`."""
+
+    def __init__(self, target_url: str, workflow: str, stop: threading.Event, interval: float = 5.0):
+        self.target_url, self.workflow, self.stop, self.interval = target_url, workflow, stop, interval
+        self.thread = threading.Thread(target=self._run, name="sg-governor", daemon=True)
+
+    def start(self) -> Governor:
+        self.thread.start()
+        return self
+
+    def stop_soon(self) -> None:
+        """The consumer is leaving (its stop event may not be set: the stream went to Error)."""
+        self.stop.set()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.check_once()
+            except Exception as exc:  # noqa: BLE001 - a source or sink that is down: try again next time
+                log.debug("retention governor of %s: %s", self.workflow, exc)
+            self.stop.wait(self.interval)
+
+    def check_once(self) -> list[str]:
+        """One round: a sample, then every sink's slot against the caps. What was released, as notes."""
+        with connect(self.target_url, role="target", connect_timeout=5) as sink_conn:
+            cluster = Cluster.of(st.load_workflow(sink_conn, self.workflow))
+            with connect(cluster.source_url, role="source", autocommit=True, connect_timeout=5) as src:
+                _sample(src, sink_conn, cluster)
+                released = []
+                for hold in holds(src, sink_conn, cluster):
+                    why = over_cap(hold, cluster) if hold.exists and not hold.active else None
+                    if why and (note := _release(src, cluster, hold, why)):
+                        released.append(note)
+                        _tell_sink(cluster, hold.sink, note)
+        return released
+
+
+def _sample(src: psycopg.Connection, conn: psycopg.Connection, cluster: Cluster) -> None:
+    lsn, now = src.execute("SELECT pg_current_wal_lsn()::text, clock_timestamp()").fetchone()
+    last = conn.execute("SELECT max(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s",
+                        (cluster.workflow,)).fetchone()[0]
+    if last is None or now - last >= SAMPLE_EVERY:
+        keep = max(KEEP_SAMPLES, timedelta(seconds=2 * (cluster.max_retention_age or 0)))
+        conn.execute("INSERT INTO sluicegate.wal_samples (workflow, lsn, taken_at) VALUES (%s, %s::pg_lsn, %s) "
+                     "ON CONFLICT DO NOTHING", (cluster.workflow, lsn, now))
+        conn.execute("DELETE FROM sluicegate.wal_samples WHERE workflow = %s AND taken_at < %s",
+                     (cluster.workflow, now - keep))
+    conn.commit()
+
+
+def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str) -> str | None:
+    """Drop the sink's slot, its reason first on the publication (a consumer that finds the slot gone reads
+    it). None if the slot got a reader (or vanished) meanwhile."""
+    now = src.execute("SELECT clock_timestamp()").fetchone()[0]
+    note = (f"the retention governor released replication slot {hold.slot} of sink {hold.sink} at "
+            f"{now:%Y-%m-%d %H:%M:%S %Z}: {why}")
+    capture.set_release_note(src, hold.slot, note)
+    try:
+        src.execute("SELECT pg_drop_replication_slot(%s)", (hold.slot,))
+    except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
+        capture.set_release_note(src, hold.slot, None)
+        return None
+    log.warning("%s; %s", note, cluster.way_out(hold.sink))
+    return note
+
+
+def _tell_sink(cluster: Cluster, sink: str, note: str) -> None:
+    """Best effort: put the sink's streams in Error now (it may be the server that is down; its consumer
+    then finds the slot gone, and the note, when it starts)."""
+    try:
+        with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:
+            wf = st.load_workflow(conn, cluster.workflow)
+            for s in wf.streams:
+                st.lock_stream(conn, s.id)
+                st.set_state(conn, s.id, st.ERROR, f"{note}; {cluster.way_out(sink)}")
+    except Exception as exc:  # noqa: BLE001
+        log.info("could not record the release on sink %s (%s): %s", sink, describe(cluster.sinks[sink]), exc)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,108 @@
+"""Replicate: one source, two sinks on their own servers, live writes; the consumers run as `workflow run`."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from ..conftest import wait_for
+from .cluster_helpers import Consumer, assert_equal, caught_up, cli, cluster, run, status, stream
+from .helpers import Writer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def rc(source_server, target_server, sink_server):
+    with cluster(source_server, target_server, sink_server) as c:
+        yield c
+
+
+def _load(c, rows=5000):
+    c.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    c.src("INSERT INTO items SELECT g, g %% 7, md5(g::text) FROM generate_series(1, %s) g", (rows,))
+
+
+def _create(c, *extra):
+    out = cli("replicate", "create", "--workflow", c.workflow, "--source", c.source,
+              *[a for s in c.sinks for a in ("--sink", s)], *extra)
+    return out
+
+
+class SafeTimeSampler(threading.Thread):
+    """Each sink's safe time, once a second, from `status --json`'s top level."""
+
+    def __init__(self, c):
+        super().__init__(daemon=True)
+        self.c, self.samples, self.stop_event = c, {s: [] for s in c.sinks}, threading.Event()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            for sink in self.c.sinks:
+                try:
+                    row = run(sink, "SELECT CASE WHEN bool_and(safe_time IS NOT NULL) THEN min(safe_time) END "
+                                    "FROM sluicegate.streams WHERE workflow = %s", (self.c.workflow,))
+                except Exception:  # noqa: BLE001 - a sink server being restarted
+                    row = [(None,)]
+                if row[0][0] is not None:
+                    self.samples[sink].append(row[0][0])
+            self.stop_event.wait(1.0)
+
+
+def test_two_sinks_live_writes_kill_9_and_safe_time(rc, tmp_path):
+    c = rc
+    _load(c)
+    out = _create(c)
+    assert out.returncode == 0, out.stderr
+    for sink in ("s1", "s2"):  # the bootstrap decision, printed per sink and table
+        assert f"sink {sink} " in out.stdout and "public.items: copy — new setup, sink table created" in out.stdout
+    writer = Writer(c.source, 5000, seed=11, pause=0.005)
+    writer.start()
+    consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
+    sampler = SafeTimeSampler(c)
+    sampler.start()
+    try:
+        wait_for(lambda: all(stream(s)["state"] == "Running" for s in c.sinks), 180, what="both sinks running")
+        consumers[0].kill()  # kill -9 of one consumer: the other goes on
+        wait_for(lambda: writer.commits > 50, 60, what="writes")
+        consumers[0] = Consumer(c.workflow, c.sinks[0], tmp_path / "run0b.log").start()
+        wait_for(lambda: caught_up(c, c.sinks[0]), 180, what="sink 1 resumed")
+        consumers[1].kill()
+        consumers[1] = Consumer(c.workflow, c.sinks[1], tmp_path / "run1b.log").start()
+        wait_for(lambda: caught_up(c, c.sinks[1]), 180, what="sink 2 resumed")
+        log = (tmp_path / "run1b.log").read_text()
+        assert "resume from checkpoint" in log, log
+        writer.stop_event.set()
+        writer.join()
+        assert writer.error is None, writer.error
+        # Every transaction of the writer committed before this moment of the source's clock.
+        quiet = c.src("SELECT clock_timestamp()")[0][0].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        quiet_at = time.monotonic()
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: (status(c.workflow, sink)["safe_time"] or "") >= quiet, 30,
+                     what="safe time past the last commit")
+        assert time.monotonic() - quiet_at < 5 + 2 * 3  # within 5 s (plus two status commands' start-up)
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up")
+            assert_equal(c, sink, "public.items", ["id"])
+        # An idle source: safe time keeps moving
+        first = {s: status(c.workflow, s)["safe_time"] for s in c.sinks}
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: status(c.workflow, sink)["safe_time"] > first[sink], 30,
+                     what="safe time moving on an idle source")
+        st = status(c.workflow, c.sinks[0])
+        assert st["safe_time_lag_seconds"] < 10
+        assert [s["sink"] for s in st["sinks"]] == ["s1", "s2"] and all(s["exists"] for s in st["sinks"])
+    finally:
+        sampler.stop_event.set()
+        writer.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()
+    for sink, samples in sampler.samples.items():
+        assert samples, f"no safe time sampled on {sink}"
+        assert all(a <= b for a, b in itertools.pairwise(samples)), f"safe time went backwards on {sink}"
+        assert isinstance(samples[0], datetime)
