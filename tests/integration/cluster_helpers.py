@@ -82,7 +82,7 @@ class Consumer:
         env = dict(os.environ)
         env.pop("SLUICEGATE_DRIVER_PID", None)
         self.proc = subprocess.Popen([*CLI, "workflow", "run", self.workflow, "--target", self.sink, "--no-progress",
-                                      "--spark-master", "local[1]"], env=env, stdout=self.log.open("ab"),
+                                      "--spark-master", "local[2]"], env=env, stdout=self.log.open("ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self
 

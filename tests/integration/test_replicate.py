@@ -89,6 +89,8 @@ def test_two_sinks_live_writes_kill_9_and_safe_time(rc, tmp_path):
         for sink in c.sinks:
             wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up")
             assert_equal(c, sink, "public.items", ["id"])
+            out = cli("vdiff", c.workflow, "--target", sink, "--spark-master", "local[1]")
+            assert out.returncode == 0, out.stdout + out.stderr  # the sink's running consumer does the diff
         # An idle source: safe time keeps moving
         first = {s: status(c.workflow, s)["safe_time"] for s in c.sinks}
         for sink in c.sinks:

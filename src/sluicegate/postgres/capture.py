@@ -155,8 +155,10 @@ def advance_slot(conn: psycopg.Connection, name: str, position: int) -> None:
 
 
 def wal_flush_position(conn: psycopg.Connection):
-    """(flushed WAL position, source clock): decoding can read everything before it."""
-    lsn, now = conn.execute("SELECT pg_current_wal_flush_lsn()::text, clock_timestamp()").fetchone()
+    """(flushed WAL position, source clock): decoding can read everything before it. The clock is read
+    first: a transaction that committed before that moment has its commit record in the WAL before the
+    position (safe time relies on it; cluster/safetime.py)."""
+    now, lsn = conn.execute("SELECT clock_timestamp(), pg_current_wal_flush_lsn()::text").fetchone()
     return parse_lsn(lsn), now
 
 
