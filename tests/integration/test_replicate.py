@@ -108,3 +108,37 @@ def test_two_sinks_live_writes_kill_9_and_safe_time(rc, tmp_path):
         assert samples, f"no safe time sampled on {sink}"
         assert all(a <= b for a, b in itertools.pairwise(samples)), f"safe time went backwards on {sink}"
         assert isinstance(samples[0], datetime)
+
+
+@pytest.mark.slow
+def test_random_kill_9_of_either_consumer_during_copy_and_replicate(rc, tmp_path):
+    """Rounds of kill -9 of a random sink's consumer at a random moment (the copy of a bigger table included),
+    under live writes: both sinks end equal to the source, and vdiff agrees."""
+    import random
+
+    c = rc
+    _load(c, rows=300_000)
+    out = _create(c, "--cycle-rows", "50000")
+    assert out.returncode == 0, out.stderr
+    writer = Writer(c.source, 300_000, seed=5, pause=0.005)
+    writer.start()
+    rng = random.Random(24)
+    consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
+    try:
+        for n in range(6):
+            time.sleep(rng.uniform(1.0, 8.0))  # a random moment: where the kill lands is the point
+            i = rng.randrange(2)
+            consumers[i].kill()
+            consumers[i] = Consumer(c.workflow, c.sinks[i], tmp_path / f"run{i}_{n}.log").start()
+        writer.stop_event.set()
+        writer.join()
+        assert writer.error is None, writer.error
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: caught_up(c, sink), 300, what="caught up")
+            assert_equal(c, sink, "public.items", ["id"])
+            out = cli("vdiff", c.workflow, "--target", sink)
+            assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        writer.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()
