@@ -105,6 +105,11 @@ def test_create_bad_input_is_one_line_and_creates_nothing(rc):
     assert run(c.sinks[0], "SELECT options -> 'cluster' ->> 'max_retained_wal', "
                            "options -> 'cluster' ->> 'max_retention_age' FROM sluicegate.workflows "
                            "WHERE name = %s", (c.workflow,)) == [(str(64 << 20), "129600.0")]
+    # Its status before the consumer's first run: no safe time yet, and no slot, which is not a lost one
+    text = cli("workflow", "status", c.workflow, "--target", c.sinks[0], timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert "safe time (sink s1): -" in text.stdout and "not yet created" in text.stdout, text.stdout
+    assert "is gone" not in text.stdout and "bootstrap" not in text.stdout, text.stdout
 
 
 def _copy_state(sink) -> list:
