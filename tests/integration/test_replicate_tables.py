@@ -7,6 +7,7 @@ The bad-input tests need no consumer (every command fails before one would start
 from __future__ import annotations
 
 import random
+import subprocess
 import threading
 from urllib.parse import quote
 
@@ -15,9 +16,10 @@ import pytest
 from psycopg import sql
 
 from sluicegate.appliers import postgres as pg_applier
+from sluicegate.workflow.engine import Engine
 
 from ..conftest import wait_for
-from .cluster_helpers import Consumer, assert_equal, caught_up, cli, cluster, run, stream
+from .cluster_helpers import CLI, Consumer, assert_equal, caught_up, cli, cluster, run, stream
 
 WORKFLOW = "rp"
 
@@ -154,6 +156,65 @@ def test_add_tables_bad_input(rc):
     assert out.returncode == 0, out.stderr
     assert "sink s2 " in out.stdout and "sink s1 " not in out.stdout
     assert [_copy_state(s) for s in c.sinks] == [_copy_state(c.sinks[0])] * 2
+
+
+
+def _published(c) -> set[str]:
+    return {r[0] for r in c.src("SELECT tablename FROM pg_publication_tables")}
+
+
+def test_init_publishes_tables_that_joined_meanwhile(rc):
+    """A first run's init read the stream's tables, then add-tables (no slot yet: it leaves the publication to
+    init) adds one: init must not move the stream on with a publication that lacks it. No Spark: init is
+    the driver's work."""
+    c = rc
+    _load(c, orders=50)
+    out = _create(c, "--tables", "items", sinks=c.sinks[:1])
+    assert out.returncode == 0, out.stderr
+    engine = Engine(c.sinks[0], c.workflow, runner=None, serve_vdiffs=False)
+    try:
+        wf = engine._load()
+        stale = engine._stream(wf)  # what an init under way has read
+        out = cli("replicate", "add-tables", c.workflow, "--tables", "orders", "--target", c.sinks[0])
+        assert out.returncode == 0, out.stderr
+        assert _published(c) == set()
+        engine.init_stream(wf, stale)
+        assert _published(c) == {"items"} and stream(c.sinks[0])["state"] == "Init"
+        wf = engine._load()
+        engine.init_stream(wf, engine._stream(wf))  # the next turn
+        assert _published(c) == {"items", "orders"} and stream(c.sinks[0])["state"] == "Copying"
+    finally:
+        engine.close()
+
+
+
+def test_add_tables_sees_a_copy_that_finished_while_it_waited(rc):
+    """add-tables waits for the stream's lock (a batch committing); the initial copy ends meanwhile (Copying ->
+    Running). The stream must go back to Copying, or the new table would never be copied."""
+    c = rc
+    _load(c, orders=50)
+    out = _create(c, "--tables", "items", sinks=c.sinks[:1])
+    assert out.returncode == 0, out.stderr
+    sink = c.sinks[0]
+    run(sink, "UPDATE sluicegate.streams SET state = 'Copying' WHERE workflow = %s", (c.workflow,))
+    with psycopg.connect(sink) as batch:  # a consumer's batch holding the stream's lock
+        batch.execute("SELECT 1 FROM sluicegate.streams WHERE workflow = %s FOR UPDATE", (c.workflow,))
+        proc = subprocess.Popen([*CLI, "replicate", "add-tables", c.workflow, "--tables", "orders", "--target",
+                                 sink], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: run(sink, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                       "AND wait_event_type = 'Lock' AND query LIKE '%%FOR UPDATE%%'")[0][0] == 1,
+                     60, what="add-tables waiting for the stream's lock")
+            batch.execute("UPDATE sluicegate.streams SET state = 'Running' WHERE workflow = %s", (c.workflow,))
+            batch.commit()  # the copy is done: the batch that ends it
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert stream(sink)["state"] == "Copying"
+    assert [t for t, _, done in _copy_state(sink)] == ["public.items", "public.orders"]
 
 
 class Writer(threading.Thread):
