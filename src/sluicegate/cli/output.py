@@ -61,6 +61,8 @@ def _print_sinks(console: Console, status: dict) -> None:
     for s in status["sinks"]:
         if s.get("exists") is None:
             held = age = reader = "?"
+        elif s.get("not_yet_run"):
+            held, age, reader = "not yet created (its consumer has not run)", "-", "-"
         elif not s["exists"]:
             held, age, reader = "slot gone", "-", "-"
         else:

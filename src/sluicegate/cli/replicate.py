@@ -7,8 +7,6 @@ from functools import wraps
 
 import click
 
-from ..errors import SluicegateError
-
 
 def _friendly(fn):
     """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
@@ -22,22 +20,19 @@ def _friendly(fn):
     return run
 
 
-def _size(ctx, param, value):
-    from ..sizes import parse_size
+def _cap(value: str | None, option: str, parse) -> int | float | None:
+    """A retention cap, parsed in the command (not by a click callback) so a bad one is a one-line error."""
+    from ..errors import UsageError
 
+    if value is None:
+        return None
     try:
-        return parse_size(value) if value is not None else None
-    except SluicegateError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _duration(ctx, param, value):
-    from ..sizes import parse_duration
-
-    try:
-        return parse_duration(value) if value is not None else None
-    except SluicegateError as exc:
-        raise click.BadParameter(str(exc)) from None
+        cap = parse(value)
+    except UsageError as exc:
+        raise UsageError(f"{option} {exc}") from None
+    if cap <= 0:
+        raise UsageError(f"{option} {value!r} caps nothing: give a value above zero, or leave the option out")
+    return cap
 
 
 def _names(text: str | None, what: str) -> list[str] | None:
@@ -67,10 +62,10 @@ def replicate_group() -> None:
               help="libpq URL of a sink database (repeatable: one source, several sinks).")
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
 @click.option("--exclude-tables", default=None, metavar="A,B", help="Comma-separated tables not to replicate.")
-@click.option("--max-retained-wal", default=None, metavar="SIZE", callback=_size,
+@click.option("--max-retained-wal", default=None, metavar="SIZE",
               help="Release a sink's slot once it holds more source WAL than this (e.g. 64GB); the sink then "
                    "needs `replicate bootstrap`.")
-@click.option("--max-retention-age", default=None, metavar="DURATION", callback=_duration,
+@click.option("--max-retention-age", default=None, metavar="DURATION",
               help="Release a sink's slot once the WAL it holds is older than this (e.g. 36h, 7d).")
 @OVERWRITE
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
@@ -80,7 +75,11 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
                      cycle_rows, chunk_rows):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
+    from ..sizes import parse_duration, parse_size
     from ..workflow.create import source_password_note
+
+    max_retained_wal = _cap(max_retained_wal, "--max-retained-wal", parse_size)
+    max_retention_age = _cap(max_retention_age, "--max-retention-age", parse_duration)
 
     options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
     excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None

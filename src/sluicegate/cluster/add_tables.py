@@ -38,34 +38,45 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             raise UsageError(f"source {describe(cluster.source_url)}: {first_line(exc)}") from None
         sinks = {}
         decisions = []
+        on_sinks: dict[str, list[str]] = {}  # table -> the sinks that already have it
         for sink, url in cluster.sinks.items():
             conn = stack.enter_context(connect(url, role="target"))
             try:
-                wf = st.load_workflow(conn, workflow)
-                for s in wf.streams:
+                for s in st.load_workflow(conn, workflow).streams:
                     st.lock_stream(conn, s.id)  # a running batch finishes first; the next one sees the change
-                    have = {t.table.qualified for t in s.tables}
-                    again = [t.qualified for t in new if t.qualified in have]
-                    if again:
-                        raise UsageError(f"{', '.join(again)} already replicated by workflow {workflow!r}")
-                decisions += decide_tables(conn, workflow, sink, url, new, overwrite)
+                # Read again under the locks: a copy that finished (Running) or a run that created the slot
+                # meanwhile must be seen, or the stream would stay Running with a table never copied.
+                wf = st.load_workflow(conn, workflow)
+                have = {t.table.qualified for s in wf.streams for t in s.tables}
+                for t in new:
+                    if t.qualified in have:
+                        on_sinks.setdefault(t.qualified, []).append(sink)
+                # A table some sinks have already: an earlier add-tables that did not reach every sink
+                wanted = [t for t in new if t.qualified not in have]
+                decisions += decide_tables(conn, workflow, sink, url, wanted, overwrite)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
-            sinks[sink] = (conn, wf)
+            sinks[sink] = (conn, wf, wanted)
+        everywhere = [t for t, where in on_sinks.items() if len(where) == len(cluster.sinks)]
+        if everywhere:
+            raise UsageError(f"{', '.join(everywhere)} already replicated by workflow {workflow!r} on every sink: "
+                             f"leave {'it' if len(everywhere) == 1 else 'them'} out of --tables")
         refused = [d for d in decisions if d.action == "refuse"]
         if refused:
             raise UsageError("sink tables already hold rows: " + "; ".join(
                 f"sink {d.sink} ({describe(d.url)}): {d.table}" for d in refused)
                 + ". Empty them, or pass --overwrite to replace their rows by the copy")
         # (1) publications first: a sink that records the tables can rely on their changes being decoded
-        for sink, (conn, wf) in sinks.items():
+        for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:
-                if capture.slot_info(src, s.slot_name) is not None or s.position is not None:
-                    capture.ensure_publication(src, s.publication, [t.table for t in s.tables] + new)
+                if wanted and (capture.slot_info(src, s.slot_name) is not None or s.position is not None):
+                    capture.ensure_publication(src, s.publication, [t.table for t in s.tables] + wanted)
         # (2) every sink, each in its own transaction (a sink that fails here is fixed by running this again)
-        for sink, (conn, wf) in sinks.items():
+        for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:
-                st.append_tables(conn, s.id, new)
+                if not wanted:
+                    continue
+                st.append_tables(conn, s.id, wanted)
                 if s.state == st.RUNNING:
                     st.set_state(conn, s.id, st.COPYING, "")
             conn.commit()

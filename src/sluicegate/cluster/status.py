@@ -15,12 +15,15 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
     unreachable (the sinks' slots are then unknown, and the lag is by the sink's clock)."""
     cluster = Cluster.of(wf)
     warnings = []
-    holds, source_now = [], None
+    holds, source_now, published = [], None, set()
     with connect(target_url, role="target") as conn:
         try:
             with connect(cluster.source_url, role="source", autocommit=True, connect_timeout=3) as src:
                 source_now = src.execute("SELECT clock_timestamp()").fetchone()[0]
                 holds = governor.holds(src, conn, cluster)
+                # A sink whose consumer never ran has neither slot nor publication yet: not a lost slot
+                published = {r[0] for r in src.execute("SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",
+                                                       ([cluster.slot(s) for s in cluster.sinks],))}
         except Exception as exc:  # noqa: BLE001 - status goes on without the source
             warnings.append(f"source {describe(cluster.source_url)}: {first_line(exc)}")
         fields = safe_time_fields(wf, conn, source_now)
@@ -30,7 +33,8 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
         entry = {"sink": sink, "url": redact(url), "this": sink == cluster.sink, "slot": cluster.slot(sink)}
         if hold is not None:
             entry.update(hold.to_json())
-            if not hold.exists:
+            entry["not_yet_run"] = not hold.exists and hold.slot not in published
+            if not hold.exists and not entry["not_yet_run"]:
                 warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source"
                                 f"{' (' + hold.released + ')' if hold.released else ''}; "
                                 f"`{cluster.bootstrap_command(sink)}` brings it back")

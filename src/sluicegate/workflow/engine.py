@@ -182,7 +182,11 @@ class Engine:
             start = capture.ensure_slot(src, stream.slot_name)
         with connect(self.target_url, role="target") as dst:
             state, _ = st.lock_stream(dst, stream.id)
-            if state == st.INIT:
+            # Tables that joined meanwhile (replicate add-tables) are not in the publication: the next turn
+            # publishes them too.
+            joined = {r[0] for r in dst.execute("SELECT table_name FROM sluicegate.copy_state WHERE stream_id = %s",
+                                                (stream.id,))} - {t.table.qualified for t in stream.tables}
+            if state == st.INIT and not joined:
                 st.save_position(dst, stream.id, start, state=st.COPYING)
 
     def copy_step(self, wf: st.Workflow, stream: st.Stream) -> None:
