@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
@@ -27,6 +27,7 @@ from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
+from .schema_changes import SchemaFollower
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
         framing = Framing()  # Relation messages of this task's decoding session
+        task = _current_shapes(dst, task)
+        follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
         last_write = 0.0
         # A replicate slice hands the stream back to the driver as soon as a vdiff is requested. The vdiff
         # tables may appear while the task runs (the first `sluicegate vdiff` makes them): looked for each batch.
@@ -113,7 +116,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     result.interrupted = "stopping"
                     return result
                 try:
-                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer)
+                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
+                                         follower)
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
                     capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
@@ -124,7 +128,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 new_position = batch.position
                 caught_up = not batch.limited and task.stop_at is None
                 now = time.monotonic()
-                if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
+                reshaped = follower.changed  # tables whose columns followed the source: saved with the batch
+                if (new_position > result.position or batch.transactions or reshaped
+                        or now - last_write >= task.heartbeat_seconds):
                     st.save_position(dst, task.stream_id, new_position,
                                      caught_up_at=source_now if caught_up else None,
                                      transaction_time=batch.commit_time,
@@ -135,6 +141,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     dst.commit()
                     last_write = now
                     stream.confirm(new_position)
+                    if reshaped:
+                        task = _reshaped(task, reshaped)
+                        follower.changed = {}
                 else:
                     dst.rollback()
                 result.position = new_position
@@ -143,6 +152,23 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
                 if time.monotonic() >= deadline:
                     return result
+
+
+def _current_shapes(dst, task: PlayTask) -> PlayTask:
+    """The task with each table's description as the stream stores it now: columns may have followed the
+    source since the driver read them (a task before this one, in the same copy phase)."""
+    stored = st.table_specs(dst, task.stream_id)
+    dst.rollback()
+    return _reshaped(task, {name: Table.from_json(spec) for name, spec in stored.items()})
+
+
+def _reshaped(task: PlayTask, tables: dict[str, Table]) -> PlayTask:
+    """The task with the given tables' new descriptions."""
+    out = []
+    for spec, mode, lastpk in task.tables:
+        name = f"{spec['schema']}.{spec['name']}"
+        out.append((tables[name].to_json() if name in tables else spec, mode, lastpk))
+    return replace(task, tables=out)
 
 
 def _moves_only(task: PlayTask) -> dict | None:
@@ -170,7 +196,7 @@ class _Batch:
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
-                 rules: dict | None, writer=None) -> _Batch:
+                 rules: dict | None, writer=None, follower: SchemaFollower | None = None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     ruled = {}
     for t in tables:
@@ -178,7 +204,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         if runner is not None:  # the applier writes the rule's target table; the replicator feeds it
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
-    base = applier = PostgresApplier(dst, tables, executor=writer)
+    base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower)
     rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
