@@ -27,7 +27,7 @@ from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
-from .schema_changes import SchemaFollower
+from .schema_changes import SchemaFollower, SchemaStop
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,15 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 try:
                     batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
                                          follower)
+                except SchemaStop as exc:
+                    # A schema change the stream does not follow: what came before the transaction that met it
+                    # is applied (the target is then made to match from a clean point), nothing of it.
+                    dst.rollback()
+                    if exc.before is not None and exc.before > result.position:
+                        stream.close()
+                        play(replace(task, position=result.position, until="position", stop_at=exc.before,
+                                     max_seconds=float("inf")))
+                    raise
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
                     capture.check_slot(src_ctl, task.slot, result.position, capture.rebootstrap(task.workflow))
@@ -225,28 +234,34 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     skipping = False
     last_end = None
     reached_stop = False
+    meeting = None  # commit position of the transaction being read
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
-    for ev in assemble(raw, framing, rows):
-        if isinstance(ev, Change):
-            if not skipping:
-                applier.change(ev)
-                batch.rows += 1
-        elif isinstance(ev, Begin):
-            if task.stop_at is not None and ev.final_lsn >= task.stop_at:
-                reached_stop = True  # commits after the snapshot: not part of this fast-forward
-                break
-            skipping = ev.final_lsn < position  # applied by an earlier batch
-            if rows is not None:
-                rows.active = not skipping
-        elif isinstance(ev, Commit):
-            last_end = ev.end_lsn  # applied now or earlier: either way behind us
-            if not skipping:
-                batch.transactions += 1
-                batch.commit_time = ev.commit_time
-            fault_point(f"{task.until}.mid_batch")
-        elif isinstance(ev, TruncateChange) and not skipping:
-            applier.truncate(ev.relations)
+    try:
+        for ev in assemble(raw, framing, rows):
+            if isinstance(ev, Change):
+                if not skipping:
+                    applier.change(ev)
+                    batch.rows += 1
+            elif isinstance(ev, Begin):
+                if task.stop_at is not None and ev.final_lsn >= task.stop_at:
+                    reached_stop = True  # commits after the snapshot: not part of this fast-forward
+                    break
+                meeting = ev.final_lsn
+                skipping = ev.final_lsn < position  # applied by an earlier batch
+                if rows is not None:
+                    rows.active = not skipping
+            elif isinstance(ev, Commit):
+                last_end = ev.end_lsn  # applied now or earlier: either way behind us
+                if not skipping:
+                    batch.transactions += 1
+                    batch.commit_time = ev.commit_time
+                fault_point(f"{task.until}.mid_batch")
+            elif isinstance(ev, TruncateChange) and not skipping:
+                applier.truncate(ev.relations)
+    except SchemaStop as exc:
+        exc.before = meeting  # everything before this transaction may still be applied
+        raise
     applier.flush()
     base.settle()  # the batch's rows are on the target before its position is saved
     if rows is not None:

@@ -42,6 +42,13 @@ def builtin_type_name(oid: int, typmod: int) -> str:
     return _BUILTIN_TYPES.get(oid, f"type {oid}")
 
 
+class SchemaStop(TerminalError):
+    """A schema change the stream does not follow. `before`: the commit position of the source transaction
+    that met it (set by the player), before which everything can still be applied."""
+
+    before: int | None = None
+
+
 @dataclass(frozen=True)
 class ColumnChanges:
     """How a Relation message's columns differ from a table's description."""
@@ -197,7 +204,7 @@ class SchemaFollower:
             have = target.get(c.name)
             if have is not None:  # added before (by a batch that committed, or by hand): the same type?
                 if have[1] != type_sql:
-                    raise TerminalError(
+                    raise SchemaStop(
                         f"column {c.name} was added to source table {table.qualified} as {type_sql}; target table "
                         f"{table.qualified} already has a column {c.name} of type {have[1]}: make the types equal, "
                         f"then `sluicegate workflow start {self.workflow}`, or re-create the workflow")
@@ -206,7 +213,7 @@ class SchemaFollower:
             col = source.get(c.name)
             if col is None or (col.type_oid, col.typmod) != (c.type_oid, c.typmod):
                 now = "is gone" if col is None else f"is {col.type_sql} now"
-                raise TerminalError(
+                raise SchemaStop(
                     f"column {c.name} ({type_sql}) was added to source table {table.qualified} and changed again "
                     f"since (it {now} on the source): add it to target table {table.qualified} by hand as the "
                     f"changes carry it ({type_sql}), then `sluicegate workflow start {self.workflow}`; or "
@@ -236,12 +243,12 @@ class SchemaFollower:
         way_out = (f"add it to target table {table.qualified} by hand with the source's values, then "
                    f"`sluicegate workflow start {self.workflow}`; or re-create the workflow")
         if volatile:
-            raise TerminalError(
+            raise SchemaStop(
                 f"column {col.name} was added to source table {table.qualified} with the volatile default "
                 f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own value, "
                 f"which the stream does not carry; {way_out}")
         if any(v != "i" for _, v in calls) or re.search(r"\{(SQLVALUEFUNCTION|COERCEVIAIO)\b", tree):
-            raise TerminalError(
+            raise SchemaStop(
                 f"column {col.name} of source table {table.qualified} has the default {col.default}, whose value "
                 f"changes over time, and the source no longer records the one its existing rows got; {way_out}")
         return sql.SQL(col.default)
@@ -268,7 +275,7 @@ class SchemaFollower:
         except psycopg.Error as exc:
             if is_retryable(exc):
                 raise
-            raise TerminalError(
+            raise SchemaStop(
                 f"could not add column {col.name} ({col.type_sql}, default {col.default}) to target table "
                 f"{table.qualified}: {first_line(exc)}; add it by hand, then `sluicegate workflow start "
                 f"{self.workflow}`", getattr(exc, "sqlstate", None)) from None
@@ -285,7 +292,7 @@ class SchemaFollower:
         except SluicegateError as exc:
             if exc.retryable:
                 raise
-            raise TerminalError(f"{exc.message}; or re-create the workflow") from None
+            raise SchemaStop(f"{exc.message}; or re-create the workflow") from None
         return list(enums)
 
     # -- anything else: stop, unless the target table already matches the source -------------------------
@@ -300,10 +307,10 @@ class SchemaFollower:
         if not matches:
             what = f"columns of source table {table.qualified} changed: {'; '.join(change.describe(self._type_name))}"
             if change.readded:
-                raise TerminalError(f"{what}. Sluicegate follows added columns only, and a target table cannot show "
+                raise SchemaStop(f"{what}. Sluicegate follows added columns only, and a target table cannot show "
                                     f"that its column was replaced: re-create the workflow")
             hints = self._hints(table, change, types)
-            raise TerminalError(
+            raise SchemaStop(
                 f"{what}. Sluicegate follows added columns only: make target table {table.qualified} match the "
                 f"source{' (' + '; '.join(hints) + ')' if hints else ''}, then `sluicegate workflow start "
                 f"{self.workflow}`; or re-create the workflow")
@@ -320,14 +327,16 @@ class SchemaFollower:
                        enums=tuple(enums))
 
     def _hints(self, table: Table, change: ColumnChanges, types: list[str]) -> list[str]:
-        """The statements that make the target table match (as far as they can be written down)."""
-        alter = sql.SQL("ALTER TABLE {} ").format(table.ident)
-        out = [alter + sql.SQL("RENAME COLUMN {} TO {}").format(sql.Identifier(o), sql.Identifier(n))
-               for o, n in change.renamed]
-        out += [alter + sql.SQL("DROP COLUMN {}").format(sql.Identifier(c)) for c in change.dropped]
-        out += [alter + sql.SQL("ALTER COLUMN {} TYPE {}").format(sql.Identifier(c), sql.SQL(self._type_name(o, m)))
-                for c, _, o, m in change.retyped]
-        return [s.as_string(self.dst) for s in out]
+        """The statements that make the target table match (as far as they can be written down), with names
+        quoted only where they need it, as a person would type them."""
+        names = [table.schema, table.name, *(n for pair in change.renamed for n in pair), *change.dropped,
+                 *(c for c, _, _, _ in change.retyped)]
+        quoted = dict(self.dst.execute("SELECT n, quote_ident(n) FROM unnest(%s::text[]) AS n", (names,)).fetchall())
+        alter = f"ALTER TABLE {quoted[table.schema]}.{quoted[table.name]}"
+        out = [f"{alter} RENAME COLUMN {quoted[o]} TO {quoted[n]}" for o, n in change.renamed]
+        out += [f"{alter} DROP COLUMN {quoted[c]}" for c in change.dropped]
+        out += [f"{alter} ALTER COLUMN {quoted[c]} TYPE {self._type_name(o, m)}" for c, _, o, m in change.retyped]
+        return out
 
     def _type_names(self, rel: Relation) -> list[str]:
         """format_type() of each column of the message, on the source."""
@@ -344,7 +353,7 @@ class SchemaFollower:
         """name -> (name, type_sql, not_null, collation) of the target table's columns."""
         rows = self.dst.execute(_TARGET_COLUMNS, (table.ident.as_string(self.dst),)).fetchall()
         if not rows:
-            raise TerminalError(f"target table {table.qualified} is gone: re-create the workflow")
+            raise SchemaStop(f"target table {table.qualified} is gone: re-create the workflow")
         return {r[0]: r for r in rows}
 
     def _target_key(self, table: Table) -> list[str] | None:
