@@ -45,8 +45,10 @@ class Writes(threading.Thread):
                     for _ in range(self.rng.randint(1, 3)):
                         op, k = self.rng.random(), self.rng.randint(1, self.next_id)
                         if op < 0.6:
-                            sets = sql.SQL("").join(sql.SQL(", {} = {}").format(n, v) for n, v in zip(names, values))
-                            c.execute(sql.SQL("UPDATE items SET qty = qty + 1{} WHERE id = %s").format(sets), (k,))
+                            sets = sql.SQL("").join(sql.SQL(", {} = {}").format(n, v)
+                                                    for n, v in zip(names, values))
+                            c.execute(sql.SQL("UPDATE items SET qty = qty + 1{} WHERE id = %s").format(sets),
+                                      (k,))
                         elif op < 0.9:
                             c.execute(sql.SQL("INSERT INTO items (id, qty{}) VALUES (%s, 0{})").format(
                                 sql.SQL("").join(sql.SQL(", {}").format(n) for n in names),
@@ -68,8 +70,8 @@ class Writes(threading.Thread):
 
 
 def start_workflow(pair, workflow: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "start", workflow, "--target",
-                          pair.target], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "start", workflow,
+                          "--target", pair.target], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
 
 
@@ -91,8 +93,8 @@ def columns(url: str, table: str = "items") -> list[tuple]:
 
 
 def spec_columns(pair, workflow: str) -> list[str]:
-    rows = pair.dst("""SELECT c.spec FROM sluicegate.copy_state c JOIN sluicegate.streams s ON s.id = c.stream_id
-                       WHERE s.workflow = %s""", (workflow,))
+    rows = pair.dst("""SELECT c.spec FROM sluicegate.copy_state c
+                       JOIN sluicegate.streams s ON s.id = c.stream_id WHERE s.workflow = %s""", (workflow,))
     return [col[0] for col in rows[0][0]["columns"]]
 
 
@@ -132,7 +134,8 @@ def test_added_column_while_copying(pair, spark):
     """The copy reads the columns the stream's description lists: a table still being copied gets the new
     column from catchup, and the next cycle copies it (rows above lastpk with their own values)."""
     load_items(pair, 6000)
-    create_movetables("copying", pair.source, pair.target, ["items"], [], {"cycle_rows": 1500, "chunk_rows": 700})
+    create_movetables("copying", pair.source, pair.target, ["items"], [],
+                      {"cycle_rows": 1500, "chunk_rows": 700})
     lastpk = "SELECT lastpk FROM sluicegate.copy_state"
     with EngineThread(spark, pair.target, "copying"):
         wait_for(lambda: pair.dst(lastpk)[0][0] is not None, what="a first copy cycle")
@@ -173,7 +176,8 @@ def test_dropped_column_stops_before_the_batch(pair, spark):
         run.thread.join(timeout=60)
     s = stream_row(pair, "drop")
     assert "public.items" in s["message"] and "column name was dropped" in s["message"]
-    assert "ALTER TABLE public.items DROP COLUMN name" in s["message"] and "workflow start drop" in s["message"]
+    assert "ALTER TABLE public.items DROP COLUMN name" in s["message"]
+    assert "workflow start drop" in s["message"]
     # at the commit of the transaction that dropped the column: everything before it applied, nothing of it
     assert inside <= s["position"] < after
     assert pair.dst("SELECT count(*) FROM items WHERE id >= 100001 OR id >= %s", (first_after,))[0][0] == 0

@@ -57,8 +57,9 @@ def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
 
         what = "; ".join(classify(rel, source).describe(all_added=True)) or f"now {list(names)}"
         if reader:
-            raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does not "
-                                f"select them (a rule reads the columns it was made with): re-create the workflow")
+            raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does "
+                                f"not select them (a rule reads the columns it was made with): re-create the "
+                                f"workflow")
         raise TerminalError(
             f"columns of source table {source.qualified} changed ({what}): schema changes are not replicated "
             f"here; re-create the workflow"
@@ -197,9 +198,10 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
                  chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None):
-        """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its table's,
-        once everything staged before it is written: the table's new description, after bringing the target
-        table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not change."""
+        """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
+        table's, once everything staged before it is written: the table's new description, after bringing the
+        target table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not
+        change."""
         self.conn = conn
         self.schema_changes = schema_changes
         self.executor = executor
@@ -249,7 +251,8 @@ class PostgresApplier:
         t.table, t._plan = table, None
         t.order_of = key_order_getter(table)
         if t.index in self.staged:
-            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"sg_stage_{t.index}")))
+            stage = sql.Identifier(f"sg_stage_{t.index}")
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
             self.staged.discard(t.index)
 
     def change(self, ch: Change) -> None:

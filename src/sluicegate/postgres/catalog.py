@@ -66,7 +66,8 @@ class Table:
         return {
             "schema": self.schema, "name": self.name, "key": list(self.key),
             "estimated_rows": self.estimated_rows,
-            "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod] for c in self.columns],
+            "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
+                        for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
         }
 

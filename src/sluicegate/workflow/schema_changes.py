@@ -33,8 +33,9 @@ log = logging.getLogger("sluicegate")
 
 # format_type() of common built-in types, for messages made without a catalog at hand (typmods left out).
 _BUILTIN_TYPES = {16: "boolean", 17: "bytea", 20: "bigint", 21: "smallint", 23: "integer", 25: "text",
-                  114: "json", 700: "real", 701: "double precision", 1042: "character", 1043: "character varying",
-                  1082: "date", 1083: "time without time zone", 1114: "timestamp without time zone",
+                  114: "json", 700: "real", 701: "double precision", 1042: "character",
+                  1043: "character varying", 1082: "date", 1083: "time without time zone",
+                  1114: "timestamp without time zone",
                   1184: "timestamp with time zone", 1700: "numeric", 2950: "uuid", 3802: "jsonb"}
 
 
@@ -74,7 +75,8 @@ class ColumnChanges:
     def only_added(self) -> bool:
         return bool(self.added) and not self.incompatible
 
-    def describe(self, type_name: Callable[[int, int], str] = builtin_type_name, all_added: bool = False) -> list[str]:
+    def describe(self, type_name: Callable[[int, int], str] = builtin_type_name,
+                 all_added: bool = False) -> list[str]:
         """What changed, one phrase each: 'column note was dropped'. Added columns only beside other changes
         (alone they are no news: they follow), or with `all_added`."""
         out = [f"column {old} was renamed to {new}" for old, new in self.renamed]
@@ -195,7 +197,8 @@ class SchemaFollower:
     # -- added columns ------------------------------------------------------------------------------------
     def _add_columns(self, rel: Relation, table: Table, change: ColumnChanges, types: list[str]) -> Table:
         target = self._target_columns(table)
-        source = {c.name: c for c in (_SourceColumn(*r) for r in self.src.execute(_SOURCE_COLUMNS, (rel.oid,)))}
+        rows = self.src.execute(_SOURCE_COLUMNS, (rel.oid,)).fetchall()
+        source = {c.name: c for c in (_SourceColumn(*r) for r in rows)}
         type_of = dict(zip((c.name for c in rel.columns), types))
         columns = list(table.columns)
         enums = list(table.enums)
@@ -205,18 +208,20 @@ class SchemaFollower:
             if have is not None:  # added before (by a batch that committed, or by hand): the same type?
                 if have[1] != type_sql:
                     raise SchemaStop(
-                        f"column {c.name} was added to source table {table.qualified} as {type_sql}; target table "
-                        f"{table.qualified} already has a column {c.name} of type {have[1]}: make the types equal, "
-                        f"then `sluicegate workflow start {self.workflow}`, or re-create the workflow")
+                        f"column {c.name} was added to source table {table.qualified} as {type_sql}; target "
+                        f"table {table.qualified} already has a column {c.name} of type {have[1]}: make the "
+                        f"types equal, then `sluicegate workflow start {self.workflow}`, or re-create the "
+                        f"workflow")
                 columns.append(Column(c.name, type_sql, c.type_oid, have[2], have[3], c.typmod))
                 continue
             col = source.get(c.name)
             if col is None or (col.type_oid, col.typmod) != (c.type_oid, c.typmod):
                 now = "is gone" if col is None else f"is {col.type_sql} now"
                 raise SchemaStop(
-                    f"column {c.name} ({type_sql}) was added to source table {table.qualified} and changed again "
-                    f"since (it {now} on the source): add it to target table {table.qualified} by hand as the "
-                    f"changes carry it ({type_sql}), then `sluicegate workflow start {self.workflow}`; or "
+                    f"column {c.name} ({type_sql}) was added to source table {table.qualified} and changed "
+                    f"again since (it {now} on the source): add it to target table {table.qualified} by hand "
+                    f"as the changes carry it ({type_sql}), then `sluicegate workflow start "
+                    f"{self.workflow}`; or "
                     f"re-create the workflow")
             enums += [e for e in self._enums(table, col) if e not in enums]
             self._alter_add(table, col)
@@ -239,18 +244,21 @@ class SchemaFollower:
             r"""SELECT p.proname, p.provolatile FROM regexp_matches(%s, ':(?:funcid|opfuncid) (\d+)', 'g') m
                 JOIN pg_proc p ON p.oid = m[1]::oid""", (col.default_tree,)).fetchall()
         tree = col.default_tree or ""
-        volatile = sorted({name for name, v in calls if v == "v"}) + (["nextval"] if "NEXTVALUEEXPR" in tree else [])
+        volatile = sorted({name for name, v in calls if v == "v"})
+        if "NEXTVALUEEXPR" in tree:  # an identity column's sequence
+            volatile.append("nextval")
         way_out = (f"add it to target table {table.qualified} by hand with the source's values, then "
                    f"`sluicegate workflow start {self.workflow}`; or re-create the workflow")
         if volatile:
             raise SchemaStop(
                 f"column {col.name} was added to source table {table.qualified} with the volatile default "
-                f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own value, "
-                f"which the stream does not carry; {way_out}")
+                f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own "
+                f"value, which the stream does not carry; {way_out}")
         if any(v != "i" for _, v in calls) or re.search(r"\{(SQLVALUEFUNCTION|COERCEVIAIO)\b", tree):
             raise SchemaStop(
-                f"column {col.name} of source table {table.qualified} has the default {col.default}, whose value "
-                f"changes over time, and the source no longer records the one its existing rows got; {way_out}")
+                f"column {col.name} of source table {table.qualified} has the default {col.default}, whose "
+                f"value changes over time, and the source no longer records the one its existing rows got; "
+                f"{way_out}")
         return sql.SQL(col.default)
 
     def _alter_add(self, table: Table, col: _SourceColumn) -> None:
@@ -262,7 +270,8 @@ class SchemaFollower:
             parts.append(sql.SQL("DEFAULT {}").format(initial))
         if col.not_null:
             parts.append(sql.SQL("NOT NULL"))
-        statements = [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(table.ident, sql.SQL(" ").join(parts))]
+        statements = [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(
+            table.ident, sql.SQL(" ").join(parts))]
         if col.has_missing:  # older rows took the recorded value: from now on, the source's own default
             column = sql.SQL("ALTER TABLE {} ALTER COLUMN {}").format(table.ident, sql.Identifier(col.name))
             statements.append(column + (sql.SQL(" SET DEFAULT {}").format(sql.SQL(col.default))
@@ -296,7 +305,8 @@ class SchemaFollower:
         return list(enums)
 
     # -- anything else: stop, unless the target table already matches the source -------------------------
-    def _adopt_fixed_target(self, rel: Relation, table: Table, change: ColumnChanges, types: list[str]) -> Table:
+    def _adopt_fixed_target(self, rel: Relation, table: Table, change: ColumnChanges,
+                            types: list[str]) -> Table:
         target = self._target_columns(table)
         new_key = tuple(c.name for c in rel.columns if c.flags & 1) if rel.replica_identity in ("d", "i") \
             else table.key
@@ -305,18 +315,21 @@ class SchemaFollower:
                    and all(target[c.name][1] == t for c, t in zip(rel.columns, types))
                    and set(self._target_key(table) or new_key) == set(new_key))
         if not matches:
-            what = f"columns of source table {table.qualified} changed: {'; '.join(change.describe(self._type_name))}"
+            said = "; ".join(change.describe(self._type_name))
+            what = f"columns of source table {table.qualified} changed: {said}"
             if change.readded:
-                raise SchemaStop(f"{what}. Sluicegate follows added columns only, and a target table cannot show "
-                                    f"that its column was replaced: re-create the workflow")
+                raise SchemaStop(f"{what}. Sluicegate follows added columns only, and a target table cannot "
+                                 f"show that its column was replaced: re-create the workflow")
             hints = self._hints(table, change, types)
             raise SchemaStop(
-                f"{what}. Sluicegate follows added columns only: make target table {table.qualified} match the "
-                f"source{' (' + '; '.join(hints) + ')' if hints else ''}, then `sluicegate workflow start "
+                f"{what}. Sluicegate follows added columns only: make target table {table.qualified} match "
+                f"the source{' (' + '; '.join(hints) + ')' if hints else ''}, then "
+                f"`sluicegate workflow start "
                 f"{self.workflow}`; or re-create the workflow")
         columns = []
         for c, type_sql in zip(rel.columns, types):
-            columns.append(Column(c.name, type_sql, c.type_oid, target[c.name][2], target[c.name][3], c.typmod))
+            _, _, not_null, collation = target[c.name]
+            columns.append(Column(c.name, type_sql, c.type_oid, not_null, collation, c.typmod))
         enums = []
         for c in columns:
             if c.type_oid >= FIRST_USER_OID:
@@ -331,17 +344,20 @@ class SchemaFollower:
         quoted only where they need it, as a person would type them."""
         names = [table.schema, table.name, *(n for pair in change.renamed for n in pair), *change.dropped,
                  *(c for c, _, _, _ in change.retyped)]
-        quoted = dict(self.dst.execute("SELECT n, quote_ident(n) FROM unnest(%s::text[]) AS n", (names,)).fetchall())
+        quoted = dict(self.dst.execute("SELECT n, quote_ident(n) FROM unnest(%s::text[]) AS n",
+                                       (names,)).fetchall())
         alter = f"ALTER TABLE {quoted[table.schema]}.{quoted[table.name]}"
         out = [f"{alter} RENAME COLUMN {quoted[o]} TO {quoted[n]}" for o, n in change.renamed]
         out += [f"{alter} DROP COLUMN {quoted[c]}" for c in change.dropped]
-        out += [f"{alter} ALTER COLUMN {quoted[c]} TYPE {self._type_name(o, m)}" for c, _, o, m in change.retyped]
+        out += [f"{alter} ALTER COLUMN {quoted[c]} TYPE {self._type_name(o, m)}"
+                for c, _, o, m in change.retyped]
         return out
 
     def _type_names(self, rel: Relation) -> list[str]:
         """format_type() of each column of the message, on the source."""
         rows = self.src.execute(
-            "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
+            "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS t(o, m, i) "
+            "ORDER BY i",
             ([c.type_oid for c in rel.columns], [c.typmod for c in rel.columns])).fetchall()
         self._names = {(c.type_oid, c.typmod): r[0] for c, r in zip(rel.columns, rows)}
         return [r[0] for r in rows]

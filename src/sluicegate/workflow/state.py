@@ -395,7 +395,8 @@ def delete_workflow(conn: psycopg.Connection, name: str) -> None:
 def save_table_spec(conn: psycopg.Connection, stream_id: int, table: Table) -> None:
     """A table's new description (its columns followed a schema change), in the caller's transaction; what
     else its spec holds (a rule) stays."""
-    conn.execute("UPDATE sluicegate.copy_state SET spec = spec || %s::jsonb WHERE stream_id = %s AND table_name = %s",
+    conn.execute("UPDATE sluicegate.copy_state SET spec = spec || %s::jsonb "
+                 "WHERE stream_id = %s AND table_name = %s",
                  (json.dumps(table.to_json()), stream_id, table.qualified))
 
 
