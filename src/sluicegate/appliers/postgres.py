@@ -48,14 +48,33 @@ class TargetTable:
     integer_key: bool = False  # one key column, an integer (set by the applier): see dense_range
 
 
-def check_columns(rel: Relation, source: Table) -> None:
-    """The source table still has the columns the workflow was made with (a Relation message says)."""
+def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
+    """The source table still has the columns the workflow was made with (a Relation message says), where
+    nothing follows added ones. `reader`: what reads the columns (a rule), for the message."""
     names = tuple(c.name for c in rel.columns)
     if names != source.column_names:
+        from ..workflow.schema_changes import classify
+
+        what = "; ".join(classify(rel, source).describe(all_added=True)) or f"now {list(names)}"
+        if reader:
+            raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does "
+                                f"not select them (a rule reads the columns it was made with): re-create the "
+                                f"workflow")
         raise TerminalError(
-            f"columns of source table {source.qualified} changed to {list(names)} (expected "
-            f"{list(source.column_names)}): schema changes are not replicated yet; re-create the workflow"
+            f"columns of source table {source.qualified} changed ({what}): schema changes are not replicated "
+            f"here; re-create the workflow"
         )
+
+
+def same_columns(rel: Relation, table: Table) -> bool:
+    """The Relation's columns are the table's: names, types, typmods (where the description has them), key."""
+    if len(rel.columns) != len(table.columns) or not all(
+            c.name == k.name and c.type_oid == k.type_oid and (k.typmod is None or c.typmod == k.typmod)
+            for c, k in zip(rel.columns, table.columns)):
+        return False
+    # under REPLICA IDENTITY FULL every column is flagged: no key to compare
+    return rel.replica_identity not in ("d", "i") or \
+        sorted(c.name for c in rel.columns if c.flags & 1) == sorted(table.key)
 
 
 def key_getter(indices: tuple[int, ...]):
@@ -178,8 +197,13 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
 
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
-                 chunk_bytes: int = 32 << 20, executor: Executor | None = None):
+                 chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None):
+        """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
+        table's, once everything staged before it is written: the table's new description, after bringing the
+        target table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not
+        change."""
         self.conn = conn
+        self.schema_changes = schema_changes
         self.executor = executor
         self._writing: Future | None = None  # the chunk in flight (one at a time: memory stays two chunks)
         self._rels: dict[int, tuple[Relation, TargetTable | None]] = {}  # oid -> (that Relation, its table)
@@ -209,12 +233,27 @@ class PostgresApplier:
         hit = self._rels.get(rel.oid)
         if hit is None or hit[0] is not rel:
             t = self.by_name.get((rel.schema, rel.name))
-            if t is not None and t.mode != "skip":
+            if t is not None and self.schema_changes is not None:
+                if not same_columns(rel, t.table):
+                    self.sync()  # rows of the old shape are written with it
+                    self._retable(t, self.schema_changes(rel, t.table))
+            elif t is not None and t.mode != "skip":
                 check_columns(rel, t.table)
-            else:
+            if t is not None and t.mode == "skip":
                 t = None
             hit = self._rels[rel.oid] = (rel, t)
         return hit[1]
+
+    def _retable(self, t: TargetTable, table: Table) -> None:
+        """The table took a new shape (columns added): its plan and staging table are made again."""
+        if table is t.table:
+            return
+        t.table, t._plan = table, None
+        t.order_of = key_order_getter(table)
+        if t.index in self.staged:
+            stage = sql.Identifier(f"sg_stage_{t.index}")
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
+            self.staged.discard(t.index)
 
     def change(self, ch: Change) -> None:
         t = self._target(ch.relation)

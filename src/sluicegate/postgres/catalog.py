@@ -20,6 +20,7 @@ class Column:
     type_oid: int
     not_null: bool
     collation: str | None  # non-default collation name, or None
+    typmod: int | None = None  # atttypmod (-1: none); None in descriptions made before it was kept
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Table:
         return {
             "schema": self.schema, "name": self.name, "key": list(self.key),
             "estimated_rows": self.estimated_rows,
-            "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation] for c in self.columns],
+            "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
+                        for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
         }
 
@@ -157,7 +159,7 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     cols = conn.execute(
         """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid::int, a.attnotnull,
                   CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
-                       THEN co.collname END
+                       THEN co.collname END, a.atttypmod
            FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
            LEFT JOIN pg_collation co ON co.oid = a.attcollation
            WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''

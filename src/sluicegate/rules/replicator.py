@@ -113,7 +113,7 @@ class RuleReplicator:
     # -- helpers -----------------------------------------------------------------------------------------
     def _check(self, r: _Ruled, rel: Relation) -> None:
         if rel.oid not in r.checked:
-            check_columns(rel, r.rule.source)
+            check_columns(rel, r.rule.source, f"the rule for {r.rule.source.qualified}")
             r.checked.add(rel.oid)
 
     @staticmethod

@@ -25,6 +25,7 @@ import psycopg
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture, locks
+from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
@@ -239,6 +240,9 @@ class Engine:
                     return
             rule = self._rule_runners(stream).get((table.schema, table.name))
             with connect(self.target_url, role="target") as dst:
+                # Catchup and fast-forward may have added columns the source added (schema_changes.py): the
+                # cycle copies the table as the snapshot has it.
+                table = current.table = Table.from_json(st.table_specs(dst, stream.id)[table.qualified])
                 if current.deferred_indexes:  # a first cycle that did not finish: its rows are all there is
                     copier.truncate(dst, table)
                 elif rule is None:

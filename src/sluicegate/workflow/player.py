@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
@@ -27,6 +27,7 @@ from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
+from .schema_changes import SchemaFollower, SchemaStop
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
         framing = Framing()  # Relation messages of this task's decoding session
+        task = _current_shapes(dst, task)
+        follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
         last_write = 0.0
         # A replicate slice hands the stream back to the driver as soon as a vdiff is requested. The vdiff
         # tables may appear while the task runs (the first `sluicegate vdiff` makes them): looked for each batch.
@@ -116,7 +119,17 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     result.interrupted = "stopping"
                     return result
                 try:
-                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer)
+                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
+                                         follower)
+                except SchemaStop as exc:
+                    # A schema change the stream does not follow: what came before the transaction that met it
+                    # is applied (the target is then made to match from a clean point), nothing of it.
+                    dst.rollback()
+                    if exc.before is not None and exc.before > result.position:
+                        stream.close()
+                        play(replace(task, position=result.position, until="position", stop_at=exc.before,
+                                     max_seconds=float("inf")))
+                    raise
                 except RetryableError:
                     # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
                     capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
@@ -127,7 +140,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 new_position = batch.position
                 caught_up = not batch.limited and task.stop_at is None
                 now = time.monotonic()
-                if new_position > result.position or batch.transactions or now - last_write >= task.heartbeat_seconds:
+                reshaped = follower.changed  # tables whose columns followed the source: saved with the batch
+                if (new_position > result.position or batch.transactions or reshaped
+                        or now - last_write >= task.heartbeat_seconds):
                     st.save_position(dst, task.stream_id, new_position,
                                      caught_up_at=source_now if caught_up else None,
                                      transaction_time=batch.commit_time,
@@ -139,6 +154,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     dst.commit()
                     last_write = now
                     stream.confirm(new_position)
+                    if reshaped:
+                        task = _reshaped(task, reshaped)
+                        follower.changed = {}
                 else:
                     dst.rollback()
                 result.position = new_position
@@ -151,6 +169,23 @@ def play(task: PlayTask, stop=None) -> PlayResult:
 
 def way_out(task: PlayTask) -> str:
     return task.way_out or capture.rebootstrap(task.workflow)
+
+
+def _current_shapes(dst, task: PlayTask) -> PlayTask:
+    """The task with each table's description as the stream stores it now: columns may have followed the
+    source since the driver read them (a task before this one, in the same copy phase)."""
+    stored = st.table_specs(dst, task.stream_id)
+    dst.rollback()
+    return _reshaped(task, {name: Table.from_json(spec) for name, spec in stored.items()})
+
+
+def _reshaped(task: PlayTask, tables: dict[str, Table]) -> PlayTask:
+    """The task with the given tables' new descriptions."""
+    out = []
+    for spec, mode, lastpk in task.tables:
+        name = f"{spec['schema']}.{spec['name']}"
+        out.append((tables[name].to_json() if name in tables else spec, mode, lastpk))
+    return replace(task, tables=out)
 
 
 def _moves_only(task: PlayTask) -> dict | None:
@@ -178,7 +213,7 @@ class _Batch:
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
-                 rules: dict | None, writer=None) -> _Batch:
+                 rules: dict | None, writer=None, follower: SchemaFollower | None = None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     ruled = {}
     for t in tables:
@@ -186,7 +221,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         if runner is not None:  # the applier writes the rule's target table; the replicator feeds it
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
-    base = applier = PostgresApplier(dst, tables, executor=writer)
+    base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower)
     rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
@@ -207,28 +242,34 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     skipping = False
     last_end = None
     reached_stop = False
+    meeting = None  # commit position of the transaction being read
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
-    for ev in assemble(raw, framing, rows):
-        if isinstance(ev, Change):
-            if not skipping:
-                applier.change(ev)
-                batch.rows += 1
-        elif isinstance(ev, Begin):
-            if task.stop_at is not None and ev.final_lsn >= task.stop_at:
-                reached_stop = True  # commits after the snapshot: not part of this fast-forward
-                break
-            skipping = ev.final_lsn < position  # applied by an earlier batch
-            if rows is not None:
-                rows.active = not skipping
-        elif isinstance(ev, Commit):
-            last_end = ev.end_lsn  # applied now or earlier: either way behind us
-            if not skipping:
-                batch.transactions += 1
-                batch.commit_time = ev.commit_time
-            fault_point(f"{task.until}.mid_batch")
-        elif isinstance(ev, TruncateChange) and not skipping:
-            applier.truncate(ev.relations)
+    try:
+        for ev in assemble(raw, framing, rows):
+            if isinstance(ev, Change):
+                if not skipping:
+                    applier.change(ev)
+                    batch.rows += 1
+            elif isinstance(ev, Begin):
+                if task.stop_at is not None and ev.final_lsn >= task.stop_at:
+                    reached_stop = True  # commits after the snapshot: not part of this fast-forward
+                    break
+                meeting = ev.final_lsn
+                skipping = ev.final_lsn < position  # applied by an earlier batch
+                if rows is not None:
+                    rows.active = not skipping
+            elif isinstance(ev, Commit):
+                last_end = ev.end_lsn  # applied now or earlier: either way behind us
+                if not skipping:
+                    batch.transactions += 1
+                    batch.commit_time = ev.commit_time
+                fault_point(f"{task.until}.mid_batch")
+            elif isinstance(ev, TruncateChange) and not skipping:
+                applier.truncate(ev.relations)
+    except SchemaStop as exc:
+        exc.before = meeting  # everything before this transaction may still be applied
+        raise
     applier.flush()
     base.settle()  # the batch's rows are on the target before its position is saved
     if rows is not None:

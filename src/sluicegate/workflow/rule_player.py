@@ -336,7 +336,7 @@ def _read(spec: BatchSpec, index: int, builder):
                 if not taking or (ev.relation.schema, ev.relation.name) != (table.schema, table.name):
                     continue
                 if ev.relation.oid not in checked:
-                    check_columns(ev.relation, table)
+                    check_columns(ev.relation, table, f"the rule for {table.qualified}" if rule_json else "")
                     checked.add(ev.relation.oid)
                 if ev.kind == "D":
                     yield from builder.add("D", ev.old, None)

@@ -436,3 +436,17 @@ def workflows_writing(conn: psycopg.Connection, tables: list[str]) -> list[tuple
 
 def delete_workflow(conn: psycopg.Connection, name: str) -> None:
     conn.execute("DELETE FROM sluicegate.workflows WHERE name = %s", (name,))
+
+
+def save_table_spec(conn: psycopg.Connection, stream_id: int, table: Table) -> None:
+    """A table's new description (its columns followed a schema change), in the caller's transaction; what
+    else its spec holds (a rule) stays."""
+    conn.execute("UPDATE sluicegate.copy_state SET spec = spec || %s::jsonb "
+                 "WHERE stream_id = %s AND table_name = %s",
+                 (json.dumps(table.to_json()), stream_id, table.qualified))
+
+
+def table_specs(conn: psycopg.Connection, stream_id: int) -> dict[str, dict]:
+    """Qualified name -> the stream's description of each table (its spec), as stored now."""
+    return {name: spec for name, spec in conn.execute(
+        "SELECT table_name, spec FROM sluicegate.copy_state WHERE stream_id = %s", (stream_id,))}

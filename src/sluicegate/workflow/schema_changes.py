@@ -1,0 +1,382 @@
+"""Schema changes of replicated tables met in the stream: added columns follow, anything else stops it.
+
+pgoutput sends a Relation message before the first change of a table after its shape changed (and at the
+start of each decoding session). `classify` compares one with the stream's description of the table (its
+Table json in copy_state) — pure, no IO. `SchemaFollower` is what the player's applier calls with a Relation
+that differs: it adds columns the source added to the target table (same type, collation and default, the
+source's catalog read through the play task's control connection) and stores the table's new description,
+all in the batch's target transaction — so table shape, rows, description and position commit together, and
+a batch that fails leaves none of them changed. Any other change (a dropped, renamed or retyped column, a
+changed key) stops the stream in Error naming it and the way out; once the target table is made to match the
+source by hand, the next run adopts the source's shape (`workflow start`, then `workflow run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import psycopg
+from psycopg import sql
+
+from ..errors import SluicegateError, TerminalError, is_retryable
+from ..postgres import catalog, locks
+from ..postgres.catalog import FIRST_USER_OID, Column, Table
+from ..postgres.connect import first_line
+from ..postgres.pgoutput import Column as RelColumn
+from ..postgres.pgoutput import Relation
+from . import state as st
+
+log = logging.getLogger("sluicegate")
+
+# format_type() of common built-in types, for messages made without a catalog at hand (typmods left out).
+_BUILTIN_TYPES = {16: "boolean", 17: "bytea", 20: "bigint", 21: "smallint", 23: "integer", 25: "text",
+                  114: "json", 700: "real", 701: "double precision", 1042: "character",
+                  1043: "character varying", 1082: "date", 1083: "time without time zone",
+                  1114: "timestamp without time zone",
+                  1184: "timestamp with time zone", 1700: "numeric", 2950: "uuid", 3802: "jsonb"}
+
+
+def builtin_type_name(oid: int, typmod: int) -> str:
+    return _BUILTIN_TYPES.get(oid, f"type {oid}")
+
+
+class SchemaStop(TerminalError):
+    """A schema change the stream does not follow. `before`: the commit position of the source transaction
+    that met it (set by the player), before which everything can still be applied."""
+
+    before: int | None = None
+
+
+@dataclass(frozen=True)
+class ColumnChanges:
+    """How a Relation message's columns differ from a table's description."""
+
+    table: str  # qualified name
+    added: tuple[RelColumn, ...] = ()  # columns after the known ones (alone: what Sluicegate follows)
+    dropped: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()  # (old name, new name)
+    retyped: tuple[tuple[str, str, int, int], ...] = ()  # (column, old type_sql, new type oid, new typmod)
+    readded: tuple[str, ...] = ()  # dropped and added again under the same name: a new, later column
+    key: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # (old key, new key)
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.incompatible)
+
+    @property
+    def incompatible(self) -> bool:
+        """Anything but added columns."""
+        return bool(self.dropped or self.renamed or self.retyped or self.readded or self.key)
+
+    @property
+    def only_added(self) -> bool:
+        return bool(self.added) and not self.incompatible
+
+    def describe(self, type_name: Callable[[int, int], str] = builtin_type_name,
+                 all_added: bool = False) -> list[str]:
+        """What changed, one phrase each: 'column note was dropped'. Added columns only beside other changes
+        (alone they are no news: they follow), or with `all_added`."""
+        out = [f"column {old} was renamed to {new}" for old, new in self.renamed]
+        out += [f"column {c} was dropped" for c in self.dropped]
+        out += [f"column {c} changed type from {old} to {type_name(oid, typmod)}"
+                for c, old, oid, typmod in self.retyped]
+        out += [f"column {c} was dropped and added again" for c in self.readded]
+        if self.key:
+            out.append(f"the key changed from ({', '.join(self.key[0])}) to ({', '.join(self.key[1])})")
+        if self.incompatible or all_added:
+            out += [f"column {c.name} was added" for c in self.added]
+        return out
+
+
+def classify(rel: Relation, table: Table) -> ColumnChanges:
+    """Compare a Relation message (the columns the source's changes now carry, in attnum order) with the
+    stream's description of the table. PostgreSQL keeps a column's place through a rename or a type change
+    and adds columns at the end, so columns are matched by name, then left-over ones by place (a rename).
+    A column dropped and one added in its place with a new name read as a rename: the message cannot tell
+    the two apart, and either stops the stream."""
+    old = table.columns
+    new = rel.columns
+    old_names = [c.name for c in old]
+    new_names = [c.name for c in new]
+    renamed = []
+    for i in range(min(len(old), len(new))):
+        if old_names[i] != new_names[i] and old_names[i] not in new_names and new_names[i] not in old_names:
+            renamed.append((old_names[i], new_names[i]))
+    renamed_old = {o for o, _ in renamed}
+    renamed_new = {n for _, n in renamed}
+    dropped = tuple(n for n in old_names if n not in new_names and n not in renamed_old)
+    added = tuple(c for c in new if c.name not in old_names and c.name not in renamed_new)
+    # Known columns must keep their order; one met out of it was dropped and added again (at the end).
+    readded, last = [], -1
+    for name in new_names:
+        if name in old_names:
+            place = old_names.index(name)
+            if place < last:
+                readded.append(name)
+            else:
+                last = place
+    by_name = {c.name: c for c in old}
+    by_name.update((n, by_name[o]) for o, n in renamed)
+    retyped = []
+    for c in new:
+        was = by_name.get(c.name)
+        if was is None or c.name in readded:
+            continue
+        if was.type_oid != c.type_oid or (was.typmod is not None and was.typmod != c.typmod):
+            retyped.append((c.name, was.type_sql, c.type_oid, c.typmod))
+    key = None
+    if rel.replica_identity in ("d", "i"):  # under FULL every column is flagged: no key to compare
+        new_key = tuple(c.name for c in new if c.flags & 1)
+        renames = dict(renamed)
+        if sorted(renames.get(k, k) for k in table.key) != sorted(new_key):
+            key = (tuple(table.key), new_key)
+    return ColumnChanges(table.qualified, added, dropped, tuple(renamed), tuple(retyped), tuple(readded), key)
+
+
+# -- IO: the source's catalog, the target table, the stream's description ------------------------------------
+_SOURCE_COLUMNS = """
+SELECT a.attname, a.atttypid::int, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation THEN co.collname END,
+       pg_get_expr(d.adbin, d.adrelid), d.adbin::text, a.atthasmissing,
+       CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum"""
+
+_TARGET_COLUMNS = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation THEN co.collname END
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_collation co ON co.oid = a.attcollation
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum"""
+
+
+@dataclass(frozen=True)
+class _SourceColumn:
+    name: str
+    type_oid: int
+    typmod: int
+    type_sql: str
+    not_null: bool
+    collation: str | None
+    default: str | None  # pg_get_expr(): the expression as SQL
+    default_tree: str | None  # the expression's node tree: the functions it calls
+    has_missing: bool  # rows older than the column hold `missing` (PostgreSQL's "fast default")
+    missing: str | None  # that value's text
+
+
+class SchemaFollower:
+    """Called by the player's applier with a Relation message whose columns differ from the table's
+    description, once every row staged before it is written: returns the table's new description after
+    bringing the target table to it, or raises TerminalError. Works in the target's open (batch)
+    transaction; `changed` holds what this batch adopted, which the player keeps once the batch commits."""
+
+    def __init__(self, src: psycopg.Connection, dst: psycopg.Connection, stream_id: int, workflow: str):
+        self.src, self.dst, self.stream_id, self.workflow = src, dst, stream_id, workflow
+        self.changed: dict[str, Table] = {}
+        self._names: dict[tuple[int, int], str] = {}  # (type oid, typmod) -> format_type() on the source
+
+    def __call__(self, rel: Relation, table: Table) -> Table:
+        change = classify(rel, table)
+        if change.unchanged:
+            return table
+        types = self._type_names(rel)
+        if change.only_added:
+            new = self._add_columns(rel, table, change, types)
+        else:
+            new = self._adopt_fixed_target(rel, table, change, types)
+        st.save_table_spec(self.dst, self.stream_id, new)
+        self.changed[new.qualified] = new
+        return new
+
+    # -- added columns ------------------------------------------------------------------------------------
+    def _add_columns(self, rel: Relation, table: Table, change: ColumnChanges, types: list[str]) -> Table:
+        target = self._target_columns(table)
+        rows = self.src.execute(_SOURCE_COLUMNS, (rel.oid,)).fetchall()
+        source = {c.name: c for c in (_SourceColumn(*r) for r in rows)}
+        type_of = dict(zip((c.name for c in rel.columns), types))
+        columns = list(table.columns)
+        enums = list(table.enums)
+        for c in change.added:
+            type_sql = type_of[c.name]
+            have = target.get(c.name)
+            if have is not None:  # added before (by a batch that committed, or by hand): the same type?
+                if have[1] != type_sql:
+                    raise SchemaStop(
+                        f"column {c.name} was added to source table {table.qualified} as {type_sql}; target "
+                        f"table {table.qualified} already has a column {c.name} of type {have[1]}: make the "
+                        f"types equal, then `sluicegate workflow start {self.workflow}`, or re-create the "
+                        f"workflow")
+                columns.append(Column(c.name, type_sql, c.type_oid, have[2], have[3], c.typmod))
+                continue
+            col = source.get(c.name)
+            if col is None or (col.type_oid, col.typmod) != (c.type_oid, c.typmod):
+                now = "is gone" if col is None else f"is {col.type_sql} now"
+                raise SchemaStop(
+                    f"column {c.name} ({type_sql}) was added to source table {table.qualified} and changed "
+                    f"again since (it {now} on the source): add it to target table {table.qualified} by hand "
+                    f"as the changes carry it ({type_sql}), then `sluicegate workflow start "
+                    f"{self.workflow}`; or "
+                    f"re-create the workflow")
+            enums += [e for e in self._enums(table, col) if e not in enums]
+            self._alter_add(table, col)
+            columns.append(Column(c.name, col.type_sql, c.type_oid, col.not_null, col.collation, c.typmod))
+        log.info("columns %s added to %s", ", ".join(c.name for c in change.added), table.qualified)
+        return replace(table, columns=tuple(columns), enums=tuple(enums))
+
+    def _initial_default(self, table: Table, col: _SourceColumn) -> sql.Composable | None:
+        """What the rows the target already has get in the new column: what they have on the source."""
+        if col.has_missing:  # the value the source gave every older row, kept as it was computed then
+            return sql.SQL("NULL") if col.missing is None else \
+                sql.SQL("{}::{}").format(sql.Literal(col.missing), sql.SQL(col.type_sql))
+        if col.default is None:
+            return None  # older rows hold NULL
+        # No value recorded: the source wrote one into each row, computing the default for each (a volatile
+        # default rewrote the table), or a later rewrite dropped the record. Only an immutable default then
+        # says what the rows hold. Its calls are read from the expression's node tree (functions and the
+        # functions behind operators); special nodes whose value is not fixed count as not immutable.
+        calls = self.src.execute(
+            r"""SELECT p.proname, p.provolatile FROM regexp_matches(%s, ':(?:funcid|opfuncid) (\d+)', 'g') m
+                JOIN pg_proc p ON p.oid = m[1]::oid""", (col.default_tree,)).fetchall()
+        tree = col.default_tree or ""
+        volatile = sorted({name for name, v in calls if v == "v"})
+        if "NEXTVALUEEXPR" in tree:  # an identity column's sequence
+            volatile.append("nextval")
+        way_out = (f"add it to target table {table.qualified} by hand with the source's values, then "
+                   f"`sluicegate workflow start {self.workflow}`; or re-create the workflow")
+        if volatile:
+            raise SchemaStop(
+                f"column {col.name} was added to source table {table.qualified} with the volatile default "
+                f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own "
+                f"value, which the stream does not carry; {way_out}")
+        if any(v != "i" for _, v in calls) or re.search(r"\{(SQLVALUEFUNCTION|COERCEVIAIO)\b", tree):
+            raise SchemaStop(
+                f"column {col.name} of source table {table.qualified} has the default {col.default}, whose "
+                f"value changes over time, and the source no longer records the one its existing rows got; "
+                f"{way_out}")
+        return sql.SQL(col.default)
+
+    def _alter_add(self, table: Table, col: _SourceColumn) -> None:
+        parts = [sql.Identifier(col.name), sql.SQL(col.type_sql)]  # format_type() output is valid, quoted SQL
+        if col.collation:
+            parts.append(sql.SQL("COLLATE {}").format(sql.Identifier(col.collation)))
+        initial = self._initial_default(table, col)
+        if initial is not None:
+            parts.append(sql.SQL("DEFAULT {}").format(initial))
+        if col.not_null:
+            parts.append(sql.SQL("NOT NULL"))
+        statements = [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {}").format(
+            table.ident, sql.SQL(" ").join(parts))]
+        if col.has_missing:  # older rows took the recorded value: from now on, the source's own default
+            column = sql.SQL("ALTER TABLE {} ALTER COLUMN {}").format(table.ident, sql.Identifier(col.name))
+            statements.append(column + (sql.SQL(" SET DEFAULT {}").format(sql.SQL(col.default))
+                                        if col.default is not None else sql.SQL(" DROP DEFAULT")))
+        ident = table.ident.as_string(self.dst)
+        try:
+            with locks.guard(self.dst, f"adding column {col.name} to {table.qualified}", [ident]):
+                for s in statements:
+                    self.dst.execute(s)
+        except psycopg.Error as exc:
+            if is_retryable(exc):
+                raise
+            raise SchemaStop(
+                f"could not add column {col.name} ({col.type_sql}, default {col.default}) to target table "
+                f"{table.qualified}: {first_line(exc)}; add it by hand, then `sluicegate workflow start "
+                f"{self.workflow}`", getattr(exc, "sqlstate", None)) from None
+
+    def _enums(self, table: Table, col: _SourceColumn) -> list:
+        """The enum type of a new column, made on the target if missing (the copy does it for the others)."""
+        if col.type_oid < FIRST_USER_OID:
+            return []
+        c = Column(col.name, col.type_sql, col.type_oid, col.not_null, col.collation)
+        try:
+            enums = catalog._enums(self.src, (c,), table.qualified)
+            for e in enums:
+                catalog._ensure_enum(self.dst, e)
+        except SluicegateError as exc:
+            if exc.retryable:
+                raise
+            raise SchemaStop(f"{exc.message}; or re-create the workflow") from None
+        return list(enums)
+
+    # -- anything else: stop, unless the target table already matches the source -------------------------
+    def _adopt_fixed_target(self, rel: Relation, table: Table, change: ColumnChanges,
+                            types: list[str]) -> Table:
+        target = self._target_columns(table)
+        new_key = tuple(c.name for c in rel.columns if c.flags & 1) if rel.replica_identity in ("d", "i") \
+            else table.key
+        # A column dropped and added again looks the same on a target that was never changed: never adopted.
+        matches = (not change.readded and set(target) == {c.name for c in rel.columns}
+                   and all(target[c.name][1] == t for c, t in zip(rel.columns, types))
+                   and set(self._target_key(table) or new_key) == set(new_key))
+        if not matches:
+            said = "; ".join(change.describe(self._type_name))
+            what = f"columns of source table {table.qualified} changed: {said}"
+            if change.readded:
+                raise SchemaStop(f"{what}. Sluicegate follows added columns only, and a target table cannot "
+                                 f"show that its column was replaced: re-create the workflow")
+            hints = self._hints(table, change, types)
+            raise SchemaStop(
+                f"{what}. Sluicegate follows added columns only: make target table {table.qualified} match "
+                f"the source{' (' + '; '.join(hints) + ')' if hints else ''}, then "
+                f"`sluicegate workflow start "
+                f"{self.workflow}`; or re-create the workflow")
+        columns = []
+        for c, type_sql in zip(rel.columns, types):
+            _, _, not_null, collation = target[c.name]
+            columns.append(Column(c.name, type_sql, c.type_oid, not_null, collation, c.typmod))
+        enums = []
+        for c in columns:
+            if c.type_oid >= FIRST_USER_OID:
+                enums += [e for e in catalog._enums(self.src, (c,), table.qualified) if e not in enums]
+        log.warning("target table %s matches the source's new columns (%s): following them",
+                    table.qualified, "; ".join(change.describe(self._type_name)))
+        return replace(table, columns=tuple(columns), key=tuple(self._target_key(table) or new_key),
+                       enums=tuple(enums))
+
+    def _hints(self, table: Table, change: ColumnChanges, types: list[str]) -> list[str]:
+        """The statements that make the target table match (as far as they can be written down), with names
+        quoted only where they need it, as a person would type them."""
+        names = [table.schema, table.name, *(n for pair in change.renamed for n in pair), *change.dropped,
+                 *(c for c, _, _, _ in change.retyped)]
+        quoted = dict(self.dst.execute("SELECT n, quote_ident(n) FROM unnest(%s::text[]) AS n",
+                                       (names,)).fetchall())
+        alter = f"ALTER TABLE {quoted[table.schema]}.{quoted[table.name]}"
+        out = [f"{alter} RENAME COLUMN {quoted[o]} TO {quoted[n]}" for o, n in change.renamed]
+        out += [f"{alter} DROP COLUMN {quoted[c]}" for c in change.dropped]
+        out += [f"{alter} ALTER COLUMN {quoted[c]} TYPE {self._type_name(o, m)}"
+                for c, _, o, m in change.retyped]
+        return out
+
+    def _type_names(self, rel: Relation) -> list[str]:
+        """format_type() of each column of the message, on the source."""
+        rows = self.src.execute(
+            "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS t(o, m, i) "
+            "ORDER BY i",
+            ([c.type_oid for c in rel.columns], [c.typmod for c in rel.columns])).fetchall()
+        self._names = {(c.type_oid, c.typmod): r[0] for c, r in zip(rel.columns, rows)}
+        return [r[0] for r in rows]
+
+    def _type_name(self, oid: int, typmod: int) -> str:
+        return self._names.get((oid, typmod)) or builtin_type_name(oid, typmod)
+
+    def _target_columns(self, table: Table) -> dict[str, tuple]:
+        """name -> (name, type_sql, not_null, collation) of the target table's columns."""
+        rows = self.dst.execute(_TARGET_COLUMNS, (table.ident.as_string(self.dst),)).fetchall()
+        if not rows:
+            raise SchemaStop(f"target table {table.qualified} is gone: re-create the workflow")
+        return {r[0]: r for r in rows}
+
+    def _target_key(self, table: Table) -> list[str] | None:
+        row = self.dst.execute(
+            """SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
+               CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+               WHERE i.indrelid = to_regclass(%s) AND i.indisprimary""",
+            (table.ident.as_string(self.dst),)).fetchone()
+        return row[0] if row and row[0] else None
