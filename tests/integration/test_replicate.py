@@ -142,3 +142,37 @@ def test_random_kill_9_of_either_consumer_during_copy_and_replicate(rc, tmp_path
         writer.stop_event.set()
         for consumer in consumers:
             consumer.kill()
+
+
+def test_added_column_reaches_every_sink_and_a_drop_stops_them(rc, tmp_path):
+    c = rc
+    _load(c)
+    assert _create(c).returncode == 0
+    writer = Writer(c.source, 5000, seed=7, pause=0.005)
+    writer.start()
+    consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
+    try:
+        wait_for(lambda: all(caught_up(c, s) for s in c.sinks), 180, what="both sinks replicating")
+        c.src("ALTER TABLE items ADD COLUMN tag text NOT NULL DEFAULT 'plain'")
+        c.src("UPDATE items SET tag = 'hot' WHERE id % 10 = 0")  # rows that carry the new column's own values
+        writer.stop_event.set()
+        writer.join()
+        assert writer.error is None, writer.error
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up after ADD COLUMN")
+            assert_equal(c, sink, "public.items", ["id"])
+            (default,), = run(sink, "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
+                                    "ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+                                    "WHERE d.adrelid = 'items'::regclass AND a.attname = 'tag'")
+            assert default == "'plain'::text"
+        c.src("ALTER TABLE items DROP COLUMN tag")
+        c.src("INSERT INTO items (id, qty, note) VALUES (10000001, 1, 'after the drop')")
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: stream(sink)["state"] == "Error", 120, what="Error after DROP COLUMN")
+            message = stream(sink)["message"]
+            assert "public.items" in message and "tag" in message, message
+            assert run(sink, "SELECT count(*) FROM items WHERE id = 10000001")[0][0] == 0  # nothing of it applied
+    finally:
+        writer.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()
