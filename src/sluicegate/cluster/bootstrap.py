@@ -57,7 +57,9 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
 
 def _cannot_resume(src: psycopg.Connection, s: st.Stream, cluster: Cluster) -> str | None:
     if s.position is None:
-        return None  # Init: nothing to resume yet
+        # Init: nothing to resume yet. Anything else without a position (a stream put in Error before its
+        # first position was saved) has no checkpoint to resume from.
+        return None if s.state == st.INIT else f"stream is {s.state} with no checkpoint"
     try:
         capture.check_slot(src, s.slot_name, s.position, "", consumer="the sink's checkpoint")
     except SluicegateError as exc:

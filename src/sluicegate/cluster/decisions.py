@@ -32,7 +32,11 @@ def at_start(target_url: str, workflow: str) -> list[str]:
             for s in wf.streams:
                 pending = [t.table.qualified for t in s.tables if not t.done]
                 if s.state == st.INIT:
-                    lines.append(f"{here}: new setup: bootstrap by a copy of {len(s.tables)} table(s) from the source")
+                    if s.message.startswith("re-bootstrap"):  # `replicate bootstrap` sent it back here
+                        lines.append(f"{here}: {s.message}: copying {len(s.tables)} table(s) from the source again")
+                    else:
+                        lines.append(f"{here}: new setup: bootstrap by a copy of {len(s.tables)} table(s) from "
+                                     f"the source")
                     continue
                 if s.state in (st.STOPPED, st.ERROR):
                     lines.append(f"{here}: stream is {s.state}{': ' + s.message if s.message else ''}")
