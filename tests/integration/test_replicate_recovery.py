@@ -381,3 +381,30 @@ def test_governor_releases_a_stopped_sinks_slot(rc, tmp_path):
         for consumer in consumers:
             consumer.kill()
     watch.finish()  # s2 never left Running
+
+
+def test_governor_age_cap(rc, tmp_path):
+    """--max-retention-age: s1's consumer down while the source writes; once the WAL its slot holds is older
+    than the cap (dated by s2's governor's samples of the source's WAL position), the slot is released."""
+    c = rc
+    _load(c, rows=1000)
+    out = _create(c, "--max-retention-age", "10s")
+    assert out.returncode == 0, out.stderr
+    consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
+    writer = Writer(c.source, 1000, seed=17, pause=0.05)
+    s1_slot = _slot(c, 0)
+    try:
+        wait_for(lambda: all(caught_up(c, s) for s in c.sinks), 240, what="both sinks caught up")
+        writer.start()
+        _stop_consumer(c, consumers[0], 0)
+        wait_for(lambda: _slot_row(c, s1_slot) is None, 90, what="s1's slot released for its age")
+        s1 = stream(c.sinks[0])
+        assert s1["state"] == "Error" and "over --max-retention-age 10 s" in s1["message"], s1
+        assert BOOTSTRAP.search(s1["message"]), s1
+        st = status(c.workflow, c.sinks[1])
+        assert {s["sink"]: s["exists"] for s in st["sinks"]} == {"s1": False, "s2": True}, st["sinks"]
+        assert stream(c.sinks[1])["state"] == "Running"
+    finally:
+        writer.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()
