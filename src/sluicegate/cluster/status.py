@@ -30,10 +30,18 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
         entry = {"sink": sink, "url": redact(url), "this": sink == cluster.sink, "slot": cluster.slot(sink)}
         if hold is not None:
             entry.update(hold.to_json())
-            if not hold.exists:
-                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source"
-                                f"{' (' + hold.released + ')' if hold.released else ''}; "
+            if not hold.exists and hold.released:
+                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source "
+                                f"({hold.released}); `{cluster.bootstrap_command(sink)}` brings it back")
+            elif not hold.exists and sink == cluster.sink and all(s.position is None for s in wf.streams):
+                pass  # not made yet: this sink's consumer makes it on its first run
+            elif not hold.exists and sink == cluster.sink:
+                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source; "
                                 f"`{cluster.bootstrap_command(sink)}` brings it back")
+            elif not hold.exists:  # another sink: whether it ever had a slot is in its own state
+                warnings.append(f"sink {sink}: no replication slot {hold.slot} on the source: its consumer has "
+                                f"not run yet, or the slot was dropped (then `{cluster.bootstrap_command(sink)}` "
+                                f"brings it back)")
             elif (cap := governor.over_cap(hold, cluster)) is not None:
                 warnings.append(f"sink {sink}: {cap.replace('it held', 'its slot holds')}: the retention governor "
                                 f"releases it once no consumer reads it")
