@@ -175,6 +175,9 @@ def test_bootstrap_decisions_rows_dropped_and_invalidated_slot(rc, source_server
     out = _create(c, "--overwrite")
     assert out.returncode == 0, out.stderr
     assert "sink s2 " in out.stdout and "(--overwrite)" in out.stdout, out.stdout
+    warnings = status(c.workflow, c.sinks[0])["warnings"]  # no slot yet: not "gone" for s1, unknown for s2
+    assert not [w for w in warnings if w.startswith("sink s1:")], warnings
+    assert [w for w in warnings if w.startswith("sink s2: no replication slot")], warnings
     consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
     writer = Writer(c.source, 5000, seed=7, pause=0.01)
     watch = StreamWatch(c, c.sinks[1])
@@ -196,6 +199,8 @@ def test_bootstrap_decisions_rows_dropped_and_invalidated_slot(rc, source_server
         assert s1["state"] == "Error" and f"replication slot {slot} is gone" in s1["message"], s1
         command = BOOTSTRAP.search(s1["message"]).group(1)
         assert command.startswith(f"sluicegate replicate bootstrap {c.workflow} --sink "), command
+        warnings = status(c.workflow, c.sinks[0])["warnings"]
+        assert [w for w in warnings if w.startswith(f"sink s1: its replication slot {slot} is gone") and command in w]
         log = (tmp_path / "run0b.log").read_text()
         assert "cannot resume" in log and command in log, log[-3000:]
         out = _run_bootstrap(command)
