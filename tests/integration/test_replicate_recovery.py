@@ -12,6 +12,7 @@ import time
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from sluicegate.cluster.model import slot_name
 from sluicegate.position import parse_lsn
@@ -413,3 +414,57 @@ def test_governor_age_cap(rc, tmp_path):
         writer.stop_event.set()
         for consumer in consumers:
             consumer.kill()
+
+
+def test_governor_release_races_a_starting_consumer(source_server):
+    """Item 4's race, step by step on a real source: the governor judges a slot idle, and a consumer starts.
+    (a) the consumer reads first: the drop fails, the slot and its changes stay, no note is left behind;
+    (b) the consumer has checked the slot but not connected when the drop lands: it cannot start, looks again
+    and fails with the governor's note and the bootstrap command; nothing is read past the gap;
+    (c) a second governor that saw the same idle slot does not wipe the first one's note."""
+    from sluicegate.cluster.governor import SlotHold, _release
+    from sluicegate.cluster.model import Cluster as Model
+    from sluicegate.errors import RetryableError, TerminalError
+    from sluicegate.postgres import capture
+    from sluicegate.postgres.replication import ChangeStream
+
+    name = f"race{int(time.time() * 1000) % 10**9}"
+    source_server.create_database(name)
+    url = source_server.url(name)
+    model = Model("rp", url, {"s1": url + "_s1", "s2": url + "_s2"}, "s2", max_retained_wal=1)
+    slot = model.slot("s1")
+    try:
+        with psycopg.connect(url, autocommit=True) as src:
+            src.execute("CREATE TABLE items (id int PRIMARY KEY)")
+            src.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE items").format(sql.Identifier(slot)))
+            start = capture.ensure_slot(src, slot)
+            src.execute("INSERT INTO items VALUES (1)")
+            hold = SlotHold("s1", slot, True, retained_bytes=2, active=False)  # as the governor saw it: idle
+
+            # (a) the consumer is reading when the governor acts
+            with ChangeStream(url, slot, slot, start):
+                assert _release(src, model, hold, "over the cap") is None
+            assert capture.slot_info(src, slot) is not None and capture.release_note(src, slot) is None
+
+            # (b) checked, then released, then the consumer connects
+            capture.check_slot(src, slot, start, model.way_out("s1"))
+            wait_for(lambda: capture.slot_info(src, slot).active_pid is None, 10, what="reader gone")
+            note = _release(src, model, hold, "over the cap")
+            assert note and "retention governor released" in note
+            with pytest.raises(RetryableError):
+                ChangeStream(url, slot, slot, start)
+            with pytest.raises(TerminalError) as failed:
+                capture.check_slot(src, slot, start, model.way_out("s1"))
+            assert "retention governor released" in str(failed.value)
+            assert "sluicegate replicate bootstrap rp --sink " in str(failed.value)
+            # (c) the other sink's governor, acting on the same stale look, leaves the slot's note alone
+            assert _release(src, model, hold, "over the cap") is None
+            assert capture.release_note(src, slot) == note
+    finally:
+        with psycopg.connect(source_server.url(), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone():
+                wait_for(lambda: conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                              (slot,)).fetchone()[0] is None, 10, what="reader gone")
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        source_server.drop_database(name)
+
