@@ -25,9 +25,13 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
         wf = st.load_workflow(conn, workflow)
         cluster = Cluster.of(wf)
         here = f"sink {cluster.sink} ({describe(sink_url)})"
+        for s in wf.streams:
+            st.lock_stream(conn, s.id)
+        # Read again under the locks: a running consumer may have committed (and confirmed on the slot) a
+        # position since the first read, and a slot confirmed past a stale position looks consumed by another.
+        wf = st.load_workflow(conn, workflow)
         with connect(wf.source_url, role="source", autocommit=True) as src:
             for s in wf.streams:
-                st.lock_stream(conn, s.id)
                 names = {t.table.qualified for t in s.tables}
                 chosen = _resolve(tables, names) if tables else None
                 why = _cannot_resume(src, s, cluster)
@@ -57,7 +61,9 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
 
 def _cannot_resume(src: psycopg.Connection, s: st.Stream, cluster: Cluster) -> str | None:
     if s.position is None:
-        return None  # Init: nothing to resume yet
+        # Init: nothing to resume yet. Anything else without a position (a stream put in Error before its
+        # first position was saved) has no checkpoint to resume from.
+        return None if s.state == st.INIT else f"stream is {s.state} with no checkpoint"
     try:
         capture.check_slot(src, s.slot_name, s.position, "", consumer="the sink's checkpoint")
     except SluicegateError as exc:

@@ -21,6 +21,11 @@ def at_start(target_url: str, workflow: str) -> list[str]:
     """One line per stream of this sink: what its consumer is about to do, and why."""
     with connect(target_url, role="target") as conn:
         wf = st.load_workflow(conn, workflow)
+        # Under the streams' locks, read again: another consumer of this sink (one started twice) may commit and
+        # confirm a position meanwhile, and a slot confirmed past a stale one would look consumed by another.
+        for s in wf.streams:
+            st.lock_stream(conn, s.id)
+        wf = st.load_workflow(conn, workflow)
         cluster = Cluster.of(wf)
         here = f"sink {cluster.sink}"
         try:
@@ -32,7 +37,11 @@ def at_start(target_url: str, workflow: str) -> list[str]:
             for s in wf.streams:
                 pending = [t.table.qualified for t in s.tables if not t.done]
                 if s.state == st.INIT:
-                    lines.append(f"{here}: new setup: bootstrap by a copy of {len(s.tables)} table(s) from the source")
+                    if s.message.startswith("re-bootstrap"):  # `replicate bootstrap` sent it back here
+                        lines.append(f"{here}: {s.message}: copying {len(s.tables)} table(s) from the source again")
+                    else:
+                        lines.append(f"{here}: new setup: bootstrap by a copy of {len(s.tables)} table(s) from "
+                                     f"the source")
                     continue
                 if s.state in (st.STOPPED, st.ERROR):
                     lines.append(f"{here}: stream is {s.state}{': ' + s.message if s.message else ''}")
@@ -41,9 +50,7 @@ def at_start(target_url: str, workflow: str) -> list[str]:
                     info = capture.check_slot(src, s.slot_name, s.position, cluster.way_out(),
                                               consumer=f"sink {cluster.sink}'s checkpoint")
                 except TerminalError as exc:
-                    st.lock_stream(conn, s.id)
-                    st.set_state(conn, s.id, st.ERROR, str(exc))
-                    conn.commit()
+                    st.set_state(conn, s.id, st.ERROR, str(exc))  # committed with the locks, on leaving
                     lines.append(f"{here}: cannot resume: {exc}")
                     continue
                 held, _ = capture.retained_wal(src, s.slot_name)

@@ -143,29 +143,45 @@ def _sample(src: psycopg.Connection, conn: psycopg.Connection, cluster: Cluster)
 
 def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str) -> str | None:
     """Drop the sink's slot, its reason first on the publication (a consumer that finds the slot gone reads
-    it). None if the slot got a reader (or vanished) meanwhile."""
-    now = src.execute("SELECT clock_timestamp()").fetchone()[0]
-    note = (f"the retention governor released replication slot {hold.slot} of sink {hold.sink} at "
-            f"{now:%Y-%m-%d %H:%M:%S %Z}: {why}")
-    capture.set_release_note(src, hold.slot, note)
-    try:
-        src.execute("SELECT pg_drop_replication_slot(%s)", (hold.slot,))
-    except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
-        capture.set_release_note(src, hold.slot, None)
+    it). None if the slot got a reader (or vanished), or another sink's governor is releasing it, meanwhile.
+
+    A consumer may start reading between our look and the drop: then the drop fails (the slot is in use) and
+    the slot stays. Or it checks the slot just before the drop and connects just after: its stream then fails
+    to start, it looks again, finds the slot gone with our note, and goes to Error; nothing is skipped."""
+    # Every sink's consumer governs every slot: one at a time, or a governor whose drop finds the slot already
+    # gone would clear the note the other one just wrote.
+    if not src.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (hold.slot,)).fetchone()[0]:
         return None
+    try:
+        info = capture.slot_info(src, hold.slot)
+        if info is None or info.active_pid:
+            return None
+        now = src.execute("SELECT clock_timestamp()").fetchone()[0]
+        note = (f"the retention governor released replication slot {hold.slot} of sink {hold.sink} at "
+                f"{now:%Y-%m-%d %H:%M:%S %Z}: {why}")
+        capture.set_release_note(src, hold.slot, note)
+        try:
+            src.execute("SELECT pg_drop_replication_slot(%s)", (hold.slot,))
+        except (psycopg.errors.ObjectInUse, psycopg.errors.UndefinedObject):
+            capture.set_release_note(src, hold.slot, None)
+            return None
+    finally:
+        src.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (hold.slot,))
     log.warning("%s; %s", note, cluster.way_out(hold.sink))
     return note
 
 
 def _tell_sink(cluster: Cluster, sink: str, note: str) -> None:
-    """Best effort: put the sink's streams in Error now (it may be the server that is down; its consumer
-    then finds the slot gone, and the note, when it starts)."""
+    """Best effort: put the sink's streams that read the released slot in Error now (it may be the server that
+    is down; its consumer then finds the slot gone, and the note, when it starts). A stream that a bootstrap
+    has just sent back to Init no longer needs the slot: left alone."""
     try:
         with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:
             wf = st.load_workflow(conn, cluster.workflow)
             for s in wf.streams:
-                st.lock_stream(conn, s.id)
-                st.set_state(conn, s.id, st.ERROR, f"{note}; {cluster.way_out(sink)}")
+                state, position = st.lock_stream(conn, s.id)
+                if s.slot_name == cluster.slot(sink) and position is not None and state != st.ERROR:
+                    st.set_state(conn, s.id, st.ERROR, f"{note}; {cluster.way_out(sink)}")
     except Exception as exc:  # noqa: BLE001
         log.info("could not record the release on sink %s (%s): %s", sink, describe(cluster.sinks[sink]), exc)
 

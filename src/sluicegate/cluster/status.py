@@ -34,9 +34,13 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
         if hold is not None:
             entry.update(hold.to_json())
             entry["not_yet_run"] = not hold.exists and hold.slot not in published
-            if not hold.exists and not entry["not_yet_run"]:
-                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source"
-                                f"{' (' + hold.released + ')' if hold.released else ''}; "
+            if not hold.exists and hold.released:
+                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source "
+                                f"({hold.released}); `{cluster.bootstrap_command(sink)}` brings it back")
+            elif entry["not_yet_run"]:
+                pass  # not made yet (or dropped with its publication by a bootstrap): the consumer makes it
+            elif not hold.exists:
+                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source; "
                                 f"`{cluster.bootstrap_command(sink)}` brings it back")
             elif (cap := governor.over_cap(hold, cluster)) is not None:
                 warnings.append(f"sink {sink}: {cap.replace('it held', 'its slot holds')}: the retention governor "
