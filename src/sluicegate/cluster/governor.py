@@ -7,7 +7,9 @@ SINK`) runs a governor over all the workflow's sinks, so a sink whose own consum
 while any other runs. Past a cap, the governor releases that sink's slot (and only that one): first it says
 why in the comment of the sink's publication, then drops the slot, then (if it can reach the sink) puts the
 sink's streams in Error with that reason and the bootstrap command. Nothing is skipped: the sink cannot
-resume without a bootstrap, and says so. A slot with a reader is left alone: its sink is catching up.
+resume without a bootstrap, and says so. A slot with a reader is left alone: its sink is catching up. So is
+one whose sink's consumer is alive (its heartbeat is fresh): between catchups (a long copy) nothing reads
+the slot, but that sink is not gone.
 
 The age of the WAL a slot holds is measured from samples of the source's WAL position (lsn, source clock)
 the governor keeps in its sink's state: the oldest WAL a slot holds (its restart_lsn) was written before the
@@ -122,6 +124,8 @@ class Governor:
                 released = []
                 for hold in holds(src, sink_conn, cluster):
                     why = over_cap(hold, cluster) if hold.exists and not hold.active else None
+                    if why and hold.sink != cluster.sink and _consumer_alive(cluster, hold.sink):
+                        why = None  # between its catchups (a long copy): a sink that is there is not gone
                     if why and (note := _release(src, cluster, hold, why)):
                         released.append(note)
                         _tell_sink(cluster, hold.sink, note)
@@ -169,6 +173,17 @@ def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str
         src.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (hold.slot,))
     log.warning("%s; %s", note, cluster.way_out(hold.sink))
     return note
+
+
+def _consumer_alive(cluster: Cluster, sink: str) -> bool:
+    """Whether the sink's consumer beats (workflow/heartbeat.py); an unreachable sink's is not."""
+    from ..workflow.heartbeat import is_running
+
+    try:
+        with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:
+            return is_running(st.load_workflow(conn, cluster.workflow).driver)
+    except Exception:  # noqa: BLE001 - down, or deleted there: nothing beats
+        return False
 
 
 def _tell_sink(cluster: Cluster, sink: str, note: str) -> None:
