@@ -67,6 +67,17 @@ def cluster(source_server, *sink_servers):
                 server.drop_database(db)
 
 
+def load_items(c: Cluster, rows: int = 5000) -> None:
+    c.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    c.src("INSERT INTO items SELECT g, g %% 7, md5(g::text) FROM generate_series(1, %s) g", (rows,))
+
+
+def create(c: Cluster, *extra, sinks=None) -> subprocess.CompletedProcess:
+    """`replicate create` of workflow rp from the source to the sinks (default: all of them)."""
+    return cli("replicate", "create", "--workflow", c.workflow, "--source", c.source,
+               *[a for s in (sinks or c.sinks) for a in ("--sink", s)], *extra)
+
+
 def cli(*args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -113,6 +124,19 @@ def caught_up(c: Cluster, sink: str) -> bool:
     if s["state"] != "Running" or s["position"] is None:
         return False
     return s["position"] >= parse_lsn(c.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+
+
+def settle(c: Cluster, writer, tables=("public.items",)) -> None:
+    """Stop the writer; every sink catches up and equals the source."""
+    from ..conftest import wait_for
+
+    writer.stop_event.set()
+    writer.join()
+    assert writer.error is None, writer.error
+    for sink in c.sinks:
+        wait_for(lambda sink=sink: caught_up(c, sink), 120, what=f"{sink} caught up")
+        for table in tables:
+            assert_equal(c, sink, table, ["id"])
 
 
 def assert_equal(c: Cluster, sink: str, table: str, key: list[str]) -> int:

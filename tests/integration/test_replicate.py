@@ -10,27 +10,23 @@ from datetime import datetime, timezone
 import pytest
 
 from ..conftest import wait_for
-from .cluster_helpers import Consumer, assert_equal, caught_up, cli, cluster, run, status, stream
+from .cluster_helpers import (
+    Consumer,
+    assert_equal,
+    caught_up,
+    cli,
+    create,
+    load_items,
+    run,
+    status,
+    stream,
+)
 from .helpers import Writer
 
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture
-def rc(source_server, target_server, sink_server):
-    with cluster(source_server, target_server, sink_server) as c:
-        yield c
 
-
-def _load(c, rows=5000):
-    c.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
-    c.src("INSERT INTO items SELECT g, g %% 7, md5(g::text) FROM generate_series(1, %s) g", (rows,))
-
-
-def _create(c, *extra):
-    out = cli("replicate", "create", "--workflow", c.workflow, "--source", c.source,
-              *[a for s in c.sinks for a in ("--sink", s)], *extra)
-    return out
 
 
 class SafeTimeSampler(threading.Thread):
@@ -55,8 +51,8 @@ class SafeTimeSampler(threading.Thread):
 
 def test_two_sinks_live_writes_kill_9_and_safe_time(rc, tmp_path):
     c = rc
-    _load(c)
-    out = _create(c)
+    load_items(c)
+    out = create(c)
     assert out.returncode == 0, out.stderr
     for sink in ("s1", "s2"):  # the bootstrap decision, printed per sink and table
         assert f"sink {sink} " in out.stdout and "public.items: copy — new setup, sink table created" in out.stdout
@@ -117,8 +113,8 @@ def test_random_kill_9_of_either_consumer_during_copy_and_replicate(rc, tmp_path
     import random
 
     c = rc
-    _load(c, rows=300_000)
-    out = _create(c, "--cycle-rows", "50000")
+    load_items(c, rows=300_000)
+    out = create(c, "--cycle-rows", "50000")
     assert out.returncode == 0, out.stderr
     writer = Writer(c.source, 300_000, seed=5, pause=0.005)
     writer.start()
@@ -146,8 +142,8 @@ def test_random_kill_9_of_either_consumer_during_copy_and_replicate(rc, tmp_path
 
 def test_added_column_reaches_every_sink_and_a_drop_stops_them(rc, tmp_path):
     c = rc
-    _load(c)
-    assert _create(c).returncode == 0
+    load_items(c)
+    assert create(c).returncode == 0
     writer = Writer(c.source, 5000, seed=7, pause=0.005)
     writer.start()
     consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]

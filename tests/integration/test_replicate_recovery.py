@@ -18,7 +18,18 @@ from sluicegate.cluster.model import slot_name
 from sluicegate.position import parse_lsn
 
 from ..conftest import wait_for
-from .cluster_helpers import Consumer, assert_equal, caught_up, cli, cluster, run, status, stream
+from .cluster_helpers import (
+    Consumer,
+    assert_equal,
+    caught_up,
+    cli,
+    create,
+    load_items,
+    run,
+    settle,
+    status,
+    stream,
+)
 from .helpers import Writer
 
 pytestmark = pytest.mark.spark
@@ -26,20 +37,7 @@ pytestmark = pytest.mark.spark
 BOOTSTRAP = re.compile(r"`(sluicegate replicate bootstrap [^`]+)`")
 
 
-@pytest.fixture
-def rc(source_server, target_server, sink_server):
-    with cluster(source_server, target_server, sink_server) as c:
-        yield c
 
-
-def _load(c, rows=5000):
-    c.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
-    c.src("INSERT INTO items SELECT g, g %% 7, md5(g::text) FROM generate_series(1, %s) g", (rows,))
-
-
-def _create(c, *extra, sinks=None):
-    return cli("replicate", "create", "--workflow", c.workflow, "--source", c.source,
-               *[a for s in (sinks or c.sinks) for a in ("--sink", s)], *extra)
 
 
 class StreamWatch(threading.Thread):
@@ -109,8 +107,8 @@ def _wait_exit(consumer, timeout=180):
 def test_sink_server_stopped_and_started_under_writes(rc, sink_server, tmp_path):
     """Issue 24, item 1 (second half): s2's server stopped immediately, its consumer retrying; s1 goes on."""
     c = rc
-    _load(c)
-    out = _create(c)
+    load_items(c)
+    out = create(c)
     assert out.returncode == 0, out.stderr
     writer = Writer(c.source, 5000, seed=5, pause=0.005)
     writer.start()
@@ -131,12 +129,7 @@ def test_sink_server_stopped_and_started_under_writes(rc, sink_server, tmp_path)
             sink_server.start()
         up_at = time.monotonic()
         wait_for(_passes_now(c, c.sinks[1]), 180, what="s2 caught up after its server came back")
-        writer.stop_event.set()
-        writer.join()
-        assert writer.error is None, writer.error
-        for sink in c.sinks:
-            wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up")
-            assert_equal(c, sink, "public.items", ["id"])
+        settle(c, writer)
         assert consumers[1].running()
         log = (tmp_path / "run1.log").read_text()
         assert "retrying" in log, log[-3000:]
@@ -155,10 +148,10 @@ def test_bootstrap_decisions_rows_dropped_and_invalidated_slot(rc, source_server
     one invalidated, behind s1 while its consumer is down: Error with the bootstrap command, which converges,
     while s2 never stops."""
     c = rc
-    _load(c)
+    load_items(c)
     run(c.sinks[1], "CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
     run(c.sinks[1], "INSERT INTO items VALUES (1, -1, 'mine'), (99999, -1, 'mine too')")
-    out = _create(c)
+    out = create(c)
     assert out.returncode != 0
     err = out.stderr.strip()
     assert "public.items" in err and "sink s2 (" in err and "--overwrite" in err, err
@@ -174,7 +167,7 @@ def test_bootstrap_decisions_rows_dropped_and_invalidated_slot(rc, source_server
     assert c.src("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)) == []
     assert c.src("SELECT pubname FROM pg_publication") == []
 
-    out = _create(c, "--overwrite")
+    out = create(c, "--overwrite")
     assert out.returncode == 0, out.stderr
     assert "sink s2 " in out.stdout and "(--overwrite)" in out.stdout, out.stdout
     before = status(c.workflow, c.sinks[0])  # no slot yet (nor publication): not "gone", for either sink
@@ -236,12 +229,7 @@ def test_bootstrap_decisions_rows_dropped_and_invalidated_slot(rc, source_server
         consumers[0] = Consumer(c.workflow, c.sinks[0], tmp_path / "run0e.log").start()
         wait_for(_passes_now(c, c.sinks[0]), 240, what="s1 re-bootstrapped again and caught up")
 
-        writer.stop_event.set()
-        writer.join()
-        assert writer.error is None, writer.error
-        for sink in c.sinks:
-            wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up")
-            assert_equal(c, sink, "public.items", ["id"])
+        settle(c, writer)
     finally:
         watch.stop_event.set()
         writer.stop_event.set()
@@ -271,11 +259,11 @@ class OrdersWriter(threading.Thread):
 def test_bootstrap_one_table_while_the_other_flows(rc, tmp_path):
     """`replicate bootstrap --tables items` on a healthy sink re-copies items only; orders keeps arriving."""
     c = rc
-    _load(c, rows=40000)
+    load_items(c, rows=40000)
     c.src("CREATE TABLE orders (id bigint PRIMARY KEY, note text)")
     c.src("INSERT INTO orders SELECT g, 'old' FROM generate_series(1, 1000) g")
     sink = c.sinks[0]
-    out = _create(c, "--cycle-rows", "4000", sinks=[sink])
+    out = create(c, "--cycle-rows", "4000", sinks=[sink])
     assert out.returncode == 0, out.stderr
     consumer = Consumer(c.workflow, sink, tmp_path / "run.log").start()
     items, orders = Writer(c.source, 40000, seed=3, pause=0.01), OrdersWriter(c.source, 1001)
@@ -328,9 +316,9 @@ def test_governor_releases_a_stopped_sinks_slot(rc, tmp_path):
     """Issue 24, item 4: --max-retained-wal 64MB, s1's consumer down, ~300 MB of WAL: s2's governor releases
     s1's slot, status says why and what to run, the WAL s1 held goes, s2 is unaffected, bootstrap recovers s1."""
     c = rc
-    _load(c)
+    load_items(c)
     c.src("CREATE TABLE ballast (id bigserial PRIMARY KEY, pad text)")  # not replicated: WAL, nothing to apply
-    out = _create(c, "--tables", "items", "--max-retained-wal", "64MB")
+    out = create(c, "--tables", "items", "--max-retained-wal", "64MB")
     assert out.returncode == 0, out.stderr
     consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
     writer = Writer(c.source, 5000, seed=13, pause=0.01)
@@ -375,12 +363,7 @@ def test_governor_releases_a_stopped_sinks_slot(rc, tmp_path):
         _run_bootstrap(command)
         consumers[0] = Consumer(c.workflow, c.sinks[0], tmp_path / "run0b.log").start()
         wait_for(_passes_now(c, c.sinks[0]), 240, what="s1 back after its bootstrap")
-        writer.stop_event.set()
-        writer.join()
-        assert writer.error is None, writer.error
-        for sink in c.sinks:
-            wait_for(lambda sink=sink: caught_up(c, sink), 120, what="caught up")
-            assert_equal(c, sink, "public.items", ["id"])
+        settle(c, writer)
         assert all(s["exists"] for s in status(c.workflow, c.sinks[1])["sinks"])
     finally:
         watch.stop_event.set()
@@ -394,8 +377,8 @@ def test_governor_age_cap(rc, tmp_path):
     """--max-retention-age: s1's consumer down while the source writes; once the WAL its slot holds is older
     than the cap (dated by s2's governor's samples of the source's WAL position), the slot is released."""
     c = rc
-    _load(c, rows=1000)
-    out = _create(c, "--max-retention-age", "10s")
+    load_items(c, rows=1000)
+    out = create(c, "--max-retention-age", "10s")
     assert out.returncode == 0, out.stderr
     consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
     writer = Writer(c.source, 1000, seed=17, pause=0.05)

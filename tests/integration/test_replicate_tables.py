@@ -19,7 +19,7 @@ from sluicegate.appliers import postgres as pg_applier
 from sluicegate.workflow.engine import Engine
 
 from ..conftest import wait_for
-from .cluster_helpers import CLI, Consumer, assert_equal, caught_up, cli, cluster, run, stream
+from .cluster_helpers import CLI, Consumer, assert_equal, caught_up, cli, cluster, create, run, stream
 
 WORKFLOW = "rp"
 
@@ -36,11 +36,6 @@ def _load(c, items=2000, orders=0):
     c.src("INSERT INTO items SELECT g, g %% 7, md5(g::text) FROM generate_series(1, %s) g", (items,))
     c.src("CREATE TABLE orders (id bigint PRIMARY KEY, item bigint, amount int, note text)")
     c.src("INSERT INTO orders SELECT g, g %% 1000, g %% 97, md5(g::text) FROM generate_series(1, %s) g", (orders,))
-
-
-def _create(c, *extra, sinks=None):
-    return cli("replicate", "create", "--workflow", c.workflow, "--source", c.source,
-               *[a for s in (sinks or c.sinks) for a in ("--sink", s)], *extra)
 
 
 def failed(proc, *needles: str) -> str:
@@ -85,23 +80,23 @@ def test_create_bad_input_is_one_line_and_creates_nothing(rc):
     before = _made(c)
     assert before["sink1"] == [("mt", "MoveTables")]
     cases = [
-        (_create(c, sinks=[c.source, c.sinks[0]]), ["sink s1", "is the source database itself"]),
-        (_create(c, sinks=[c.sinks[0], source_by_socket]), ["sink s2", "is the source database itself"]),
-        (_create(c, sinks=[c.sinks[0], sink_by_socket]), ["sinks s1", "and s2", "the same database"]),
-        (_create(c, sinks=[c.sinks[0], c.sinks[0]]), ["sinks s1", "and s2", "the same database"]),
-        (_create(c), ["sink s2", "already the target of workflow 'mt'", "public.items"]),
-        (_create(c, "--tables", "items,nosuch", sinks=c.sinks[:1]), ["nosuch"]),
-        (_create(c, "--exclude-tables", "nosuch", sinks=c.sinks[:1]), ["--exclude-tables", "nosuch"]),
-        (_create(c, "--max-retained-wal", "12parsecs", sinks=c.sinks[:1]), ["--max-retained-wal", "12parsecs"]),
-        (_create(c, "--max-retention-age", "soon", sinks=c.sinks[:1]), ["--max-retention-age", "soon"]),
-        (_create(c, "--max-retained-wal", "0", sinks=c.sinks[:1]), ["--max-retained-wal", "above zero"]),
+        (create(c, sinks=[c.source, c.sinks[0]]), ["sink s1", "is the source database itself"]),
+        (create(c, sinks=[c.sinks[0], source_by_socket]), ["sink s2", "is the source database itself"]),
+        (create(c, sinks=[c.sinks[0], sink_by_socket]), ["sinks s1", "and s2", "the same database"]),
+        (create(c, sinks=[c.sinks[0], c.sinks[0]]), ["sinks s1", "and s2", "the same database"]),
+        (create(c), ["sink s2", "already the target of workflow 'mt'", "public.items"]),
+        (create(c, "--tables", "items,nosuch", sinks=c.sinks[:1]), ["nosuch"]),
+        (create(c, "--exclude-tables", "nosuch", sinks=c.sinks[:1]), ["--exclude-tables", "nosuch"]),
+        (create(c, "--max-retained-wal", "12parsecs", sinks=c.sinks[:1]), ["--max-retained-wal", "12parsecs"]),
+        (create(c, "--max-retention-age", "soon", sinks=c.sinks[:1]), ["--max-retention-age", "soon"]),
+        (create(c, "--max-retained-wal", "0", sinks=c.sinks[:1]), ["--max-retained-wal", "above zero"]),
     ]
     for proc, needles in cases:
         failed(proc, *needles)
         assert c.servers[0][0].password not in proc.stderr
     assert _made(c) == before  # nothing on any sink (no workflow, no table), no slot or publication
     # The same command with good input does create (the checks above could have passed)
-    out = _create(c, "--tables", "items", "--max-retained-wal", "64MB", "--max-retention-age", "36h",
+    out = create(c, "--tables", "items", "--max-retained-wal", "64MB", "--max-retention-age", "36h",
                   sinks=c.sinks[:1])
     assert out.returncode == 0, out.stderr
     assert run(c.sinks[0], "SELECT options -> 'cluster' ->> 'max_retained_wal', "
@@ -125,7 +120,7 @@ def test_add_tables_bad_input(rc):
     c = rc
     _load(c, orders=100)
     c.src("CREATE TABLE customers (id bigint PRIMARY KEY, name text)")
-    out = _create(c, "--tables", "items")
+    out = create(c, "--tables", "items")
     assert out.returncode == 0, out.stderr
 
     def add(*tables, extra=(), sink=None):
@@ -158,7 +153,6 @@ def test_add_tables_bad_input(rc):
     assert [_copy_state(s) for s in c.sinks] == [_copy_state(c.sinks[0])] * 2
 
 
-
 def _published(c) -> set[str]:
     return {r[0] for r in c.src("SELECT tablename FROM pg_publication_tables")}
 
@@ -169,7 +163,7 @@ def test_init_publishes_tables_that_joined_meanwhile(rc):
     the driver's work."""
     c = rc
     _load(c, orders=50)
-    out = _create(c, "--tables", "items", sinks=c.sinks[:1])
+    out = create(c, "--tables", "items", sinks=c.sinks[:1])
     assert out.returncode == 0, out.stderr
     engine = Engine(c.sinks[0], c.workflow, runner=None, serve_vdiffs=False)
     try:
@@ -187,13 +181,12 @@ def test_init_publishes_tables_that_joined_meanwhile(rc):
         engine.close()
 
 
-
 def test_add_tables_sees_a_copy_that_finished_while_it_waited(rc):
     """add-tables waits for the stream's lock (a batch committing); the initial copy ends meanwhile (Copying ->
     Running). The stream must go back to Copying, or the new table would never be copied."""
     c = rc
     _load(c, orders=50)
-    out = _create(c, "--tables", "items", sinks=c.sinks[:1])
+    out = create(c, "--tables", "items", sinks=c.sinks[:1])
     assert out.returncode == 0, out.stderr
     sink = c.sinks[0]
     run(sink, "UPDATE sluicegate.streams SET state = 'Copying' WHERE workflow = %s", (c.workflow,))
@@ -301,7 +294,7 @@ def test_add_tables_while_running_under_writes(rc, tmp_path):
     c = rc
     assert pg_applier._RowSink is not None, "the C fast lane (postgres/_pgoutput_rows.c) is not built"
     _load(c, items=5000, orders=200_000)
-    out = _create(c, "--tables", "items", "--cycle-rows", "20000")
+    out = create(c, "--tables", "items", "--cycle-rows", "20000")
     assert out.returncode == 0, out.stderr
     consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
     writer = Writer(c.source, {"items": 5000, "orders": 200_000})
