@@ -68,11 +68,16 @@ def replicate_group() -> None:
 @click.option("--max-retention-age", default=None, metavar="DURATION",
               help="Release a sink's slot once the WAL it holds is older than this (e.g. 36h, 7d).")
 @OVERWRITE
+@click.option("--bidirectional", is_flag=True,
+              help="Active-active: the sink replicates back to the source too (exactly one --sink).")
+@click.option("--allow-unsafe-schema", is_flag=True,
+              help="With --bidirectional: create despite secondary unique indexes or sequence-drawn keys "
+                   "(printed as warnings).")
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
 @click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
 @_friendly
 def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_wal, max_retention_age, overwrite,
-                     cycle_rows, chunk_rows):
+                     bidirectional, allow_unsafe_schema, cycle_rows, chunk_rows):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
     from ..sizes import parse_duration, parse_size
@@ -85,11 +90,19 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
     excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
     decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
                                  overwrite=overwrite, max_retained_wal=max_retained_wal,
-                                 max_retention_age=max_retention_age)
+                                 max_retention_age=max_retention_age, bidirectional=bidirectional,
+                                 allow_unsafe_schema=allow_unsafe_schema,
+                                 warn=lambda line: click.echo(f"warning: {line}", err=True))
     for d in decisions:
         click.echo(d.line())
     tables_n = len({d.table for d in decisions})
-    click.echo(f"created workflow {name}: {tables_n} table(s) to {len(sinks)} sink(s); run each sink's consumer with:")
+    if bidirectional:
+        click.echo(f"created workflow {name}: {tables_n} table(s) both ways between the source and the sink; run "
+                   f"each side's consumer with:")
+        click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(source))}")
+    else:
+        click.echo(f"created workflow {name}: {tables_n} table(s) to {len(sinks)} sink(s); run each sink's "
+                   f"consumer with:")
     for url in sinks:
         click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
     note = source_password_note(source)

@@ -4,6 +4,12 @@ The decision for a new setup follows the seed's chart: a sink table that is miss
 bootstrapped by a copy from the source; one that already holds rows is refused, naming the tables, unless the
 user asked for them to be overwritten by the copy. Nothing is created anywhere unless every check passed on
 every sink: each sink's state is made in its own transaction, and all of them commit at the end.
+
+`--bidirectional` (one source A, one sink B) makes the two one-way directions of an active-active pair under
+one name: A->B, state on B, which bootstraps B by a copy as above; and B->A, state on A, which copies nothing
+(A is the copy's source) and replicates B's changes from a slot made on B now, so B's writes are kept from
+this moment. Writes each direction applies carry its replication origin and the other direction's capture
+drops them (postgres/origins.py): the copy's rows on B never come back to A.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError
-from ..postgres import capture, catalog, locks, replication
+from ..postgres import capture, catalog, locks, origins, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify, same_database
@@ -24,9 +30,13 @@ from ..workflow.create import (
     _check_no_leftovers,
     _check_source_role,
     _check_table_rights,
+    _workflows_reading,
     check_not_the_source,
 )
+from . import schema_safety
 from .model import KIND, Cluster, slot_name
+
+CLUSTER_IDS = {"a": 1, "b": 2}  # a bidirectional pair's fixed ids: --source is a, --sink is b
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,7 @@ class Decision:
     sink: str
     url: str
     table: str
-    action: str  # "copy" or "refuse"
+    action: str  # "copy", "refuse", or "replicate" (a bidirectional source: nothing to copy)
     reason: str
 
     def line(self) -> str:
@@ -43,12 +53,18 @@ class Decision:
 
 def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: list[str] | None,
                      exclude: list[str] | None, options: dict, *, overwrite: bool = False,
-                     max_retained_wal: int | None = None, max_retention_age: float | None = None) -> list[Decision]:
-    """The bootstrap decision per sink and table; raises UsageError (nothing created) if any check fails."""
+                     max_retained_wal: int | None = None, max_retention_age: float | None = None,
+                     bidirectional: bool = False, allow_unsafe_schema: bool = False,
+                     warn=None) -> list[Decision]:
+    """The bootstrap decision per sink and table; raises UsageError (nothing created) if any check fails.
+    `warn`: told each check that --allow-unsafe-schema overrode."""
     st.check_name(name)
     if not sink_urls:
         raise UsageError("replicate create needs at least one --sink URL")
-    sinks = {f"s{i}": url for i, url in enumerate(sink_urls, 1)}
+    if bidirectional and len(sink_urls) != 1:
+        raise UsageError(f"--bidirectional replicates between two clusters (--source and one --sink), "
+                         f"{len(sink_urls) + 1} were given: name exactly one --sink")
+    sinks = {"b": sink_urls[0]} if bidirectional else {f"s{i}": url for i, url in enumerate(sink_urls, 1)}
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
         try:
@@ -68,7 +84,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         for sink, url in sinks.items():
             conn = stack.enter_context(connect(url, role="target"))
             try:
-                check_not_the_source(src, conn, f"sink {sink}", url)
+                check_not_the_source(src, conn, f"sink {sink}", url, pair=name if bidirectional else None)
                 for other, seen in conns.items():
                     if same_database(seen, conn):
                         raise UsageError(f"sinks {other} ({describe(sinks[other])}) and {sink} ({describe(url)}) are "
@@ -80,6 +96,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
             conns[sink] = conn
+        if bidirectional:
+            _check_pair(src, conns["b"], name, source_url, sinks["b"], described, allow_unsafe_schema, warn)
         decisions = []
         for sink, conn in conns.items():
             try:
@@ -96,17 +114,119 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 + ". A new replication copies into empty tables: empty them, or pass --overwrite to replace their "
                   "rows by the copy"
             )
+        peer = None
+        if bidirectional:  # A is the sink of B->A: its state, checked before anything is written
+            peer = stack.enter_context(connect(source_url, role="target"))
+            try:
+                _prepare_peer(peer, name, source_url, described)
+            except psycopg.Error as exc:
+                raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         stored = {s: strip_password(u) for s, u in sinks.items()}
         for sink, conn in conns.items():
-            cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age)
+            cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age, bidirectional,
+                              dict(CLUSTER_IDS) if bidirectional else {})
             try:
                 st.insert_workflow(conn, name, KIND, source_url, {**options, "cluster": cluster.to_json()})
                 st.add_stream(conn, name, "0", None, slot_name(name, sink), described, None, identity)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
+        if peer is not None:
+            back = Cluster(name, sinks["b"], {"a": strip_password(source_url)}, "a", max_retained_wal,
+                           max_retention_age, True, dict(CLUSTER_IDS))
+            try:
+                st.insert_workflow(peer, name, KIND, sinks["b"], {**options, "cluster": back.to_json()})
+                st.add_stream(peer, name, "0", None, slot_name(name, "a"), described, None,
+                              identify(conns["b"]).to_json())
+                # A is the copy's source: the B->A direction has nothing to copy, only B's changes to replicate
+                peer.execute("""UPDATE sluicegate.copy_state SET done = true WHERE stream_id IN
+                                (SELECT id FROM sluicegate.streams WHERE workflow = %s)""", (name,))
+            except psycopg.Error as exc:
+                raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+            decisions += [Decision("a", source_url, t.qualified, "replicate",
+                                   "the copy's source: nothing copied, the sink's changes replicate back")
+                          for t in described]
         for conn in conns.values():  # every check passed on every sink: now commit them all
             conn.commit()
+        if peer is not None:
+            peer.commit()
+    if bidirectional:
+        _capture_back(name, sinks["b"], described, warn)
     return decisions
+
+
+def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: str, b_url: str,
+                described: list[Table], allow_unsafe: bool, warn) -> None:
+    """What a bidirectional pair needs beyond a one-way sink: B is a source too (of B->A), both keep commit
+    timestamps and may use replication origins, no other workflow makes a loop with it, and no table's schema
+    is unsafe with writes on both sides. `a` is in autocommit, `b` in a transaction (rolled back here)."""
+    for side, conn, url in (("source", a, a_url), ("sink", b, b_url)):
+        try:
+            if conn.execute("SHOW track_commit_timestamp").fetchone()[0] != "on":
+                raise UsageError(f"{side} {describe(url)} has track_commit_timestamp = off; bidirectional "
+                                 f"replication resolves conflicts by commit time: ALTER SYSTEM SET "
+                                 f"track_commit_timestamp = on, then restart that server")
+            missing = origins.missing_rights(conn)
+            if missing:
+                raise UsageError(f"{side} {describe(url)}: user {conn.info.user} may not use replication "
+                                 f"origins: GRANT EXECUTE ON FUNCTION {', '.join(missing)} TO {conn.info.user} "
+                                 f"(as a superuser), or connect as a superuser")
+        except psycopg.Error as exc:
+            raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None
+    try:  # B as the source of B->A
+        capture.check_source(b)
+        superuser = _check_source_role(b)
+        if not superuser:
+            _check_table_rights(b, [t for t in described if schema_safety.table_exists(b, t)])
+        _check_no_leftovers(b, name, slot_name(name, "a"))
+        _check_slots_available(b, 1)
+        # A loop through another workflow: one that already writes B from A (B->A would send its rows back).
+        loops = [w for w, _ in _workflows_reading(b, a) if w != name]
+        if loops:
+            raise UsageError(f"workflow {loops[0]!r} already replicates the source {describe(a_url)} into the sink "
+                             f"{describe(b_url)} (its state is on the sink): the direction back would carry its "
+                             f"changes around in a loop; delete {loops[0]!r} first, or pair other clusters")
+        unsafe = schema_safety.problems(a, b, ("source", "sink"), described)
+    except psycopg.Error as exc:
+        raise UsageError(f"sink {describe(b_url)}: {first_line(exc)}") from None
+    finally:
+        b.rollback()
+    replication.check_replication_access(b_url)
+    if unsafe and not allow_unsafe:
+        raise UsageError(f"unsafe schema for active-active replication: {unsafe[0]}"
+                         + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""))
+    for line in unsafe:
+        if warn is not None:
+            warn(f"--allow-unsafe-schema: {line.rsplit(', or pass --allow-unsafe-schema', 1)[0]}")
+
+
+def _prepare_peer(conn: psycopg.Connection, name: str, url: str, described: list[Table]) -> None:
+    """A as the sink of B->A, in the caller's transaction: its state schema; the name free; no other workflow
+    writing its tables."""
+    with locks.guard(conn, f"creating workflow {name} on the source", ["sluicegate.workflows"], then="try again"):
+        st.ensure_schema(conn)
+        st.check_new_name(conn, name)
+        writers = [(t, w) for t, w in st.workflows_writing(conn, [t.qualified for t in described]) if w != name]
+        if writers:
+            table, workflow = writers[0]
+            raise UsageError(f"source {describe(url)} is the target of workflow {workflow!r}, which writes {table}: "
+                             f"a bidirectional pair's tables take writes from it alone; delete {workflow!r} or "
+                             f"leave the table out")
+
+
+def _capture_back(name: str, b_url: str, described: list[Table], warn) -> None:
+    """B's publication and slot for B->A, made now (after B's tables exist, committed): B's writes are kept
+    from here on, whenever A's consumer first runs; and the copy into B, later, carries its origin."""
+    slot = slot_name(name, "a")
+    try:
+        with connect(b_url, role="source", autocommit=True) as b:
+            capture.ensure_publication(b, slot, described)
+            capture.ensure_slot(b, slot)
+    except (psycopg.Error, UsageError) as exc:  # the direction's Init makes them at its first run
+        if warn is not None:
+            why = first_line(exc) if isinstance(exc, psycopg.Error) else str(exc)
+            warn(f"could not make replication slot {slot} on the sink yet ({why}); "
+                 f"the source's consumer makes it at its first run, and the sink's writes before then are not "
+                 f"replicated back")
 
 
 def _sink_decisions(conn: psycopg.Connection, name: str, sink: str, url: str, described: list[Table],

@@ -3,12 +3,18 @@
 Each sink's workflow row lists all the sinks, so any sink's consumer can govern the others' slots and any
 sink's URL finds the rest. A sink is named `s1`, `s2`, … in the order `create` was given them; its slot and
 publication on the source are derived from the workflow's name and the sink's, and never shared.
+
+A bidirectional workflow (active-active) is two one-way directions under one name: A->B, whose state is on
+B (sink "b"), and B->A, whose state is on A (sink "a"). Each side records both clusters' fixed ids (a = 1,
+b = 2: the tie-break of last-writer-wins) and which one it is; the writes of each direction carry a
+replication origin named for it (postgres/origins.py), and each direction's capture drops writes that have one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from ..postgres.connect import describe, redact
@@ -25,6 +31,9 @@ class Cluster:
     sink: str  # the sink whose state this is
     max_retained_wal: int | None = None  # bytes
     max_retention_age: float | None = None  # seconds
+    bidirectional: bool = False
+    # Bidirectional: cluster name -> its fixed id ({"a": 1, "b": 2}); this side is `sink`, its peer the source.
+    cluster_ids: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, wf: st.Workflow) -> Cluster:
@@ -32,11 +41,29 @@ class Cluster:
             raise UsageError(f"workflow {wf.name!r} is a {wf.kind}, not a Replicate workflow")
         c = wf.options["cluster"]
         return cls(wf.name, wf.source_url, dict(c["sinks"]), c["sink"], c.get("max_retained_wal"),
-                   c.get("max_retention_age"))
+                   c.get("max_retention_age"), bool(c.get("bidirectional")), dict(c.get("cluster_ids") or {}))
 
     def to_json(self) -> dict:
-        return {"sinks": self.sinks, "sink": self.sink, "max_retained_wal": self.max_retained_wal,
-                "max_retention_age": self.max_retention_age}
+        out = {"sinks": self.sinks, "sink": self.sink, "max_retained_wal": self.max_retained_wal,
+               "max_retention_age": self.max_retention_age}
+        if self.bidirectional:
+            out |= {"bidirectional": True, "cluster_ids": self.cluster_ids, "cluster_id": self.local_id}
+        return out
+
+    @property
+    def local_id(self) -> int | None:
+        """This side's fixed cluster id (bidirectional only)."""
+        return self.cluster_ids.get(self.sink)
+
+    @property
+    def peer(self) -> str | None:
+        """The other cluster's name: the source of the direction whose sink this is (bidirectional only)."""
+        return next((c for c in self.cluster_ids if c != self.sink), None)
+
+    @property
+    def origin(self) -> str | None:
+        """The replication origin this side's writes of the workflow carry (bidirectional only)."""
+        return origin_name(self.workflow, self.sinks[self.sink], self.peer) if self.bidirectional else None
 
     def slot(self, sink: str | None = None) -> str:
         """The sink's slot and publication on the source (one name for both)."""
@@ -55,6 +82,22 @@ class Cluster:
 
 def slot_name(workflow: str, sink: str) -> str:
     return st.object_name("sg", f"{workflow}/{sink}")
+
+
+def origin_name(workflow: str, sink_url: str, source: str) -> str:
+    """The origin of the direction from cluster `source` into the sink at `sink_url` (as created): origins are
+    server-wide, and a workflow's name is unique only per database. `sg_<hash>_from_<source>`."""
+    digest = hashlib.sha1(f"{workflow}\0{sink_url}".encode()).hexdigest()[:12]
+    return f"sg_{digest}_from_{source}"
+
+
+def direction(wf: st.Workflow) -> tuple[str, bool]:
+    """(origin the sink's writes carry, whether the capture drops transactions that have an origin): ("",
+    False) for a one-way workflow, whose sink may itself be a source of others that want its writes."""
+    if wf.kind != KIND:
+        return "", False
+    cluster = Cluster.of(wf)
+    return (cluster.origin, True) if cluster.bidirectional else ("", False)
 
 
 def way_out(wf: st.Workflow) -> str | None:

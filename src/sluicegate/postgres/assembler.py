@@ -23,6 +23,7 @@ from .pgoutput import (
     DecodeError,
     Delete,
     Insert,
+    Origin,
     Relation,
     StreamAbort,
     StreamCommit,
@@ -54,7 +55,7 @@ class TruncateChange:
     xid: int = 0
 
 
-Event = Begin | Commit | Change | TruncateChange | StreamStart | StreamStop | StreamCommit | StreamAbort
+Event = Begin | Commit | Origin | Change | TruncateChange | StreamStart | StreamStop | StreamCommit | StreamAbort
 
 
 class Framing:
@@ -67,10 +68,12 @@ class Framing:
         self.block: int = 0  # xid of the open stream block, 0 outside one
 
 
-def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, rows=None) -> Iterator[Event]:
+def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, rows=None,
+             origins: bool = False) -> Iterator[Event]:
     """(lsn, pgoutput bytes) -> events; `framing` carries what a reader learnt across calls. `rows`: a fast
     lane for the row changes of ordinary transactions (PostgresApplier.row_sink): each is offered to it
-    first, and one it takes (stages in the applier) is not yielded."""
+    first, and one it takes (stages in the applier) is not yielded. `origins`: yield the Origin message of a
+    transaction (right after its Begin, before its rows) that a replication origin wrote."""
     framing = framing if framing is not None else Framing()
     rels = framing.relations
     begin: Begin | None = None
@@ -144,7 +147,9 @@ def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, r
             if begin is None:
                 raise DecodeError(f"truncate at {lsn} outside a transaction")
             yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn, msg.options)
-        # Origin, Type and logical messages carry nothing a table applier needs.
+        elif isinstance(msg, Origin) and origins and begin is not None:
+            yield msg
+        # Origin (unless asked for), Type and logical messages carry nothing a table applier needs.
     if begin is not None:
         raise DecodeError(f"transaction {begin.xid} was cut off before its Commit")
 

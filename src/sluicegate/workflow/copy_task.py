@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..postgres import passthrough
+from ..postgres import origins, passthrough
 from .faults import fault_point
 
 
@@ -20,6 +20,7 @@ class CopyTask:
     snapshot: str
     select: str  # COPY (SELECT …) TO STDOUT
     insert: str  # COPY … FROM STDIN
+    origin: str = ""  # a bidirectional sink's: the rows carry it, so the opposite direction never sends them back
 
 
 def copy_range(task: CopyTask) -> int:
@@ -29,6 +30,8 @@ def copy_range(task: CopyTask) -> int:
     try:
         dst = passthrough.connect(task.target_url, "target")
         try:
+            if task.origin:
+                origins.acquire(dst, task.origin)
             src.set_session(isolation_level="REPEATABLE READ", readonly=True)
             src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
             rows = passthrough.pipe(src, task.select, dst, task.insert)

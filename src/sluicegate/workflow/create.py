@@ -5,8 +5,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from ..cluster.model import direction
 from ..errors import SluicegateError, UsageError
-from ..postgres import capture, catalog, locks, replication
+from ..postgres import capture, catalog, locks, origins, replication
 from ..postgres.catalog import Table
 from ..postgres.connect import (
     PGPASS_HINT,
@@ -131,9 +132,11 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
                            {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
 
 
-def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what: str, target_url: str) -> None:
+def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what: str, target_url: str,
+                         pair: str | None = None) -> None:
     """Refuse a target that is the source database itself, or the source of a workflow that writes into this
-    source (a loop), before anything is created on it. By the servers' identity, not by URL text."""
+    source (a loop), before anything is created on it. By the servers' identity, not by URL text. `pair`: a
+    bidirectional workflow's name, whose own direction back is no loop (its origins stop the changes)."""
     if same_database(src, dst):
         ident = identify(dst)
         raise UsageError(
@@ -141,7 +144,7 @@ def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what:
             f"{ident.system_identifier or 'at the same address'}): a workflow copies into another database; "
             f"name a different target"
         )
-    loops = _workflows_reading(src, dst)
+    loops = [(w, u) for w, u in _workflows_reading(src, dst) if w != pair]
     if loops:
         workflow, _ = loops[0]
         raise UsageError(
@@ -279,4 +282,8 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
             dropped += capture.drop_capture(src, s.slot_name, s.publication)
     with connect(target_url, role="target") as dst:
         st.delete_workflow(dst, name)
+    origin, _ = direction(wf)
+    if origin:  # the origin this sink's writes carried (a bidirectional Replicate's)
+        with connect(target_url, role="target", autocommit=True) as dst:
+            dropped += origins.drop(dst, origin)
     return dropped

@@ -18,13 +18,14 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
+from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
-from ..postgres import capture, locks
+from ..postgres import capture, locks, origins
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
@@ -239,7 +240,10 @@ class Engine:
                 if self.stop.is_set():
                     return
             rule = self._rule_runners(stream).get((table.schema, table.name))
+            origin, _ = cluster_direction(wf)
             with connect(self.target_url, role="target") as dst:
+                if origin:  # a bidirectional sink: the clearing below must not be sent back as deletes
+                    origins.acquire(dst, origin)
                 # Catchup and fast-forward may have added columns the source added (schema_changes.py): the
                 # cycle copies the table as the snapshot has it.
                 table = current.table = Table.from_json(st.table_specs(dst, stream.id)[table.qualified])
@@ -262,7 +266,7 @@ class Engine:
                                                    plan.ranges) if plan.ranges else 0
             else:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
-                tasks = [copier.prepare(t) for t in ranges]
+                tasks = [replace(copier.prepare(t), origin=origin) for t in ranges]
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
                 rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag))
             fault_point("copy.before_progress")
@@ -303,12 +307,13 @@ class Engine:
         seconds = settings.slice_seconds
         if seconds is None:
             seconds = float("inf") if self.stream_id is None else SHARED_SLICE_SECONDS
+        origin, skip_origins = cluster_direction(wf)
         task = PlayTask(
             stream.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
-            way_out=cluster_way_out(wf) or "",
+            way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch
@@ -316,8 +321,6 @@ class Engine:
 
             result = rule_player.play(self, task, self._rule_runners(stream))
         else:  # nothing for Spark SQL to compute: one task holds the stream, rules (if any) in Python
-            from dataclasses import replace
-
             task = replace(task, rules=tuple((name, rule.to_json()) for name, rule in compiled.items()))
             result = self.runner.map(play, [task], f"{until} {wf.name}", tag=self.tag)[0]
         if result.batches:

@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
-from ..postgres import capture
+from ..position import format_lsn
+from ..postgres import capture, origins
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
-from ..postgres.pgoutput import Begin, Commit
+from ..postgres.pgoutput import Begin, Commit, Origin
 from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
@@ -56,6 +57,11 @@ class PlayTask:
     # What to do when the slot can no longer supply the stream (the workflow kind's own way out); empty: the
     # generic one (capture.rebootstrap).
     way_out: str = ""
+    # A bidirectional workflow's direction (cluster/model.py): the replication origin every write of the task
+    # carries (stamped with the source's commit position and time), and whether the capture drops transactions
+    # that have an origin (they were applied here by the opposite direction: never send them back).
+    origin: str = ""
+    skip_origins: bool = False
 
 
 @dataclass
@@ -75,6 +81,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
     deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
+        if task.origin:
+            origins.acquire(dst, task.origin)
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
@@ -89,7 +97,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         vdiff_tables = False
         counting = st.counts_applied(dst)
         try:
-            stream = ChangeStream(task.source_url, task.slot, task.publication, result.position)
+            stream = ChangeStream(task.source_url, task.slot, task.publication, result.position,
+                                  skip_origins=task.skip_origins)
         except RetryableError:
             # Gone? Say so.
             capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
@@ -150,6 +159,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                                      safe=counting)
                     if task.clear_message and result.batches == 1:
                         st.set_message(dst, task.stream_id, "")
+                    if task.origin and batch.transactions:  # the rows carry the source's commit time
+                        origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
@@ -210,6 +221,7 @@ class _Batch:
     rows: int = 0
     limited: bool = False
     commit_time: object = None
+    commit_end: int = 0  # end of the last applied transaction's commit record on the source
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
@@ -246,7 +258,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
     try:
-        for ev in assemble(raw, framing, rows):
+        for ev in assemble(raw, framing, rows, origins=task.skip_origins):
             if isinstance(ev, Change):
                 if not skipping:
                     applier.change(ev)
@@ -259,11 +271,18 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 skipping = ev.final_lsn < position  # applied by an earlier batch
                 if rows is not None:
                     rows.active = not skipping
+            elif isinstance(ev, Origin):
+                # Written here by the opposite direction (PostgreSQL 14/15 sends it; 16+ left it out): skip it
+                # like one already applied, its position passed all the same.
+                skipping = True
+                if rows is not None:
+                    rows.active = False
             elif isinstance(ev, Commit):
                 last_end = ev.end_lsn  # applied now or earlier: either way behind us
                 if not skipping:
                     batch.transactions += 1
                     batch.commit_time = ev.commit_time
+                    batch.commit_end = ev.end_lsn
                 fault_point(f"{task.until}.mid_batch")
             elif isinstance(ev, TruncateChange) and not skipping:
                 applier.truncate(ev.relations)

@@ -1,0 +1,102 @@
+"""Schemas that active-active replication cannot keep consistent (the seed's "Impact on Application Design").
+
+Both clusters take writes, and neither sees the other's before committing its own. So:
+- a secondary UNIQUE constraint or unique index (other than the table's key) can be satisfied on each side
+  alone and violated by the two together: replication then fails, or the clusters diverge;
+- a key drawn from a sequence gives both sides the same new keys, unless each side's sequence draws from its
+  own residue class (the same INCREMENT BY n >= 2, a different START modulo n): then the keys never meet.
+`create --bidirectional` refuses both, naming the table and the fix, unless --allow-unsafe-schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from ..postgres.catalog import Table
+
+
+@dataclass(frozen=True)
+class KeySequence:
+    column: str
+    sequence: str
+    increment: int
+    next_class: int  # the residue (mod increment) of every value it will give
+
+
+def unique_indexes(conn: psycopg.Connection, table: Table) -> list[tuple[str, str]]:
+    """(index name, its columns) of every unique index of the table other than one on exactly its key."""
+    rows = conn.execute(
+        """SELECT i.indexrelid::regclass::text, array_agg(COALESCE(a.attname, '(expression)') ORDER BY k.ord),
+                  i.indpred IS NOT NULL
+           FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+           CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+           LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum AND k.attnum > 0
+           WHERE n.nspname = %s AND c.relname = %s AND i.indisunique
+           GROUP BY i.indexrelid, i.indpred ORDER BY 1""", (table.schema, table.name)).fetchall()
+    return [(name, ", ".join(cols)) for name, cols, partial in rows
+            if partial or sorted(cols) != sorted(table.key)]
+
+
+def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
+    """The table's key columns whose default draws from a sequence (serial, identity, a nextval default)."""
+    rows = conn.execute(
+        """SELECT a.attname,
+                  COALESCE(pg_get_serial_sequence(format('%%I.%%I', n.nspname, c.relname), a.attname)::regclass,
+                           (SELECT d.refobjid::regclass FROM pg_depend d JOIN pg_class s ON s.oid = d.refobjid
+                            WHERE d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
+                              AND d.refclassid = 'pg_class'::regclass AND s.relkind = 'S' LIMIT 1))::oid
+           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+           LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+           WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
+           ORDER BY a.attnum""", (table.schema, table.name, list(table.key))).fetchall()
+    out = []
+    for column, seq in rows:
+        if seq is None:
+            continue
+        name, schema, rel, increment = conn.execute(
+            """SELECT s.seqrelid::regclass::text, n.nspname, c.relname, s.seqincrement
+               FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE s.seqrelid = %s""", (seq,)).fetchone()
+        # Its next value is last_value (not yet called, e.g. after RESTART) or last_value + increment: the
+        # residue is last_value's either way.
+        last = conn.execute(sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, rel))).fetchone()[0]
+        step = abs(increment)
+        out.append(KeySequence(column, name, step, last % step if step else 0))
+    return out
+
+
+def table_exists(conn: psycopg.Connection, table: Table) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.ident.as_string(conn),)).fetchone()[0]
+
+
+def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str], tables: list[Table]) -> list[str]:
+    """One line per unsafe table, with the fix; `names` says how to call the two sides in it."""
+    out = []
+    for t in tables:
+        seqs = {}
+        for side, conn in zip(names, (a, b), strict=True):
+            if not table_exists(conn, t):
+                seqs[side] = {}
+                continue
+            for index, cols in unique_indexes(conn, t):
+                out.append(f"table {t.qualified} has unique index {index} ({cols}) on {side} besides its key "
+                           f"({', '.join(t.key)}): each cluster can accept the same value and replication would "
+                           f"then fail or diverge; drop it (or make it the key), or pass --allow-unsafe-schema")
+            seqs[side] = {s.column: s for s in key_sequences(conn, t)}
+        for column in t.key:
+            sa, sb = (seqs[side].get(column) for side in names)
+            if sa is None and sb is None:
+                continue
+            if sa is not None and sb is not None and sa.increment == sb.increment >= 2 \
+                    and sa.next_class != sb.next_class:
+                continue  # interleaved: each side draws from its own residue class
+            which = "; ".join(f"{s.sequence} on {side} (INCREMENT BY {s.increment})"
+                              for side, s in zip(names, (sa, sb), strict=True) if s is not None)
+            out.append(f"table {t.qualified}: key column {column} draws from a sequence ({which}): both clusters "
+                       f"would make the same keys; use UUID keys, or give the sequence on each side the same "
+                       f"INCREMENT BY n >= 2 and a different START modulo n (e.g. ALTER SEQUENCE … INCREMENT BY 2 "
+                       f"RESTART WITH 1 on one side and 2 on the other), or pass --allow-unsafe-schema")
+    return out
