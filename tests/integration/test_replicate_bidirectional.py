@@ -1,0 +1,217 @@
+"""Replicate --bidirectional: A (on the target server) and B (on the sink server) both take writes; each side's
+consumer runs as `workflow run W --target A|B` with its own Spark. Writes each direction applies carry its
+replication origin, and the other direction's capture drops them: nothing comes back, nothing loops."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+
+import psycopg
+import pytest
+
+from sluicegate.cluster.model import origin_name
+from sluicegate.localpg import LocalPostgres
+from sluicegate.position import parse_lsn
+from sluicegate.postgres import origins
+from sluicegate.postgres.connect import strip_password
+
+from ..conftest import wait_for
+from .cluster_helpers import Consumer, cli, run, stream
+from .helpers import table_rows
+
+pytestmark = pytest.mark.spark
+W = "rp"
+
+
+class Pair:
+    def __init__(self, a_server, b_server):
+        self.name = f"bd{os.getpid()}_{random.randrange(10**6)}"
+        self.servers = (a_server, b_server)
+        for server in self.servers:
+            server.create_database(self.name)
+        self.a, self.b = (s.url(self.name) for s in self.servers)
+
+    def create(self, *extra, sinks=None):
+        return cli("replicate", "create", "--workflow", W, "--source", self.a,
+                   *[x for s in (sinks or [self.b]) for x in ("--sink", s)], "--bidirectional", *extra)
+
+    def wal(self, url) -> int:
+        return parse_lsn(run(url, "SELECT pg_current_wal_lsn()::text")[0][0])
+
+    def cleanup(self):
+        for server, url, peer in ((self.servers[0], self.a, "b"), (self.servers[1], self.b, "a")):
+            with contextlib.suppress(Exception), psycopg.connect(server.url(), autocommit=True) as c:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                          "AND pid <> pg_backend_pid()", (self.name,))
+                for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
+                                         (self.name,)).fetchall():
+                    for _ in range(100):
+                        try:
+                            c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                            break
+                        except psycopg.errors.ObjectInUse:
+                            time.sleep(0.05)
+                origins.drop(c, origin_name(W, strip_password(url), peer))
+            with contextlib.suppress(Exception):
+                server.drop_database(self.name)
+
+
+@pytest.fixture
+def bidi(target_server, sink_server):
+    p = Pair(target_server, sink_server)
+    yield p
+    p.cleanup()
+
+
+def caught_up(side: str, other: str) -> bool:
+    """The direction whose sink is `side` has applied everything its source `other` has flushed."""
+    s = stream(side, W)
+    flushed = parse_lsn(run(other, "SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    return s["state"] == "Running" and s["position"] is not None and s["position"] >= flushed
+
+
+def applied(side: str) -> int:
+    return run(side, "SELECT rows_applied FROM sluicegate.streams WHERE workflow = %s", (W,))[0][0]
+
+
+def equal(p: Pair) -> bool:
+    return table_rows(p.a, "public.items", ["id"]) == table_rows(p.b, "public.items", ["id"])
+
+
+def test_both_ways_no_copy_back_no_loop(bidi, tmp_path):
+    p = bidi
+    run(p.a, "CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    run(p.a, "INSERT INTO items SELECT g, g % 7, md5(g::text) FROM generate_series(1, 20000) g")
+    out = p.create()
+    assert out.returncode == 0, out.stderr
+    assert "sink b " in out.stdout and "public.items: copy — new setup, sink table created" in out.stdout
+    assert "sink a " in out.stdout and "public.items: replicate — the copy's source" in out.stdout
+    assert f"--target {strip_password(p.a)}" in out.stdout and f"--target {strip_password(p.b)}" in out.stdout
+    # B's slot (for B->A) exists from create: B's copy, later, is in its range and must be dropped by origin.
+    assert run(p.b, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")[0][0] == 1
+    a_before, b_before = p.wal(p.a), p.wal(p.b)
+    consumers = [Consumer(W, p.a, tmp_path / "a.log").start()]  # A's first: B->A reads B's slot all along
+    try:
+        wait_for(lambda: stream(p.a, W)["state"] == "Running", 180, what="B->A running")
+        consumers.append(Consumer(W, p.b, tmp_path / "b.log").start())
+        wait_for(lambda: caught_up(p.b, p.a), 240, what="B copied and caught up",
+                 describe=lambda: (tmp_path / "b.log").read_text()[-2000:])
+        assert equal(p)
+        wait_for(lambda: caught_up(p.a, p.b), 60, what="B->A past B's copy")
+        copy_wal = p.wal(p.b) - b_before
+        a_wal = p.wal(p.a) - a_before
+        # Nothing of the copy came back to A: no row applied there, and A's WAL grew by its consumer's own
+        # bookkeeping only, not by the copy's size.
+        assert applied(p.a) == 0
+        assert copy_wal > 1_000_000, copy_wal
+        assert a_wal < copy_wal / 4, (a_wal, copy_wal)
+        origin_rows = run(p.b, "SELECT count(*) FROM items WHERE pg_xact_commit_timestamp_origin(xmin) "
+                               "IS NOT NULL AND (pg_xact_commit_timestamp_origin(xmin)).roident <> 0")[0][0]
+        assert origin_rows == 20000  # the copy's rows carry the A->B origin
+
+        # Writes on both sides, different keys: each reaches the other.
+        with psycopg.connect(p.a, autocommit=True) as c:
+            c.execute("INSERT INTO items SELECT g, 1, 'from a' FROM generate_series(100001, 100050) g")
+            c.execute("UPDATE items SET qty = qty + 100, note = 'a' WHERE id BETWEEN 1 AND 2000")
+            c.execute("DELETE FROM items WHERE id BETWEEN 5001 AND 5010")
+        with psycopg.connect(p.b, autocommit=True) as c:
+            c.execute("INSERT INTO items SELECT g, 2, 'from b' FROM generate_series(200001, 200050) g")
+            c.execute("UPDATE items SET qty = qty + 200, note = 'b' WHERE id BETWEEN 2001 AND 4000")
+            c.execute("DELETE FROM items WHERE id BETWEEN 6001 AND 6010")
+        wait_for(lambda: caught_up(p.a, p.b) and caught_up(p.b, p.a) and equal(p), 120, what="both sides equal")
+        assert run(p.a, "SELECT count(*) FROM items WHERE note = 'from b'")[0][0] == 50
+        assert run(p.b, "SELECT count(*) FROM items WHERE note = 'from a'")[0][0] == 50
+        assert run(p.a, "SELECT count(*), min(qty) FROM items WHERE note = 'b'")[0][0] == 2000
+        assert run(p.b, "SELECT count(*) FROM items WHERE id BETWEEN 5001 AND 5010")[0][0] == 0
+        # The applied rows carry the source's commit time (pg_replication_origin_xact_setup).
+        assert run(p.a, "SELECT count(*) FROM items WHERE note = 'b' AND "
+                        "(pg_xact_commit_timestamp_origin(xmin)).roident <> 0")[0][0] == 2000
+
+        # No loop: idle, neither side applies anything more, and the WAL grows by heartbeats only. A loop of
+        # the 2000-row updates above would write hundreds of kB per round trip.
+        wait_for(lambda: applied(p.a) == 2000 + 50 + 10 and applied(p.b) == 2000 + 50 + 10, 30,
+                 what="rows applied", describe=lambda: (applied(p.a), applied(p.b)))
+        rows = applied(p.a), applied(p.b)
+        a0, b0, t0 = p.wal(p.a), p.wal(p.b), time.monotonic()
+        for _ in range(10):
+            time.sleep(1)  # a measurement window, not a wait: every second, nothing more may be applied
+            assert (applied(p.a), applied(p.b)) == rows
+        seconds = time.monotonic() - t0
+        grown = p.wal(p.a) - a0, p.wal(p.b) - b0
+        print(f"idle WAL over {seconds:.1f}s: A {grown[0]} B, B {grown[1]} B")
+        assert max(grown) < 16_384 * seconds, grown
+        assert equal(p)
+    finally:
+        for c in consumers:
+            c.kill()
+    # delete on both sides: slots, publications, state and the replication origins go
+    for side in (p.a, p.b):
+        out = cli("workflow", "delete", W, "--target", side)
+        assert out.returncode == 0, out.stderr
+        assert "replication origin sg_" in out.stdout, out.stdout
+    for side in (p.a, p.b):
+        assert run(side, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")[0][0] == 0
+        prefixes = [origin_name(W, strip_password(u), peer) for u, peer in ((p.a, "b"), (p.b, "a"))]
+        assert run(side, "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE ANY(%s)",
+                   ([f"{x}%" for x in prefixes],))[0][0] == 0
+
+
+def _nothing_created(*sides: str) -> None:
+    for side in sides:
+        assert run(side, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")[0][0] == 0
+        if run(side, "SELECT to_regclass('sluicegate.workflows') IS NOT NULL")[0][0]:
+            assert run(side, "SELECT count(*) FROM sluicegate.workflows")[0][0] == 0
+
+
+def test_bad_input(bidi, tmp_path):
+    p = bidi
+    run(p.a, "CREATE TABLE users (id uuid PRIMARY KEY, email text UNIQUE)")
+    out = p.create("--tables", "users", sinks=[p.b, p.b])
+    assert out.returncode != 0 and "two clusters" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+    out = p.create("--tables", "users")
+    assert out.returncode != 0, out.stdout
+    assert "users_email_key (email)" in out.stderr and "public.users" in out.stderr and "drop it" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    _nothing_created(p.a, p.b)
+
+    run(p.a, "CREATE TABLE orders (id serial PRIMARY KEY, amount int)")
+    out = p.create("--tables", "orders")
+    assert out.returncode != 0 and "key column id draws from a sequence" in out.stderr, out.stderr
+    assert "UUID" in out.stderr and "INCREMENT BY" in out.stderr
+    _nothing_created(p.a, p.b)
+    # Interleaved sequences are safe: odd keys on A, even on B.
+    run(p.a, "ALTER SEQUENCE orders_id_seq INCREMENT BY 2 RESTART WITH 1")
+    run(p.b, "CREATE TABLE orders (id serial PRIMARY KEY, amount int)")
+    run(p.b, "ALTER SEQUENCE orders_id_seq INCREMENT BY 2 RESTART WITH 2")
+    run(p.b, "CREATE TABLE users (id uuid PRIMARY KEY, email text)")
+    out = p.create("--tables", "orders,users", "--allow-unsafe-schema")
+    assert out.returncode == 0, out.stderr
+    assert "warning: --allow-unsafe-schema: table public.users has unique index users_email_key" in out.stderr
+    assert "orders" not in out.stderr  # not unsafe: no warning
+    # Another workflow from A into B now would loop through the pair: still refused.
+    out = cli("replicate", "create", "--workflow", "other", "--source", p.a, "--sink", p.b)
+    assert out.returncode != 0 and "loop" in out.stderr, out.stderr
+
+
+def test_track_commit_timestamp_off(bidi, tmp_path):
+    p = bidi
+    server = LocalPostgres(tmp_path / "off", settings={"track_commit_timestamp": "off"}).init().start()
+    try:
+        server.create_database("off")
+        url = server.url("off")
+        run(p.a, "CREATE TABLE items (id bigint PRIMARY KEY)")
+        for source, sink in ((p.a, url), (url, p.a)):
+            if source == url:
+                run(url, "CREATE TABLE items (id bigint PRIMARY KEY)")
+            out = cli("replicate", "create", "--workflow", W, "--source", source, "--sink", sink, "--bidirectional")
+            assert out.returncode != 0
+            assert "track_commit_timestamp = off" in out.stderr, out.stderr
+            assert "ALTER SYSTEM SET track_commit_timestamp = on" in out.stderr and "restart" in out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+            _nothing_created(p.a, url)
+    finally:
+        server.stop()
