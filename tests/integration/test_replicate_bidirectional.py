@@ -142,7 +142,7 @@ def test_both_ways_no_copy_back_no_loop(bidi, tmp_path):
         seconds = time.monotonic() - t0
         grown = p.wal(p.a) - a0, p.wal(p.b) - b0
         print(f"idle WAL over {seconds:.1f}s: A {grown[0]} B, B {grown[1]} B")
-        assert max(grown) < 16_384 * seconds, grown
+        assert max(grown) < 12_288 * seconds, grown  # heartbeats: ~5 kB/s here
         assert equal(p)
     finally:
         for c in consumers:

@@ -123,8 +123,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         stored = {s: strip_password(u) for s, u in sinks.items()}
         for sink, conn in conns.items():
-            cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age, bidirectional,
-                              dict(CLUSTER_IDS) if bidirectional else {})
+            cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
+                              bidirectional, dict(CLUSTER_IDS) if bidirectional else {})
             try:
                 st.insert_workflow(conn, name, KIND, source_url, {**options, "cluster": cluster.to_json()})
                 st.add_stream(conn, name, "0", None, slot_name(name, sink), described, None, identity)
@@ -137,7 +137,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 st.insert_workflow(peer, name, KIND, sinks["b"], {**options, "cluster": back.to_json()})
                 st.add_stream(peer, name, "0", None, slot_name(name, "a"), described, None,
                               identify(conns["b"]).to_json())
-                # A is the copy's source: the B->A direction has nothing to copy, only B's changes to replicate
+                # A is the copy's source: B->A has nothing to copy, only B's changes to replicate
                 peer.execute("""UPDATE sluicegate.copy_state SET done = true WHERE stream_id IN
                                 (SELECT id FROM sluicegate.streams WHERE workflow = %s)""", (name,))
             except psycopg.Error as exc:
@@ -167,9 +167,10 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
                                  f"track_commit_timestamp = on, then restart that server")
             missing = origins.missing_rights(conn)
             if missing:
-                raise UsageError(f"{side} {describe(url)}: user {conn.info.user} may not use replication "
-                                 f"origins: GRANT EXECUTE ON FUNCTION {', '.join(missing)} TO {conn.info.user} "
-                                 f"(as a superuser), or connect as a superuser")
+                user = conn.info.user
+                raise UsageError(f"{side} {describe(url)}: user {user} may not use replication origins: "
+                                 f"GRANT EXECUTE ON FUNCTION {', '.join(missing)} TO {user} (as a superuser), "
+                                 f"or connect as a superuser")
         except psycopg.Error as exc:
             raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None
     try:  # B as the source of B->A
@@ -182,9 +183,9 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
         # A loop through another workflow: one that already writes B from A (B->A would send its rows back).
         loops = [w for w, _ in _workflows_reading(b, a) if w != name]
         if loops:
-            raise UsageError(f"workflow {loops[0]!r} already replicates the source {describe(a_url)} into the sink "
-                             f"{describe(b_url)} (its state is on the sink): the direction back would carry its "
-                             f"changes around in a loop; delete {loops[0]!r} first, or pair other clusters")
+            raise UsageError(f"workflow {loops[0]!r} already replicates the source {describe(a_url)} into the "
+                             f"sink {describe(b_url)} (its state is on the sink): the direction back would carry "
+                             f"its changes around in a loop; delete {loops[0]!r} first, or pair other clusters")
         unsafe = schema_safety.problems(a, b, ("source", "sink"), described)
     except psycopg.Error as exc:
         raise UsageError(f"sink {describe(b_url)}: {first_line(exc)}") from None
@@ -202,15 +203,17 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
 def _prepare_peer(conn: psycopg.Connection, name: str, url: str, described: list[Table]) -> None:
     """A as the sink of B->A, in the caller's transaction: its state schema; the name free; no other workflow
     writing its tables."""
-    with locks.guard(conn, f"creating workflow {name} on the source", ["sluicegate.workflows"], then="try again"):
+    with locks.guard(conn, f"creating workflow {name} on the source", ["sluicegate.workflows"],
+                     then="try again"):
         st.ensure_schema(conn)
         st.check_new_name(conn, name)
-        writers = [(t, w) for t, w in st.workflows_writing(conn, [t.qualified for t in described]) if w != name]
+        names = [t.qualified for t in described]
+        writers = [(t, w) for t, w in st.workflows_writing(conn, names) if w != name]
         if writers:
             table, workflow = writers[0]
-            raise UsageError(f"source {describe(url)} is the target of workflow {workflow!r}, which writes {table}: "
-                             f"a bidirectional pair's tables take writes from it alone; delete {workflow!r} or "
-                             f"leave the table out")
+            raise UsageError(f"source {describe(url)} is the target of workflow {workflow!r}, which writes "
+                             f"{table}: a bidirectional pair's tables take writes from it alone; delete "
+                             f"{workflow!r} or leave the table out")
 
 
 def _capture_back(name: str, b_url: str, described: list[Table], warn) -> None:
@@ -225,8 +228,8 @@ def _capture_back(name: str, b_url: str, described: list[Table], warn) -> None:
         if warn is not None:
             why = first_line(exc) if isinstance(exc, psycopg.Error) else str(exc)
             warn(f"could not make replication slot {slot} on the sink yet ({why}); "
-                 f"the source's consumer makes it at its first run, and the sink's writes before then are not "
-                 f"replicated back")
+                 f"the source's consumer makes it at its first run, and the sink's writes before then are "
+                 f"not replicated back")
 
 
 def _sink_decisions(conn: psycopg.Connection, name: str, sink: str, url: str, described: list[Table],

@@ -7,7 +7,8 @@ publication on the source are derived from the workflow's name and the sink's, a
 A bidirectional workflow (active-active) is two one-way directions under one name: A->B, whose state is on
 B (sink "b"), and B->A, whose state is on A (sink "a"). Each side records both clusters' fixed ids (a = 1,
 b = 2: the tie-break of last-writer-wins) and which one it is; the writes of each direction carry a
-replication origin named for it (postgres/origins.py), and each direction's capture drops writes that have one.
+replication origin named for it (postgres/origins.py), and each direction's capture drops writes that
+have one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Cluster:
     max_retained_wal: int | None = None  # bytes
     max_retention_age: float | None = None  # seconds
     bidirectional: bool = False
-    # Bidirectional: cluster name -> its fixed id ({"a": 1, "b": 2}); this side is `sink`, its peer the source.
+    # Bidirectional: cluster name -> its fixed id ({"a": 1, "b": 2}); this side is `sink`
     cluster_ids: dict[str, int] = field(default_factory=dict)
 
     @classmethod

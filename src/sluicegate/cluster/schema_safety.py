@@ -44,11 +44,13 @@ def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
     """The table's key columns whose default draws from a sequence (serial, identity, a nextval default)."""
     rows = conn.execute(
         """SELECT a.attname,
-                  COALESCE(pg_get_serial_sequence(format('%%I.%%I', n.nspname, c.relname), a.attname)::regclass,
-                           (SELECT d.refobjid::regclass FROM pg_depend d JOIN pg_class s ON s.oid = d.refobjid
-                            WHERE d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
-                              AND d.refclassid = 'pg_class'::regclass AND s.relkind = 'S' LIMIT 1))::oid
-           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                  COALESCE(
+                    pg_get_serial_sequence(format('%%I.%%I', n.nspname, c.relname), a.attname)::regclass,
+                    (SELECT d.refobjid::regclass FROM pg_depend d JOIN pg_class s ON s.oid = d.refobjid
+                     WHERE d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
+                       AND d.refclassid = 'pg_class'::regclass AND s.relkind = 'S' LIMIT 1))::oid
+           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+           JOIN pg_namespace n ON n.oid = c.relnamespace
            LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
            ORDER BY a.attnum""", (table.schema, table.name, list(table.key))).fetchall()
@@ -58,11 +60,13 @@ def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
             continue
         name, schema, rel, increment = conn.execute(
             """SELECT s.seqrelid::regclass::text, n.nspname, c.relname, s.seqincrement
-               FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+               FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
                WHERE s.seqrelid = %s""", (seq,)).fetchone()
         # Its next value is last_value (not yet called, e.g. after RESTART) or last_value + increment: the
         # residue is last_value's either way.
-        last = conn.execute(sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, rel))).fetchone()[0]
+        query = sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, rel))
+        last = conn.execute(query).fetchone()[0]
         step = abs(increment)
         out.append(KeySequence(column, name, step, last % step if step else 0))
     return out
@@ -72,7 +76,8 @@ def table_exists(conn: psycopg.Connection, table: Table) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.ident.as_string(conn),)).fetchone()[0]
 
 
-def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str], tables: list[Table]) -> list[str]:
+def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str],
+             tables: list[Table]) -> list[str]:
     """One line per unsafe table, with the fix; `names` says how to call the two sides in it."""
     out = []
     for t in tables:
@@ -82,9 +87,10 @@ def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str
                 seqs[side] = {}
                 continue
             for index, cols in unique_indexes(conn, t):
-                out.append(f"table {t.qualified} has unique index {index} ({cols}) on {side} besides its key "
-                           f"({', '.join(t.key)}): each cluster can accept the same value and replication would "
-                           f"then fail or diverge; drop it (or make it the key), or pass --allow-unsafe-schema")
+                out.append(f"table {t.qualified} has unique index {index} ({cols}) on {side} besides its "
+                           f"key ({', '.join(t.key)}): each cluster can accept the same value and "
+                           f"replication would then fail or diverge; drop it (or make it the key), or pass "
+                           f"--allow-unsafe-schema")
             seqs[side] = {s.column: s for s in key_sequences(conn, t)}
         for column in t.key:
             sa, sb = (seqs[side].get(column) for side in names)
@@ -95,8 +101,9 @@ def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str
                 continue  # interleaved: each side draws from its own residue class
             which = "; ".join(f"{s.sequence} on {side} (INCREMENT BY {s.increment})"
                               for side, s in zip(names, (sa, sb), strict=True) if s is not None)
-            out.append(f"table {t.qualified}: key column {column} draws from a sequence ({which}): both clusters "
-                       f"would make the same keys; use UUID keys, or give the sequence on each side the same "
-                       f"INCREMENT BY n >= 2 and a different START modulo n (e.g. ALTER SEQUENCE … INCREMENT BY 2 "
-                       f"RESTART WITH 1 on one side and 2 on the other), or pass --allow-unsafe-schema")
+            out.append(f"table {t.qualified}: key column {column} draws from a sequence ({which}): both "
+                       f"clusters would make the same keys; use UUID keys, or give the sequence on each side "
+                       f"the same INCREMENT BY n >= 2 and a different START modulo n (e.g. ALTER SEQUENCE … "
+                       f"INCREMENT BY 2 RESTART WITH 1 on one side and 2 on the other), or pass "
+                       f"--allow-unsafe-schema")
     return out

@@ -55,7 +55,8 @@ class TruncateChange:
     xid: int = 0
 
 
-Event = Begin | Commit | Origin | Change | TruncateChange | StreamStart | StreamStop | StreamCommit | StreamAbort
+Event = (Begin | Commit | Origin | Change | TruncateChange | StreamStart | StreamStop | StreamCommit
+         | StreamAbort)
 
 
 class Framing:

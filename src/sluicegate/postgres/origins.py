@@ -5,7 +5,8 @@ clearing before a copy cycle) sets up a replication origin named for the directi
 its transactions then carry that origin, and the capture of the opposite direction drops them (pgoutput's
 `origin 'none'` on PostgreSQL 16+, the Origin message on 14/15: postgres/replication.py, workflow/player.py).
 The play task also stamps each transaction with the source's commit position and time
-(`pg_replication_origin_xact_setup`), so `pg_xact_commit_timestamp` of an applied row is its source commit time.
+(`pg_replication_origin_xact_setup`), so `pg_xact_commit_timestamp` of an applied row is its source's
+commit time.
 
 PostgreSQL lets one session at a time use an origin, and a copy runs several sessions at once: a direction
 has a small pool of origins (its name, then `_1`, `_2`, …), each held by whoever holds a session advisory
@@ -84,10 +85,12 @@ def _translate(exc: Exception, name: str) -> Exception:
     code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
     text = " ".join(str(exc).split())
     if code == "55006":  # in use: a killed session's backend, on its way out
-        return RetryableError(f"replication origin {name} is still in use on the sink ({text}); will retry", code)
+        return RetryableError(f"replication origin {name} is still in use on the sink ({text}); will retry",
+                              code)
     if code == "42501":
         return TerminalError(f"the sink user may not use replication origin {name} ({text}): connect as a "
-                             f"superuser, or GRANT EXECUTE ON FUNCTION {', '.join(_FUNCTIONS)} TO the user", code)
+                             f"superuser, or GRANT EXECUTE ON FUNCTION {', '.join(_FUNCTIONS)} TO the user",
+                             code)
     if code and code.startswith(("08", "57")):
         return RetryableError(f"setting up replication origin {name}: {text}", code)
     return TerminalError(f"setting up replication origin {name}: {text}", code)

@@ -20,7 +20,7 @@ class CopyTask:
     snapshot: str
     select: str  # COPY (SELECT …) TO STDOUT
     insert: str  # COPY … FROM STDIN
-    origin: str = ""  # a bidirectional sink's: the rows carry it, so the opposite direction never sends them back
+    origin: str = ""  # a bidirectional sink's: the rows carry it, and the direction back drops them
 
 
 def copy_range(task: CopyTask) -> int:
