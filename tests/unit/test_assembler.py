@@ -73,3 +73,20 @@ def test_positions_round_trip(text, value):
 def test_bad_position_names_the_text():
     with pytest.raises(ValueError, match="16B3748"):
         parse_lsn("16B3748")
+
+
+def test_origin_is_yielded_only_when_asked():
+    """A transaction a replication origin wrote: its Origin message comes right after Begin (PostgreSQL 14/15),
+    and a bidirectional capture skips the transaction by it."""
+    import struct
+
+    from sluicegate.postgres.pgoutput import Origin
+
+    begin = b"B" + struct.pack(">QqI", 0x3000, 0, 7)
+    origin = b"O" + struct.pack(">Q", 0x1234) + b"sg_abc_from_a\0"
+    commit = b"C" + struct.pack(">BQQq", 0, 0x3000, 0x3028, 0)
+    raw = [(0x2000, begin), (0x2000, origin), (0x3000, commit)]
+    events = list(assemble(raw, origins=True))
+    assert [type(e) for e in events] == [Begin, Origin, Commit]
+    assert events[1] == Origin(0x1234, "sg_abc_from_a")
+    assert [type(e) for e in assemble(raw)] == [Begin, Commit]
