@@ -19,7 +19,7 @@ from sluicegate.postgres import origins
 from sluicegate.postgres.connect import strip_password
 
 from ..conftest import wait_for
-from .cluster_helpers import Consumer, cli, run, stream
+from .cluster_helpers import Consumer, cli, run, status, stream
 from .helpers import table_rows
 
 pytestmark = pytest.mark.spark
@@ -144,6 +144,12 @@ def test_both_ways_no_copy_back_no_loop(bidi, tmp_path):
         print(f"idle WAL over {seconds:.1f}s: A {grown[0]} B, B {grown[1]} B")
         assert max(grown) < 12_288 * seconds, grown  # heartbeats: ~5 kB/s here
         assert equal(p)
+        # Each side records both clusters' fixed ids and its own; status works from either side.
+        for side, me in ((p.a, 1), (p.b, 2)):
+            c = run(side, "SELECT options -> 'cluster' FROM sluicegate.workflows WHERE name = %s", (W,))[0][0]
+            assert c["bidirectional"] and c["cluster_ids"] == {"a": 1, "b": 2} and c["cluster_id"] == me
+            st = status(W, side)
+            assert st["safe_time"] and [s["sink"] for s in st["sinks"]] == [{1: "a", 2: "b"}[me]], st
     finally:
         for c in consumers:
             c.kill()
