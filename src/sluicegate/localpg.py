@@ -230,6 +230,7 @@ class LocalPostgres:
         listen = ",".join([HOST, *(str(i.ip) for i in self.interfaces)])
         conf = {"listen_addresses": listen, "port": self._port, "unix_socket_directories": self._sockdir,
                 "wal_level": "logical", "max_replication_slots": 20, "max_wal_senders": 20,
+                "track_commit_timestamp": "on",  # last-writer-wins reads the commit time of a row's version
                 "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
                 "shared_buffers": "128MB", "max_connections": 200, "logging_collector": "off",
                 **self.settings}
