@@ -353,7 +353,7 @@ class LwwTable:
             ).format(first=first_key, ltime=local_time, origin=self._cluster_of(sql.SQL("v.roident")),
                      stage=stage, target=t.ident, match=match, name=name, skey=self._key_json("s"), types=types),
             "partial": sql.SQL(
-                "SELECT {} FROM {} AS s WHERE s._sg_win AND s._sg_op <> 'D' AND s._sg_found <> 'r' "
+                "SELECT {}::text FROM {} AS s WHERE s._sg_win AND s._sg_op <> 'D' AND s._sg_found <> 'r' "
                 "AND s._sg_keep IS NOT NULL LIMIT 1").format(self._key_json("s"), stage),
             "conflicts": sql.SQL(
                 "INSERT INTO sluicegate.conflicts (table_name, key, type, local_time, local_cluster, remote_time, "
