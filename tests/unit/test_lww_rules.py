@@ -18,7 +18,7 @@ LATER = datetime(2026, 1, 2, tzinfo=timezone.utc)
     ((LATER, 1), (T, 2), False),    # older remote loses
     ((T, 1), (T, 2), True),         # a tie goes to the higher cluster id...
     ((T, 2), (T, 1), False),        # ...on both sides
-    ((LATER, 2), (T, 3), False),    # time first, cluster id only on a tie
+    ((LATER, 1), (T, 3), False),    # time first, cluster id only on a tie
 ])
 def test_greater_time_then_cluster_wins(local, remote, win):
     assert decide("U", ROW, local, remote)[0] is win
@@ -35,9 +35,9 @@ def test_both_sides_pick_the_same_winner():
     ("I", NOTHING, None, (T, 2), (True, None)),                      # plain insert
     ("U", NOTHING, None, (T, 2), (True, "update_missing")),
     ("D", NOTHING, None, (T, 2), (True, "delete_missing")),           # leaves a tombstone
-    ("U", ROW, (EARLIER, 2), (T, 2), (True, None)),                   # the same peer's older version
-    ("U", ROW, (T, 2), (T, 2), (False, None)),                        # the same version again: a replay
-    ("U", ROW, (LATER, 2), (T, 2), (False, "update_exists")),         # the same peer, but newer here
+    ("U", ROW, (EARLIER, 2), (T, 2), (True, None)),                   # the same peer's earlier version
+    ("U", ROW, (T, 2), (T, 2), (True, None)),                         # ...whatever the times: its stream is
+    ("D", ROW, (LATER, 2), (T, 2), (True, None)),                     # in its commit order
     ("U", ROW, (EARLIER, 1), (T, 2), (True, "update_exists")),        # another cluster's version
     ("I", ROW, (EARLIER, 1), (T, 2), (True, "insert_exists")),
     ("D", ROW, (LATER, 1), (T, 2), (False, "delete_exists")),

@@ -152,8 +152,12 @@ def decide(op: str, found: str, local: tuple | None, remote: tuple) -> tuple[boo
       then leaves a tombstone) are conflicts that the change wins.
     - A version of unknown time loses to the change, silently: this transaction's own earlier write (a later
       change of the same stream), or a row older than any commit time kept.
-    - The same cluster's older version is ordinary replication; its same version is a replay (no effect).
-    - Anything else is a conflict (the version came from another cluster, or is newer), won by the greater
+    - A version from the change's own cluster is ordinary replication, and the change wins whatever the times:
+      that cluster's changes arrive in its commit order (only its own stream carries them), so the version
+      here is an earlier change of the same row. Commit times of one cluster's transactions are not quite in
+      commit order, and an applier that commits several source transactions at once stamps them all with one
+      time: comparing them could drop a later change.
+    - Anything else is a conflict (the version came from another cluster), won by the greater
       (time, cluster): insert_exists, update_exists, delete_exists against a row; insert_deleted,
       update_deleted, delete_deleted against a tombstone. A version last written by another cluster counts
       even when the change is newer (as PostgreSQL 18's update_origin_differs): the two clusters wrote the
@@ -163,10 +167,9 @@ def decide(op: str, found: str, local: tuple | None, remote: tuple) -> tuple[boo
         return True, _TYPE_OF.get((NOTHING, op))
     if local is None or local[0] is None:
         return True, None
-    win = (remote[0], remote[1]) > (local[0], local[1])
-    if local[1] == remote[1] and remote[0] >= local[0]:
-        return win, None
-    return win, _TYPE_OF[(found, op)]
+    if local[1] == remote[1]:
+        return True, None
+    return (remote[0], remote[1]) > (local[0], local[1]), _TYPE_OF[(found, op)]
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
@@ -328,9 +331,9 @@ class LwwTable:
                      LEFT JOIN sluicegate.tombstones AS tb
                        ON {first} IS NULL AND tb.table_name = {name} AND tb.key = {skey}
                    ), y AS (
-                     SELECT x.*, (found = 'n' OR ltime IS NULL OR (rtime, rcl) > (ltime, lcl)) AS win,
-                            (found = 'n' AND op = 'I') OR (found <> 'n' AND ltime IS NULL)
-                              OR (found <> 'n' AND lcl = rcl AND rtime >= ltime) AS ordinary
+                     SELECT x.*, (found = 'n' OR ltime IS NULL OR lcl = rcl OR (rtime, rcl) > (ltime, lcl)) AS win,
+                            (found = 'n' AND op = 'I') OR (found <> 'n' AND (ltime IS NULL OR lcl = rcl))
+                              AS ordinary
                      FROM x
                    ), u AS (
                      UPDATE {stage} AS s SET _sg_found = y.found, _sg_ltime = y.ltime, _sg_lcluster = y.lcl,
@@ -374,8 +377,8 @@ class LwwTable:
                 "INSERT INTO sluicegate.tombstones AS tb (table_name, key, deleted_at, cluster_id) "
                 "SELECT {}, {}, s._sg_time, s._sg_cluster FROM {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
                 "ON CONFLICT (table_name, key) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
-                "cluster_id = EXCLUDED.cluster_id, xid = NULL WHERE (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > "
-                "(COALESCE({}, '-infinity'), tb.cluster_id)").format(name, self._key_json("s"), stage, local_time),
+                "cluster_id = EXCLUDED.cluster_id, xid = NULL WHERE EXCLUDED.cluster_id = tb.cluster_id "
+                "OR (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > (COALESCE({}, '-infinity'), tb.cluster_id)").format(name, self._key_json("s"), stage, local_time),
             "untombstone": sql.SQL(
                 "DELETE FROM sluicegate.tombstones AS tb USING {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
                 "AND s._sg_found = 't' AND tb.table_name = {} AND tb.key = {}").format(
