@@ -23,6 +23,7 @@ from sluicegate.appliers.lww import (
     decide,
     install_tombstone_triggers,
     origin_ids,
+    remove_tombstone_triggers,
 )
 from sluicegate.errors import TerminalError
 from sluicegate.postgres.catalog import describe_table
@@ -443,3 +444,20 @@ def test_a_batch_of_10k_rows_takes_a_bounded_number_of_statements(sides):
     assert b.sql("SELECT count(*), count(*) FILTER (WHERE v = 'new') FROM items") == [(8000, 8000)]
     assert b.counts() == {"update_exists": 4000, "delete_exists": 1000,
                                                         "update_deleted": 1000}
+
+
+def test_a_local_key_change_leaves_a_tombstone_for_the_old_key(sides):
+    """An update that moves a row to another key deletes the old key as far as the peer is concerned (it gets
+    a delete of the old key): an older update of the old key arriving later must not bring it back."""
+    a, b = sides
+    start(a, b, 1)
+    b.sql("UPDATE items SET v = 'B' WHERE id = 1")  # older than A's key change
+    a.sql("UPDATE items SET id = 10 WHERE id = 1")
+    moved_at = a.version(10)[0]
+    assert a.tombstone(1) == (moved_at, A_ID) and a.tombstone(10) is None
+    ship(b, a, [("U", 1)])
+    assert a.row(1) is None and a.conflicts() == [("1", "update_deleted", "local", A_ID, B_ID)]
+    with psycopg.connect(a.url, autocommit=True) as c:
+        remove_tombstone_triggers(c, a.table())
+    a.sql("DELETE FROM items")
+    assert a.sql("SELECT count(*) FROM sluicegate.tombstones") == [(1,)]
