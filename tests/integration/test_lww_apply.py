@@ -9,6 +9,7 @@ version on both sides."""
 from __future__ import annotations
 
 import re
+import threading
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -27,6 +28,8 @@ from sluicegate.appliers.lww import (
 )
 from sluicegate.errors import TerminalError
 from sluicegate.postgres.catalog import describe_table
+
+from ..conftest import wait_for
 
 A_ID, B_ID = 1, 2
 
@@ -65,7 +68,8 @@ class Side:
     def version(self, key):
         """(commit time, cluster) of the row's current version, as the applier reads it."""
         origins = self.origin_ids()
-        got = self.sql("SELECT v.timestamp, v.roident FROM items, pg_xact_commit_timestamp_origin(items.xmin) v "
+        got = self.sql("SELECT v.timestamp, v.roident FROM items, "
+                       "pg_xact_commit_timestamp_origin(items.xmin) v "
                        "WHERE id = %s", (key,))
         if not got:
             return None
@@ -78,7 +82,8 @@ class Side:
 
     def tombstone(self, key, table="public.items"):
         got = self.sql("SELECT COALESCE(deleted_at, pg_xact_commit_timestamp(xid::xid)), cluster_id "
-                       "FROM sluicegate.tombstones WHERE table_name = %s AND key = jsonb_build_array(%s::text)",
+                       "FROM sluicegate.tombstones "
+                       "WHERE table_name = %s AND key = jsonb_build_array(%s::text)",
                        (table, str(key)))
         return got[0] if got else None
 
@@ -87,7 +92,8 @@ class Side:
             return conflict_counts(c)
 
     def conflicts(self):
-        return self.sql("SELECT key->>0, type, winner, local_cluster, remote_cluster FROM sluicegate.conflicts "
+        return self.sql("SELECT key->>0, type, winner, local_cluster, remote_cluster "
+                        "FROM sluicegate.conflicts "
                         "ORDER BY id")
 
 
@@ -126,7 +132,7 @@ def incoming(src: Side, op: str, key: int) -> Incoming:
 
 
 def ship(src: Side, dst: Side, changes: list[tuple[str, int]]):
-    """Apply src's changes on dst, one transaction per commit time (one origin commit time per transaction)."""
+    """Apply src's changes on dst, one transaction per commit time (an origin stamps one per transaction)."""
     batches: dict = {}
     for op, key in changes:
         ch = incoming(src, op, key)
@@ -305,8 +311,8 @@ def test_partial_update(sides):
 
 
 def test_applier_deletes_leave_no_local_tombstone_and_skip_foreign_keys(sides):
-    """The tombstone triggers are ordinary: replica role skips them for the applier (whose tombstones carry the
-    change's time and cluster), as it skips foreign-key checks; without it the applier refuses."""
+    """The tombstone triggers are ordinary: replica role skips them for the applier (whose tombstones carry
+    the change's time and cluster), as it skips foreign-key checks; without it the applier refuses."""
     a, b = sides
     start(a, b, 1)
     b.sql("CREATE TABLE parts (id int PRIMARY KEY, item int REFERENCES items)")
@@ -349,15 +355,15 @@ def test_tombstone_gc(sides):
     with applying(b, b.from_peer, old) as conn:
         b.lww(conn, b.table()).apply([Incoming("D", (str(k), None, None), old, A_ID) for k in range(30)])
         conn.commit()
-    assert b.sql("SELECT count(*) FILTER (WHERE deleted_at IS NULL), count(*) FROM sluicegate.tombstones") == \
-        [(5, 35)]
+    assert b.sql("SELECT count(*) FILTER (WHERE deleted_at IS NULL), count(*) "
+                 "FROM sluicegate.tombstones") == [(5, 35)]
     with psycopg.connect(b.url, autocommit=True) as c:
         assert collect_tombstones(c, limit=20) == 20  # bounded per call
         assert collect_tombstones(c, limit=20) == 10
         assert collect_tombstones(c, limit=20) == 0
         # the local ones got their commit time and stay within the retention
-        assert c.execute("SELECT count(*) FROM sluicegate.tombstones WHERE deleted_at > now() - interval '1 hour' "
-                         "AND xid IS NULL").fetchone() == (5,)
+        assert c.execute("SELECT count(*) FROM sluicegate.tombstones "
+                         "WHERE deleted_at > now() - interval '1 hour' AND xid IS NULL").fetchone() == (5,)
         assert collect_tombstones(c, retention=timedelta(0)) == 5
 
 
@@ -461,3 +467,32 @@ def test_a_local_key_change_leaves_a_tombstone_for_the_old_key(sides):
         remove_tombstone_triggers(c, a.table())
     a.sql("DELETE FROM items")
     assert a.sql("SELECT count(*) FROM sluicegate.tombstones") == [(1,)]
+
+
+def test_a_row_the_application_inserts_meanwhile_is_a_version_like_any_other(sides):
+    """The application inserts keys the batch did not find (its transaction still open): the applier's insert
+    waits for it, then keeps whichever version is later."""
+    _, b = sides
+    app = psycopg.connect(b.url)
+    app.execute("INSERT INTO items VALUES (1, 'app', 0), (2, 'app', 0)")
+    now = datetime.now(timezone.utc)
+    older, newer = now - timedelta(hours=1), now + timedelta(hours=1)
+    done = {}
+
+    def apply():
+        with applying(b, b.from_peer, newer) as conn:
+            done["out"] = b.lww(conn, b.table()).apply([Incoming("I", ("1", "old", "1"), older, A_ID),
+                                                        Incoming("I", ("2", "new", "1"), newer, A_ID)])
+            conn.commit()
+
+    worker = threading.Thread(target=apply)
+    worker.start()
+    try:
+        wait_for(lambda: b.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock'") == [(1,)], 60, what="the applier waiting")
+    finally:
+        app.commit()
+        app.close()
+        worker.join(60)
+    assert "out" in done
+    assert b.row(1) == (1, "app", 0) and b.row(2) == (2, "new", 1)

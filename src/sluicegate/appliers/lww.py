@@ -185,14 +185,16 @@ def install_tombstone_triggers(conn: psycopg.Connection, table: Table, local_clu
     changes (the old key is gone as if deleted), stamped with `local_cluster`.
 
     They are ordinary triggers, so they do not fire for the applier's own writes, which run with
-    `session_replication_role = replica` (the applier records its tombstones itself, with the incoming change's
-    time and cluster). The same setting also skips foreign-key checks and ON DELETE actions for the applier's
-    writes: the origin cluster already ran them, and their effects arrive as changes of their own."""
+    `session_replication_role = replica` (the applier records its tombstones itself, with the incoming
+    change's time and cluster). The same setting also skips foreign-key checks and ON DELETE actions for the
+    applier's writes: the origin cluster already ran them, and their effects arrive as changes of their own
+    (so a child row may arrive before its parent). User triggers declared ENABLE ALWAYS still fire."""
     ensure_schema(conn)
     args = sql.SQL(", ").join(sql.Literal(str(a)) for a in (local_cluster, *table.key))
     conn.execute(sql.SQL(
-        "CREATE OR REPLACE TRIGGER sluicegate_tombstones AFTER DELETE ON {} REFERENCING OLD TABLE AS sg_old_rows "
-        "FOR EACH STATEMENT EXECUTE FUNCTION sluicegate.record_deletes({})").format(table.ident, args))
+        "CREATE OR REPLACE TRIGGER sluicegate_tombstones AFTER DELETE ON {} "
+        "REFERENCING OLD TABLE AS sg_old_rows FOR EACH STATEMENT "
+        "EXECUTE FUNCTION sluicegate.record_deletes({})").format(table.ident, args))
     old = sql.SQL(", ").join(sql.SQL("OLD.{}").format(sql.Identifier(k)) for k in table.key)
     new = sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k)) for k in table.key)
     conn.execute(sql.SQL(
@@ -275,7 +277,8 @@ class LwwTable:
         ensure_schema(conn)
         self.conn, self.table, self.local_cluster = conn, table, local_cluster
         self.origins = {LOCAL_ORIGIN: local_cluster, **(origins or {})}
-        self.fixed_settings = any(table.columns[i].type_oid not in _PLAIN_KEY_TYPES for i in table.key_indices)
+        self.fixed_settings = any(table.columns[i].type_oid not in _PLAIN_KEY_TYPES
+                                  for i in table.key_indices)
         self.statements = 0  # statements sent, for the caller's accounting (and a test that it is bounded)
         self._plan = self._compose(sql.Identifier(f"sg_lww_{index}"))
 
@@ -302,6 +305,7 @@ class LwwTable:
             sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
                 sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
             for c in non_key)
+        d_keys = sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)
         local_time = sql.SQL("COALESCE(tb.deleted_at, pg_xact_commit_timestamp(tb.xid::xid))")
         types = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f + o), sql.Literal(ty))
                                   for (f, o), ty in _TYPE_OF.items())
@@ -312,18 +316,18 @@ class LwwTable:
                    NULL::"char" AS _sg_found, NULL::timestamptz AS _sg_ltime, NULL::int AS _sg_lcluster,
                    NULL::bool AS _sg_win, NULL::text AS _sg_conflict, {} FROM {} WITH NO DATA"""
             ).format(stage, cols, t.ident),
-            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, _sg_time, _sg_cluster, {}) FROM STDIN").format(stage, cols),
+            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, _sg_time, _sg_cluster, {}) FROM STDIN").format(
+                stage, cols),
             # The target's rows of the batch stay as classified until the transaction ends: the application
             # cannot change or delete them in between (a row it inserts meanwhile meets the insert's ON
             # CONFLICT). In key order, as other appliers lock.
             "lock": sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} AS d JOIN {} AS s ON {} ORDER BY {} "
-                            "FOR UPDATE OF d) AS l").format(
-                                t.ident, stage, match, sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)),
+                            "FOR UPDATE OF d) AS l").format(t.ident, stage, match, d_keys),
             "classify": sql.SQL(
                 """WITH x AS (
                      SELECT s.ctid AS sid, s._sg_op AS op, s._sg_time AS rtime, s._sg_cluster AS rcl,
-                            CASE WHEN {first} IS NOT NULL THEN 'r' WHEN tb.key IS NOT NULL THEN 't' ELSE 'n' END
-                              AS found,
+                            CASE WHEN {first} IS NOT NULL THEN 'r' WHEN tb.key IS NOT NULL THEN 't'
+                                 ELSE 'n' END AS found,
                             CASE WHEN {first} IS NOT NULL THEN v.timestamp ELSE {ltime} END AS ltime,
                             CASE WHEN {first} IS NOT NULL THEN {origin} ELSE tb.cluster_id END AS lcl
                      FROM {stage} AS s LEFT JOIN {target} AS d ON {match}
@@ -331,14 +335,16 @@ class LwwTable:
                      LEFT JOIN sluicegate.tombstones AS tb
                        ON {first} IS NULL AND tb.table_name = {name} AND tb.key = {skey}
                    ), y AS (
-                     SELECT x.*, (found = 'n' OR ltime IS NULL OR lcl = rcl OR (rtime, rcl) > (ltime, lcl)) AS win,
+                     SELECT x.*,
+                            (found = 'n' OR ltime IS NULL OR lcl = rcl OR (rtime, rcl) > (ltime, lcl)) AS win,
                             (found = 'n' AND op = 'I') OR (found <> 'n' AND (ltime IS NULL OR lcl = rcl))
                               AS ordinary
                      FROM x
                    ), u AS (
                      UPDATE {stage} AS s SET _sg_found = y.found, _sg_ltime = y.ltime, _sg_lcluster = y.lcl,
                             _sg_win = y.win,
-                            _sg_conflict = CASE WHEN NOT y.ordinary THEN CASE y.found::text || y.op::text {types} END END
+                            _sg_conflict = CASE WHEN NOT y.ordinary
+                                                THEN CASE y.found::text || y.op::text {types} END END
                      FROM y WHERE s.ctid = y.sid
                      RETURNING s._sg_op AS op, s._sg_found AS found, s._sg_win AS win,
                                s._sg_keep IS NOT NULL AS partial, s._sg_conflict AS conflict
@@ -354,14 +360,16 @@ class LwwTable:
                              WHERE conflict IS NOT NULL GROUP BY conflict) AS c)
                    FROM u"""
             ).format(first=first_key, ltime=local_time, origin=self._cluster_of(sql.SQL("v.roident")),
-                     stage=stage, target=t.ident, match=match, name=name, skey=self._key_json("s"), types=types),
+                     stage=stage, target=t.ident, match=match, name=name, skey=self._key_json("s"),
+                     types=types),
             "partial": sql.SQL(
                 "SELECT {}::text FROM {} AS s WHERE s._sg_win AND s._sg_op <> 'D' AND s._sg_found <> 'r' "
                 "AND s._sg_keep IS NOT NULL LIMIT 1").format(self._key_json("s"), stage),
             "conflicts": sql.SQL(
-                "INSERT INTO sluicegate.conflicts (table_name, key, type, local_time, local_cluster, remote_time, "
-                "remote_cluster, winner) SELECT {}, {}, s._sg_conflict, s._sg_ltime, s._sg_lcluster, s._sg_time, "
-                "s._sg_cluster, CASE WHEN s._sg_win THEN 'remote' ELSE 'local' END FROM {} AS s "
+                "INSERT INTO sluicegate.conflicts (table_name, key, type, local_time, local_cluster, "
+                "remote_time, remote_cluster, winner) SELECT {}, {}, s._sg_conflict, s._sg_ltime, "
+                "s._sg_lcluster, s._sg_time, s._sg_cluster, "
+                "CASE WHEN s._sg_win THEN 'remote' ELSE 'local' END FROM {} AS s "
                 "WHERE s._sg_conflict IS NOT NULL").format(name, self._key_json("s"), stage),
             "delete": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
                               "AND s._sg_found = 'r' AND {}").format(t.ident, stage, match),
@@ -378,7 +386,8 @@ class LwwTable:
                 "SELECT {}, {}, s._sg_time, s._sg_cluster FROM {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
                 "ON CONFLICT (table_name, key) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
                 "cluster_id = EXCLUDED.cluster_id, xid = NULL WHERE EXCLUDED.cluster_id = tb.cluster_id "
-                "OR (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > (COALESCE({}, '-infinity'), tb.cluster_id)").format(name, self._key_json("s"), stage, local_time),
+                "OR (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > (COALESCE({}, '-infinity'), tb.cluster_id)"
+            ).format(name, self._key_json("s"), stage, local_time),
             "untombstone": sql.SQL(
                 "DELETE FROM sluicegate.tombstones AS tb USING {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
                 "AND s._sg_found = 't' AND tb.table_name = {} AND tb.key = {}").format(
@@ -393,15 +402,16 @@ class LwwTable:
         if not non_key:
             return sql.SQL("DO NOTHING")
         t = self.table
-        assign = sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-                                    for c in non_key)
-        same = sql.SQL(" AND ").join(sql.SQL("s.{} = EXCLUDED.{}").format(sql.Identifier(k), sql.Identifier(k))
-                                     for k in t.key)
+        assign = sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in non_key)
+        same = sql.SQL(" AND ").join(
+            sql.SQL("s.{} = EXCLUDED.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in t.key)
         local = sql.SQL("(SELECT (COALESCE(v.timestamp, '-infinity'), {}) "
                         "FROM pg_xact_commit_timestamp_origin(d.xmin) AS v)").format(
                             self._cluster_of(sql.SQL("v.roident")))
-        return sql.SQL("DO UPDATE SET {} WHERE (SELECT ROW(s._sg_time, s._sg_cluster) FROM {} AS s WHERE {}) > {}"
-                       ).format(assign, stage, same, local)
+        return sql.SQL(
+            "DO UPDATE SET {} WHERE (SELECT ROW(s._sg_time, s._sg_cluster) FROM {} AS s WHERE {}) > {}"
+        ).format(assign, stage, same, local)
 
     def _exec(self, cur, statement, params=None):
         self.statements += 1
@@ -416,9 +426,9 @@ class LwwTable:
         if not data:
             return Outcome(conflicts={})
         with self.conn.cursor() as cur:
-            settings = ", ".join(f"current_setting('{k}')" for k in _KEY_SETTINGS) if self.fixed_settings else ""
-            role, *saved = self._exec(cur, f"SELECT current_setting('session_replication_role')"
-                                           f"{', ' if settings else ''}{settings}").fetchone()
+            names = ("session_replication_role", *(_KEY_SETTINGS if self.fixed_settings else ()))
+            role, *saved = self._exec(cur, sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+                sql.SQL("current_setting({})").format(sql.Literal(n)) for n in names))).fetchone()
             if role != "replica":
                 raise TerminalError(
                     f"applying changes to {t.qualified} with session_replication_role = {role}: the "
@@ -433,7 +443,8 @@ class LwwTable:
             try:
                 return self._apply_staged(cur)
             finally:
-                if self.fixed_settings and self.conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+                failed = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+                if self.fixed_settings and not failed:
                     self._set(cur, dict(zip(_KEY_SETTINGS, saved)))
 
     def _set(self, cur, settings: dict[str, str]) -> None:
@@ -448,11 +459,11 @@ class LwwTable:
             self._exec(cur, plan["classify"]).fetchone()
         if partial:
             key = self._exec(cur, plan["partial"]).fetchone()[0]
-            alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self.table.ident).as_string(self.conn)
+            alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self.table.ident)
             raise TerminalError(
                 f"an incoming update of {self.table.qualified} key {key} wins but carries only some columns "
-                f"(unchanged TOAST values) and the row is missing here: run {alter} on every cluster so updates "
-                f"carry the whole row")
+                f"(unchanged TOAST values) and the row is missing here: run {alter.as_string(self.conn)} on "
+                f"every cluster so updates carry the whole row")
         if conflicts:
             self._exec(cur, plan["conflicts"])
         deleted = self._exec(cur, plan["delete"]).rowcount if deletes else 0
@@ -463,4 +474,5 @@ class LwwTable:
         if revived:
             self._exec(cur, plan["untombstone"])
         self._exec(cur, plan["clear"])
-        return Outcome(inserted=inserted, updated=updated, deleted=deleted, lost=lost, conflicts=conflicts or {})
+        return Outcome(inserted=inserted, updated=updated, deleted=deleted, lost=lost,
+                       conflicts=conflicts or {})
