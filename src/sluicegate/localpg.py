@@ -230,7 +230,7 @@ class LocalPostgres:
         listen = ",".join([HOST, *(str(i.ip) for i in self.interfaces)])
         conf = {"listen_addresses": listen, "port": self._port, "unix_socket_directories": self._sockdir,
                 "wal_level": "logical", "max_replication_slots": 20, "max_wal_senders": 20,
-                "track_commit_timestamp": "on",  # bidirectional Replicate needs it (cluster/create.py)
+                "track_commit_timestamp": "on",  # active-active: commit times of rows' versions (appliers/lww.py)
                 "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
                 "shared_buffers": "128MB", "max_connections": 200, "logging_collector": "off",
                 **self.settings}
