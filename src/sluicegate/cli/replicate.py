@@ -105,6 +105,9 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
                    f"consumer with:")
     for url in sinks:
         click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
+    if bidirectional:  # conflict resolution is not wired into the apply path yet: say so, every time
+        click.echo("warning: last-writer-wins is not applied yet: a key written on both sides before either "
+                   "change arrives can end with different values on each; write each key on one side", err=True)
     note = source_password_note(source)
     if note:
         click.echo(note, err=True)
