@@ -79,6 +79,21 @@ def sink_server(pg_workdir):
     server.stop()
 
 
+def drop_slots(conn: psycopg.Connection, database: str) -> None:
+    """Drop every replication slot of `database` (its readers ended first): a database with an active slot
+    cannot be dropped."""
+    for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                                  (database,)).fetchall():
+        if pid:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(100):
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.05)
+
+
 class Pair:
     """A fresh source and target database for one test."""
 
@@ -103,17 +118,7 @@ class Pair:
     def cleanup(self):
         # drop the workflow's slots first: a database with an active slot cannot be dropped
         with psycopg.connect(self.source_server.url(), autocommit=True) as c:
-            for (slot, pid) in c.execute(
-                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (self.name,)
-            ).fetchall():
-                if pid:
-                    c.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                for _ in range(100):
-                    try:
-                        c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                        break
-                    except psycopg.errors.ObjectInUse:
-                        time.sleep(0.05)
+            drop_slots(c, self.name)
         for server in (self.source_server, self.target_server):
             with psycopg.connect(server.url(), autocommit=True) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,))

@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psycopg
 
 from sluicegate.position import parse_lsn
 
+from ..conftest import drop_slots
 from .helpers import reap_group, table_rows
 
 CLI = [sys.executable, "-m", "sluicegate.cli.main"]
@@ -49,16 +49,7 @@ def cluster(source_server, *sink_servers):
         yield c
     finally:
         with contextlib.suppress(Exception), psycopg.connect(source_server.url(), autocommit=True) as conn:
-                for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots "
-                                              "WHERE database = %s", (name,)).fetchall():
-                    if pid:
-                        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                    for _ in range(100):
-                        try:
-                            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                            break
-                        except psycopg.errors.ObjectInUse:
-                            time.sleep(0.05)
+            drop_slots(conn, name)
         for server, db in c.servers:
             with contextlib.suppress(Exception):
                 with psycopg.connect(server.url(), autocommit=True) as conn:
