@@ -354,3 +354,15 @@ def test_add_tables_while_running_under_writes(rc, tmp_path):
         writer.stop_event.set()
         for consumer in consumers:
             consumer.kill()
+
+
+def test_deleting_a_sink_takes_it_off_the_others(rc):
+    c = rc
+    _load(c)
+    assert create(c).returncode == 0
+    out = cli("workflow", "delete", c.workflow, "--target", c.sinks[0])
+    assert out.returncode == 0, out.stderr
+    (sinks,), = run(c.sinks[1], "SELECT options -> 'cluster' -> 'sinks' FROM sluicegate.workflows WHERE name = %s",
+                    (c.workflow,))
+    assert list(sinks) == ["s2"]  # s2's governor and status no longer look for s1's slot
+    assert run(c.sinks[0], "SELECT count(*) FROM sluicegate.workflows")[0][0] == 0

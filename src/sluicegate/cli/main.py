@@ -529,9 +529,17 @@ def workflow_delete(name, target):
     from ..workflow.reshard import load_all
 
     dropped = []
-    for _, url, _ in load_all(name, target):
+    shards = load_all(name, target)
+    for _, url, _ in shards:
         dropped += delete_workflow(name, url)
     click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+    if shards[0][2].kind == "Replicate":  # the other sinks stop governing and showing this one
+        from ..cluster.forget import forget_sink
+        from ..cluster.model import Cluster
+
+        missed = forget_sink(Cluster.of(shards[0][2]))
+        if missed:
+            click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one", err=True)
 
 
 @cli.command()
