@@ -186,3 +186,25 @@ def test_bad_requests(pair):
     assert len(out.stderr.strip().splitlines()) == 1
     out = vdiff(pair.target, "wf", "--resume")
     assert out.returncode == 2 and "no unfinished vdiff" in out.stderr, out.stderr
+
+
+def test_driver_with_one_task_slot_serves_a_vdiff(pair, tmp_path):
+    """`workflow run --spark-master local[1]`: its replicate task holds the only slot; the vdiff it serves must
+    still run (replication waits for the comparison), not wait forever."""
+    make_items(pair, 5000)
+    create_movetables("wf", pair.source, pair.target, ["items"], [], {})
+    run = subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "wf", "--target",
+                            pair.target, "--no-progress", "--spark-master", "local[1]"],
+                           stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("wb"),
+                           start_new_session=True)
+    try:
+        wait_for(lambda: caught_up(pair, "wf"), what="caught up")
+        out = vdiff(pair.target, "wf", "--json", timeout=120)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        assert report(out)["tables"]["public.items"]["rows_compared"] == 5000
+        pair.src("UPDATE items SET qty = qty + 1 WHERE id <= 10")  # replication goes on after it
+        wait_for(lambda: pair.dst("SELECT count(*) FROM items WHERE id <= 10 AND qty = id % 100 + 1")[0][0] == 10,
+                 60, what="replication after the vdiff")
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(30)

@@ -57,6 +57,14 @@ class DriverVDiffs:
                                        daemon=True)
         self.thread.start()
 
+    def comparing(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def wait(self, stop: threading.Event) -> None:
+        """Until the comparison ends (or stop)."""
+        while self.comparing() and not stop.is_set():
+            self.thread.join(0.5)
+
     @staticmethod
     def _compare(run, prepared) -> None:
         try:

@@ -299,6 +299,11 @@ class Engine:
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
         if self.vdiffs is not None:
             self.vdiffs.poll(wf, stream)  # a requested vdiff first syncs the stream to its point
+            if self.vdiffs.comparing() and self.runner.parallelism() < 2:
+                # One task slot (local[1]): a replicate task would hold it until interrupted, and the
+                # comparison's tasks would never run. Replication waits for the comparison instead.
+                self.vdiffs.wait(self.stop)
+                return
         self.play(wf, stream, until="slice", expect=st.RUNNING)
 
     def play(self, wf, stream, *, until: str, expect: str, stop_at: int | None = None):
