@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
@@ -314,6 +315,7 @@ class Engine:
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
             way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
+            clusters=cluster_ids(wf),
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch
