@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import threading
 import time
 
 import psycopg
 import pytest
 
+from sluicegate.cluster.governor import Governor
 from sluicegate.cluster.model import origin_name
 from sluicegate.localpg import LocalPostgres
 from sluicegate.position import parse_lsn
@@ -305,9 +307,22 @@ def test_last_writer_wins_with_consumers_stopped(bidi, tmp_path):
         for side in (p.a, p.b):
             keys = {int(k) for (k,) in run(side, "SELECT key ->> 0 FROM sluicegate.tombstones")}
             assert keys == {3, 4, 5}, (side, keys)
+        # A TRUNCATE cannot be ordered against the other side's writes: the direction stops, saying so.
+        run(p.b, "TRUNCATE items")
+        wait_for(lambda: stream(p.a, W)["state"] == "Error", 60, what="B->A stopped by the TRUNCATE",
+                 describe=lambda: stream(p.a, W))
+        assert "TRUNCATE of public.items" in stream(p.a, W)["message"]
+        assert run(p.a, "SELECT count(*) FROM items")[0][0] == 8
     finally:
         for c in consumers:
             c.kill()
+    # Tombstone collection (the governor's, every minute): past the retention, this side's go.
+    run(p.a, "UPDATE sluicegate.workflows SET options = jsonb_set(options, '{cluster,tombstone_retention}', "
+             "'0.001') WHERE name = %s", (W,))
+    assert run(p.a, "SELECT options #> '{cluster,tombstone_retention}' FROM sluicegate.workflows")[0][0]
+    Governor(p.a, W, threading.Event()).check_once()
+    assert run(p.a, "SELECT count(*) FROM sluicegate.tombstones")[0][0] == 0
+    assert run(p.b, "SELECT count(*) FROM sluicegate.tombstones")[0][0] == 3
     for side in (p.a, p.b):
         out = cli("workflow", "delete", W, "--target", side)
         assert out.returncode == 0, out.stderr
