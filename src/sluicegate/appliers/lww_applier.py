@@ -98,14 +98,16 @@ class LwwApplier:
 
     def _plan(self, t: TargetTable) -> LwwTable:
         name = t.table.qualified
+        upto = t.lastpk if t.mode == "upto" else None
         hit = self.plans.get(name)
-        if hit is None or hit[0] is not t.table:
+        if hit is None or hit[0] != (t.table, upto):
             # the direction's pool of origins (postgres/origins.py): all stand for the peer
             names = {self.origin if k == 0 else f"{self.origin}_{k}": self.peer_cluster
                      for k in range(origins.POOL)} if self.origin else {}
             ids = origin_ids(self.conn, names)
-            hit = self.plans[name] = (t.table, LwwTable(self.conn, t.table, local_cluster=self.local_cluster,
-                                                        origins=ids, index=len(self.plans)))
+            hit = self.plans[name] = ((t.table, upto), LwwTable(
+                self.conn, t.table, local_cluster=self.local_cluster, origins=ids, index=len(self.plans),
+                upto=upto))
         return hit[1]
 
     def flush(self) -> None:

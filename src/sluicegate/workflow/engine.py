@@ -245,6 +245,8 @@ class Engine:
             with connect(self.target_url, role="target") as dst:
                 if origin:  # a bidirectional sink: the clearing below must not be sent back as deletes
                     origins.acquire(dst, origin)
+                    # nor leave tombstones: it is the applier's, not the application's (appliers/lww.py)
+                    dst.execute("SET session_replication_role = replica")
                 # Catchup and fast-forward may have added columns the source added (schema_changes.py): the
                 # cycle copies the table as the snapshot has it.
                 table = current.table = Table.from_json(st.table_specs(dst, stream.id)[table.qualified])
