@@ -93,19 +93,21 @@ class LwwApplier:
         if names:
             raise TerminalError(
                 f"a TRUNCATE of {', '.join(names)} arrived in a bidirectional workflow: last-writer-wins "
-                f"cannot order it against the other cluster's writes; delete the rows with DELETE instead, "
-                f"and re-bootstrap the workflow")
+                f"cannot order it against the other cluster's writes; run the same TRUNCATE on this cluster "
+                f"too, then `workflow delete` the workflow on both sides and create it again (use DELETE to "
+                f"empty a bidirectional table)")
 
     def _plan(self, t: TargetTable) -> LwwTable:
         name = t.table.qualified
         upto = t.lastpk if t.mode == "upto" else None
+        # The direction's pool of origins (postgres/origins.py), all standing for the peer: read each time, as
+        # a copy task may make one more while this task runs (a row of an origin not named counts as local).
+        names = {self.origin if k == 0 else f"{self.origin}_{k}": self.peer_cluster
+                 for k in range(origins.POOL)} if self.origin else {}
+        ids = origin_ids(self.conn, names)
         hit = self.plans.get(name)
-        if hit is None or hit[0] != (t.table, upto):
-            # the direction's pool of origins (postgres/origins.py): all stand for the peer
-            names = {self.origin if k == 0 else f"{self.origin}_{k}": self.peer_cluster
-                     for k in range(origins.POOL)} if self.origin else {}
-            ids = origin_ids(self.conn, names)
-            hit = self.plans[name] = ((t.table, upto), LwwTable(
+        if hit is None or hit[0] != (t.table, upto, ids):
+            hit = self.plans[name] = ((t.table, upto, ids), LwwTable(
                 self.conn, t.table, local_cluster=self.local_cluster, origins=ids, index=len(self.plans),
                 upto=upto))
         return hit[1]
