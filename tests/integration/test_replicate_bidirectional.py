@@ -283,6 +283,11 @@ def test_last_writer_wins_with_consumers_stopped(bidi, tmp_path):
         writer.join()
         for c in consumers:
             c.kill()
+    # Spark's Python workers run in their own process group: a play task outlives the kill by a moment (until
+    # Spark's daemon sees the JVM gone). The races below need both directions really stopped.
+    wait_for(lambda: not any(run(side, "SELECT count(*) FROM pg_replication_slots WHERE active AND "
+                                       "database = current_database()")[0][0] for side in (p.a, p.b)),
+             60, what="no play task left reading a slot")
     assert len(written) > 20, len(written)
     assert run(p.b, "SELECT count(*) FROM items WHERE note = 'during copy'")[0][0] == len(set(written))
 
