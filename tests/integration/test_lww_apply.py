@@ -496,3 +496,16 @@ def test_a_row_the_application_inserts_meanwhile_is_a_version_like_any_other(sid
         worker.join(60)
     assert "out" in done
     assert b.row(1) == (1, "app", 0) and b.row(2) == (2, "new", 1)
+
+
+def test_a_table_being_copied_takes_changes_up_to_its_last_copied_key(sides):
+    """During a copy (`upto`): keys above the last one copied are the copy's to bring, not the stream's."""
+    a, b = sides
+    a.sql("INSERT INTO items VALUES (3, 'A', 1), (8, 'A', 1)")
+    rows = [incoming(a, "I", 3), incoming(a, "I", 8)]
+    with applying(b, b.from_peer, rows[0].time) as conn:
+        out = LwwTable(conn, b.table(), local_cluster=B_ID, origins=origin_ids(conn, b.origins),
+                       upto=["5"]).apply(rows)
+        conn.commit()
+    assert out.inserted == 1
+    assert b.row(3) == (3, "A", 1) and b.row(8) is None

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import threading
 import time
 
 import psycopg
 import pytest
 
+from sluicegate.cluster.governor import Governor
 from sluicegate.cluster.model import origin_name
 from sluicegate.localpg import LocalPostgres
 from sluicegate.position import parse_lsn
@@ -221,3 +223,135 @@ def test_track_commit_timestamp_off(bidi, tmp_path):
             _nothing_created(p.a, url)
     finally:
         server.stop()
+
+
+def conflicts(side: str) -> set[tuple[int, str, str]]:
+    """(key, type, winner) of every conflict this side resolved."""
+    return {(int(k), t, w) for k, t, w in
+            run(side, "SELECT key ->> 0, type, winner FROM sluicegate.conflicts WHERE table_name = 'public.items'")}
+
+
+def test_last_writer_wins_with_consumers_stopped(bidi, tmp_path):
+    """Issue 25, items 1 and 2: every race written with both consumers stopped, each side's write to a key
+    later than the other's by wall clock (one machine's clock: the commit times follow), then both started."""
+    p = bidi
+    run(p.a, "CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    run(p.a, "INSERT INTO items SELECT g, g, 'base' FROM generate_series(1, 10000) g")
+    out = p.create("--cycle-rows", "2000")  # a copy of many cycles, A writing all along
+    assert out.returncode == 0, out.stderr
+    assert "not applied yet" not in out.stderr
+    for side in (p.a, p.b):  # the application's deletes leave tombstones on both sides
+        assert run(side, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'sluicegate_tombstones%'")[0][0] == 2
+    logs = {side: tmp_path / f"{n}.log" for side, n in ((p.a, "a"), (p.b, "b"))}
+
+    def both_running():
+        consumers = [Consumer(W, p.a, logs[p.a]).start()]
+        wait_for(lambda: stream(p.a, W)["state"] == "Running", 180, what="B->A running")
+        consumers.append(Consumer(W, p.b, logs[p.b]).start())
+        return consumers
+
+    def converged():
+        return caught_up(p.a, p.b) and caught_up(p.b, p.a) and equal(p)
+
+    def tail():
+        return {str(s): path.read_text()[-1500:] for s, path in logs.items() if path.exists()}
+
+    copying = threading.Event()
+    copying.set()
+    written = []
+
+    def write_during_copy():
+        """Changes on both sides of the copy's last key: those above it are the copy's to bring."""
+        rnd = random.Random(25)
+        with psycopg.connect(p.a, autocommit=True) as c:
+            while copying.is_set():
+                key = rnd.randrange(1000, 10001)
+                c.execute("UPDATE items SET qty = qty + 1, note = 'during copy' WHERE id = %s", (key,))
+                written.append(key)
+                time.sleep(0.01)  # pacing the writer, not waiting for anything
+
+    writer = threading.Thread(target=write_during_copy)
+    consumers = both_running()
+    writer.start()
+    try:
+        wait_for(lambda: stream(p.b, W)["state"] == "Running", 240, what="B copied", describe=tail)
+        copying.clear()
+        writer.join()
+        wait_for(converged, 120, what="both sides equal after the copy", describe=tail)
+    finally:
+        copying.clear()
+        writer.join()
+        for c in consumers:
+            c.kill()
+    # Spark's Python workers run in their own process group: a play task outlives the kill by a moment (until
+    # Spark's daemon sees the JVM gone). The races below need both directions really stopped.
+    wait_for(lambda: not any(run(side, "SELECT count(*) FROM pg_replication_slots WHERE active AND "
+                                       "database = current_database()")[0][0] for side in (p.a, p.b)),
+             60, what="no play task left reading a slot")
+    assert len(written) > 20, len(written)
+    assert run(p.b, "SELECT count(*) FROM items WHERE note = 'during copy'")[0][0] == len(set(written))
+
+    def write(side, text):
+        run(side, text)  # autocommit: one transaction each, committed before the next begins
+
+    # 1: the same row updated on A, later on B; the same new key inserted on A, later on B.
+    write(p.a, "UPDATE items SET qty = 100, note = 'a' WHERE id = 1")
+    write(p.b, "UPDATE items SET qty = 200, note = 'b' WHERE id = 1")
+    write(p.a, "INSERT INTO items VALUES (10001, 100, 'a')")
+    write(p.b, "INSERT INTO items VALUES (10001, 200, 'b')")
+    # 2: (a) delete on A, later update on B: the row lives, with B's values (A gets it back whole)
+    write(p.a, "DELETE FROM items WHERE id = 2")
+    write(p.b, "UPDATE items SET qty = 202 WHERE id = 2")
+    # (b) update on B, later delete on A: gone on both (A's tombstone outranks B's older update)
+    write(p.b, "UPDATE items SET qty = 203 WHERE id = 3")
+    write(p.a, "DELETE FROM items WHERE id = 3")
+    # (c) delete on both
+    write(p.a, "DELETE FROM items WHERE id = 4")
+    write(p.b, "DELETE FROM items WHERE id = 4")
+    # (d) update on A of a row whose later delete on B has not arrived yet: gone on both
+    write(p.a, "UPDATE items SET qty = 105 WHERE id = 5")
+    write(p.b, "DELETE FROM items WHERE id = 5")
+
+    consumers = both_running()
+    try:
+        wait_for(converged, 240, what="both sides equal after the races", describe=tail)
+        rows = {r[0]: r[1:] for r in run(p.a, "SELECT id, qty, note FROM items ORDER BY id")}
+        assert rows[1] == (200, "b") and rows[10001] == (200, "b"), rows
+        assert rows[2] == (202, "base"), rows
+        assert 3 not in rows and 4 not in rows and 5 not in rows, rows
+        assert rows[6] == (6, "base") and len(rows) == 9998, len(rows)
+        # Each side's log names what it resolved and which version won.
+        assert conflicts(p.a) == {
+            (1, "update_exists", "remote"), (10001, "insert_exists", "remote"), (2, "update_deleted", "remote"),
+            (3, "update_deleted", "local"), (4, "delete_deleted", "remote"), (5, "delete_exists", "remote")}
+        assert conflicts(p.b) == {
+            (1, "update_exists", "local"), (10001, "insert_exists", "local"), (2, "delete_exists", "local"),
+            (3, "delete_exists", "remote"), (4, "delete_deleted", "local"), (5, "update_deleted", "local")}
+        assert status(W, p.a)["conflicts"] == {"delete_deleted": 1, "delete_exists": 1, "insert_exists": 1,
+                                               "update_deleted": 2, "update_exists": 1}
+        assert status(W, p.b)["conflicts"] == {"delete_deleted": 1, "delete_exists": 2, "insert_exists": 1,
+                                               "update_deleted": 1, "update_exists": 1}
+        # The deleted keys keep their tombstones on both sides; the revived one has none.
+        for side in (p.a, p.b):
+            keys = {int(k) for (k,) in run(side, "SELECT key ->> 0 FROM sluicegate.tombstones")}
+            assert keys == {3, 4, 5}, (side, keys)
+        # A TRUNCATE cannot be ordered against the other side's writes: the direction stops, saying so.
+        run(p.b, "TRUNCATE items")
+        wait_for(lambda: stream(p.a, W)["state"] == "Error", 60, what="B->A stopped by the TRUNCATE",
+                 describe=lambda: stream(p.a, W))
+        assert "TRUNCATE of public.items" in stream(p.a, W)["message"]
+        assert run(p.a, "SELECT count(*) FROM items")[0][0] == 9998
+    finally:
+        for c in consumers:
+            c.kill()
+    # Tombstone collection (the governor's, every minute): past the retention, this side's go.
+    run(p.a, "UPDATE sluicegate.workflows SET options = jsonb_set(options, '{cluster,tombstone_retention}', "
+             "'0.001') WHERE name = %s", (W,))
+    assert run(p.a, "SELECT options #> '{cluster,tombstone_retention}' FROM sluicegate.workflows")[0][0]
+    Governor(p.a, W, threading.Event()).check_once()
+    assert run(p.a, "SELECT count(*) FROM sluicegate.tombstones")[0][0] == 0
+    assert run(p.b, "SELECT count(*) FROM sluicegate.tombstones")[0][0] == 3
+    for side in (p.a, p.b):
+        out = cli("workflow", "delete", W, "--target", side)
+        assert out.returncode == 0, out.stderr
+        assert run(side, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'sluicegate_tombstones%'")[0][0] == 0

@@ -269,10 +269,12 @@ class LwwTable:
     transaction; the caller commits (with its position, under the change's replication origin)."""
 
     def __init__(self, conn: psycopg.Connection, table: Table, *, local_cluster: int,
-                 origins: Mapping[int, int] | None = None, index: int = 0):
+                 origins: Mapping[int, int] | None = None, index: int = 0, upto: list[str] | None = None):
         """`local_cluster`: this cluster's id; `origins`: roident -> cluster id of every replication origin
         whose transactions wrote rows here (origin_ids); a row of an origin not named counts as local.
-        `index`: tells the staging tables of several LwwTables of one session apart."""
+        `index`: tells the staging tables of several LwwTables of one session apart. `upto`: a table being
+        copied: only changes of keys <= this one apply (the copy brings the rest)."""
+        self.upto = upto
         check_commit_timestamps(conn)
         ensure_schema(conn)
         self.conn, self.table, self.local_cluster = conn, table, local_cluster
@@ -393,6 +395,8 @@ class LwwTable:
                 "AND s._sg_found = 't' AND tb.table_name = {} AND tb.key = {}").format(
                     stage, name, self._key_json("s")),
             "clear": sql.SQL("TRUNCATE {}").format(stage),
+            "trim": sql.SQL("DELETE FROM {} AS s WHERE NOT {}").format(
+                stage, keyrange.compare(t, "<=", self.upto, alias="s")) if self.upto is not None else None,
         }
         return plan
 
@@ -454,6 +458,8 @@ class LwwTable:
 
     def _apply_staged(self, cur) -> Outcome:
         plan = self._plan
+        if plan["trim"] is not None:
+            self._exec(cur, plan["trim"])
         self._exec(cur, plan["lock"])
         lost, deletes, updates, inserts, partial, tombstones, revived, conflicts = \
             self._exec(cur, plan["classify"]).fetchone()

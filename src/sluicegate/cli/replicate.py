@@ -73,11 +73,14 @@ def replicate_group() -> None:
 @click.option("--allow-unsafe-schema", is_flag=True,
               help="With --bidirectional: create despite secondary unique indexes or sequence-drawn keys "
                    "(printed as warnings).")
+@click.option("--tombstone-retention", default="7d", metavar="DURATION", show_default=True,
+              help="With --bidirectional: how long deleted rows' tombstones are kept; must outlive replication "
+                   "lag (an older change arriving after its tombstone is collected brings the row back).")
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
 @click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
 @_friendly
 def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_wal, max_retention_age, overwrite,
-                     bidirectional, allow_unsafe_schema, cycle_rows, chunk_rows):
+                     bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows, chunk_rows):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
     from ..sizes import parse_duration, parse_size
@@ -85,13 +88,14 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
 
     max_retained_wal = _cap(max_retained_wal, "--max-retained-wal", parse_size)
     max_retention_age = _cap(max_retention_age, "--max-retention-age", parse_duration)
+    tombstone_retention = _cap(tombstone_retention, "--tombstone-retention", parse_duration)
 
     options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
     excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
     decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
                                  overwrite=overwrite, max_retained_wal=max_retained_wal,
                                  max_retention_age=max_retention_age, bidirectional=bidirectional,
-                                 allow_unsafe_schema=allow_unsafe_schema,
+                                 allow_unsafe_schema=allow_unsafe_schema, tombstone_retention=tombstone_retention,
                                  warn=lambda line: click.echo(f"warning: {line}", err=True))
     for d in decisions:
         click.echo(d.line())
@@ -105,9 +109,6 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
                    f"consumer with:")
     for url in sinks:
         click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
-    if bidirectional:  # conflict resolution is not wired into the apply path yet: say so, every time
-        click.echo("warning: last-writer-wins is not applied yet: a key written on both sides before either "
-                   "change arrives can end with different values on each; write each key on one side", err=True)
     note = source_password_note(source)
     if note:
         click.echo(note, err=True)

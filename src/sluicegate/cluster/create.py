@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ..appliers import lww
 from ..errors import UsageError
 from ..postgres import capture, catalog, locks, origins, replication
 from ..postgres.catalog import Table
@@ -55,7 +56,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                      exclude: list[str] | None, options: dict, *, overwrite: bool = False,
                      max_retained_wal: int | None = None, max_retention_age: float | None = None,
                      bidirectional: bool = False, allow_unsafe_schema: bool = False,
-                     warn=None) -> list[Decision]:
+                     tombstone_retention: float | None = None, warn=None) -> list[Decision]:
     """The bootstrap decision per sink and table; raises UsageError (nothing created) if any check fails.
     `warn`: told each check that --allow-unsafe-schema overrode."""
     st.check_name(name)
@@ -124,15 +125,19 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         stored = {s: strip_password(u) for s, u in sinks.items()}
         for sink, conn in conns.items():
             cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
-                              bidirectional, dict(CLUSTER_IDS) if bidirectional else {})
+                              bidirectional, dict(CLUSTER_IDS) if bidirectional else {},
+                              tombstone_retention if bidirectional else None)
             try:
                 st.insert_workflow(conn, name, KIND, source_url, {**options, "cluster": cluster.to_json()})
                 st.add_stream(conn, name, "0", None, slot_name(name, sink), described, None, identity)
+                if bidirectional:  # the application's deletes on B leave tombstones (appliers/lww.py)
+                    for t in described:
+                        lww.install_tombstone_triggers(conn, t, CLUSTER_IDS[sink])
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         if peer is not None:
             back = Cluster(name, sinks["b"], {"a": strip_password(source_url)}, "a", max_retained_wal,
-                           max_retention_age, True, dict(CLUSTER_IDS))
+                           max_retention_age, True, dict(CLUSTER_IDS), tombstone_retention)
             try:
                 st.insert_workflow(peer, name, KIND, sinks["b"], {**options, "cluster": back.to_json()})
                 st.add_stream(peer, name, "0", None, slot_name(name, "a"), described, None,
@@ -140,6 +145,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 # A is the copy's source: B->A has nothing to copy, only B's changes to replicate
                 peer.execute("""UPDATE sluicegate.copy_state SET done = true WHERE stream_id IN
                                 (SELECT id FROM sluicegate.streams WHERE workflow = %s)""", (name,))
+                for t in described:
+                    lww.install_tombstone_triggers(peer, t, CLUSTER_IDS["a"])
             except psycopg.Error as exc:
                 raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
             decisions += [Decision("a", source_url, t.qualified, "replicate",

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import psycopg
 
+from ..appliers import lww
 from ..position import format_lsn, parse_lsn
 from ..postgres import capture
 from ..postgres.connect import connect, describe
@@ -35,6 +37,8 @@ from .model import Cluster
 log = logging.getLogger("sluicegate")
 SAMPLE_EVERY = timedelta(seconds=10)  # one sample of the source's WAL position per this long, at most
 KEEP_SAMPLES = timedelta(days=8)  # history enough for any age shown or capped (longer caps keep longer)
+GC_INTERVAL = 60.0  # seconds between tombstone collections of a bidirectional side
+TOMBSTONE_RETENTION = 7 * 86400.0  # seconds: --tombstone-retention's default
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Governor:
 
     def __init__(self, target_url: str, workflow: str, stop: threading.Event, interval: float = 5.0):
         self.target_url, self.workflow, self.stop, self.interval = target_url, workflow, stop, interval
+        self.last_gc = float("-inf")  # monotonic time of the last tombstone collection (bidirectional)
         self.thread = threading.Thread(target=self._run, name="sg-governor", daemon=True)
 
     def start(self) -> Governor:
@@ -119,6 +124,8 @@ class Governor:
         """One round: a sample, then every sink's slot against the caps. What was released, as notes."""
         with connect(self.target_url, role="target", connect_timeout=5) as sink_conn:
             cluster = Cluster.of(st.load_workflow(sink_conn, self.workflow))
+            if cluster.bidirectional and time.monotonic() - self.last_gc >= GC_INTERVAL:
+                self.collect(sink_conn, cluster)
             with connect(cluster.source_url, role="source", autocommit=True, connect_timeout=5) as src:
                 _sample(src, sink_conn, cluster)
                 released = []
@@ -130,6 +137,15 @@ class Governor:
                         released.append(note)
                         _tell_sink(cluster, hold.sink, note)
         return released
+
+
+    def collect(self, conn: psycopg.Connection, cluster: Cluster) -> int:
+        """Tombstones older than the workflow's retention, on this side (the sink's own); how many went."""
+        retention = timedelta(seconds=cluster.tombstone_retention or TOMBSTONE_RETENTION)
+        gone = lww.collect_tombstones(conn, retention)
+        conn.commit()
+        self.last_gc = time.monotonic()
+        return gone
 
 
 def _sample(src: psycopg.Connection, conn: psycopg.Connection, cluster: Cluster) -> None:

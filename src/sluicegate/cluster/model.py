@@ -35,6 +35,7 @@ class Cluster:
     bidirectional: bool = False
     # Bidirectional: cluster name -> its fixed id ({"a": 1, "b": 2}); this side is `sink`
     cluster_ids: dict[str, int] = field(default_factory=dict)
+    tombstone_retention: float | None = None  # seconds (bidirectional): None is the default, 7 days
 
     @classmethod
     def of(cls, wf: st.Workflow) -> Cluster:
@@ -42,13 +43,15 @@ class Cluster:
             raise UsageError(f"workflow {wf.name!r} is a {wf.kind}, not a Replicate workflow")
         c = wf.options["cluster"]
         return cls(wf.name, wf.source_url, dict(c["sinks"]), c["sink"], c.get("max_retained_wal"),
-                   c.get("max_retention_age"), bool(c.get("bidirectional")), dict(c.get("cluster_ids") or {}))
+                   c.get("max_retention_age"), bool(c.get("bidirectional")), dict(c.get("cluster_ids") or {}),
+                   c.get("tombstone_retention"))
 
     def to_json(self) -> dict:
         out = {"sinks": self.sinks, "sink": self.sink, "max_retained_wal": self.max_retained_wal,
                "max_retention_age": self.max_retention_age}
         if self.bidirectional:
-            out |= {"bidirectional": True, "cluster_ids": self.cluster_ids, "cluster_id": self.local_id}
+            out |= {"bidirectional": True, "cluster_ids": self.cluster_ids, "cluster_id": self.local_id,
+                    "tombstone_retention": self.tombstone_retention}
         return out
 
     @property
@@ -99,6 +102,17 @@ def direction(wf: st.Workflow) -> tuple[str, bool]:
         return "", False
     cluster = Cluster.of(wf)
     return (cluster.origin, True) if cluster.bidirectional else ("", False)
+
+
+def cluster_ids(wf: st.Workflow) -> tuple[int, int]:
+    """(this side's id, the peer's) of a bidirectional sink, whose changes apply by last-writer-wins; (0, 0)
+    for every other workflow."""
+    if wf.kind != KIND:
+        return 0, 0
+    cluster = Cluster.of(wf)
+    if not cluster.bidirectional:
+        return 0, 0
+    return cluster.local_id, cluster.cluster_ids[cluster.peer]
 
 
 def way_out(wf: st.Workflow) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..appliers import lww
 from ..postgres.connect import connect, describe, first_line, redact
 from ..sizes import format_size
 from ..workflow import state as st
@@ -27,6 +28,8 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - status goes on without the source
             warnings.append(f"source {describe(cluster.source_url)}: {first_line(exc)}")
         fields = safe_time_fields(wf, conn, source_now)
+        if cluster.bidirectional:  # conflicts this side resolved by last-writer-wins, per type
+            fields["conflicts"] = lww.conflict_counts(conn)
     sinks = []
     for sink, url in cluster.sinks.items():
         hold = next((h for h in holds if h.sink == sink), None)

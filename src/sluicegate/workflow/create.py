@@ -280,9 +280,16 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
     for s in wf.streams:
         with connect(s.source_url, role="source", autocommit=True) as src:
             dropped += capture.drop_capture(src, s.slot_name, s.publication)
-    with connect(target_url, role="target") as dst:
-        st.delete_workflow(dst, name)
     origin, _ = direction(wf)
+    with connect(target_url, role="target") as dst:
+        if origin:  # a bidirectional side: the application's deletes stop leaving tombstones
+            from ..appliers.lww import remove_tombstone_triggers
+
+            for s in wf.streams:
+                for t in s.tables:
+                    if dst.execute("SELECT to_regclass(%s)", (t.table.ident.as_string(dst),)).fetchone()[0]:
+                        remove_tombstone_triggers(dst, t.table)
+        st.delete_workflow(dst, name)
     if origin:  # the origin this sink's writes carried (a bidirectional Replicate's)
         with connect(target_url, role="target", autocommit=True) as dst:
             dropped += origins.drop(dst, origin)

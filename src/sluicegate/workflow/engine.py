@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
@@ -244,6 +245,8 @@ class Engine:
             with connect(self.target_url, role="target") as dst:
                 if origin:  # a bidirectional sink: the clearing below must not be sent back as deletes
                     origins.acquire(dst, origin)
+                    # nor leave tombstones: it is the applier's, not the application's (appliers/lww.py)
+                    dst.execute("SET session_replication_role = replica")
                 # Catchup and fast-forward may have added columns the source added (schema_changes.py): the
                 # cycle copies the table as the snapshot has it.
                 table = current.table = Table.from_json(st.table_specs(dst, stream.id)[table.qualified])
@@ -319,6 +322,7 @@ class Engine:
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
             way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
+            clusters=cluster_ids(wf),
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..appliers.lww_applier import LwwApplier
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError
 from ..position import format_lsn
@@ -62,6 +63,9 @@ class PlayTask:
     # that have an origin (they were applied here by the opposite direction: never send them back).
     origin: str = ""
     skip_origins: bool = False
+    # A bidirectional direction's (this cluster's id, the peer's): its changes apply by last-writer-wins
+    # (appliers/lww_applier.py); (0, 0) for every other stream.
+    clusters: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -83,6 +87,11 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             connect(task.target_url, role="target") as dst:
         if task.origin:
             origins.acquire(dst, task.origin)
+        if task.clusters[0]:
+            # The tombstone triggers must take the applier's deletes for what they are (appliers/lww.py).
+            dst.execute("SET session_replication_role = replica")
+            dst.commit()
+        lww_plans: dict = {}  # LwwTables kept across the task's batches
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
@@ -129,7 +138,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
                 try:
                     batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
-                                         follower)
+                                         follower, lww_plans)
                 except SchemaStop as exc:
                     # A schema change the stream does not follow: what came before the transaction that met it
                     # is applied (the target is then made to match from a clean point), nothing of it.
@@ -225,8 +234,17 @@ class _Batch:
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
-                 rules: dict | None, writer=None, follower: SchemaFollower | None = None) -> _Batch:
+                 rules: dict | None, writer=None, follower: SchemaFollower | None = None,
+                 lww_plans: dict | None = None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
+    if task.clusters[0]:
+        lww = LwwApplier(dst, tables, local_cluster=task.clusters[0], peer_cluster=task.clusters[1],
+                         origin=task.origin, plans=lww_plans)
+        try:
+            return _play_batch(task, stream, lww, framing, position, flushed, lww)
+        except BaseException:
+            lww.abandon()
+            raise
     ruled = {}
     for t in tables:
         runner = (rules or {}).get((t.table.schema, t.table.name))
@@ -249,12 +267,13 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
 
 
 def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,
-                base: PostgresApplier, rows=None) -> _Batch:
+                base, rows=None) -> _Batch:
     batch = _Batch(position)
     skipping = False
     last_end = None
     reached_stop = False
     meeting = None  # commit position of the transaction being read
+    begin = getattr(applier, "begin", None)  # an applier that wants each transaction's commit time
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
     try:
@@ -264,6 +283,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                     applier.change(ev)
                     batch.rows += 1
             elif isinstance(ev, Begin):
+                if begin is not None:
+                    begin(ev.commit_time)
                 if task.stop_at is not None and ev.final_lsn >= task.stop_at:
                     reached_stop = True  # commits after the snapshot: not part of this fast-forward
                     break
