@@ -355,3 +355,86 @@ def test_last_writer_wins_with_consumers_stopped(bidi, tmp_path):
         out = cli("workflow", "delete", W, "--target", side)
         assert out.returncode == 0, out.stderr
         assert run(side, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'sluicegate_tombstones%'")[0][0] == 0
+
+
+class SideWriter(threading.Thread):
+    """Random updates, inserts and deletes of a small key range on one side, each its own transaction; every
+    write that took effect is recorded with its commit time and the side's cluster id."""
+
+    def __init__(self, url: str, cluster_id: int, keys: int, seed: int):
+        super().__init__(daemon=True)
+        self.url, self.cluster_id, self.keys, self.rng = url, cluster_id, keys, random.Random(seed)
+        self.stop_event, self.writes, self.error = threading.Event(), [], None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url, autocommit=True) as c:
+                n = 0
+                while not self.stop_event.is_set():
+                    k, n, op = self.rng.randint(1, self.keys), n + 1, self.rng.random()
+                    note = f"{self.cluster_id}-{n}"
+                    if op < 0.5:
+                        row = c.execute("UPDATE items SET qty = %s, note = %s WHERE id = %s "
+                                        "RETURNING id, qty, note, pg_current_xact_id()::text", (n, note, k)).fetchone()
+                    elif op < 0.75:
+                        row = c.execute("INSERT INTO items VALUES (%s, %s, %s) ON CONFLICT DO NOTHING "
+                                        "RETURNING id, qty, note, pg_current_xact_id()::text", (k, n, note)).fetchone()
+                    else:
+                        row = c.execute("DELETE FROM items WHERE id = %s RETURNING id, NULL::int, NULL::text, "
+                                        "pg_current_xact_id()::text", (k,)).fetchone()
+                    if row is not None:  # took effect: its commit time decides against the other side's writes
+                        at = c.execute("SELECT pg_xact_commit_timestamp(%s::xid)", (row[3],)).fetchone()[0]
+                        value = None if op >= 0.75 else f"({row[0]},{row[1]},{row[2]})"
+                        self.writes.append((at, self.cluster_id, k, value))
+                    self.stop_event.wait(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+@pytest.mark.parametrize("seconds,kills", [
+    (12, 1), pytest.param(60, 6, marks=pytest.mark.slow)])
+def test_random_concurrent_writes_converge_to_the_later_commit(bidi, tmp_path, seconds, kills):
+    """Issue 25, item 3: both sides write overlapping keys at once while each consumer is killed (-9) at random
+    moments; afterwards A equals B row for row, and each key holds the write with the latest commit time (ties:
+    the higher cluster id), or is absent if that write was a delete."""
+    p = bidi
+    keys = 60
+    run(p.a, "CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    run(p.a, "INSERT INTO items SELECT g, 0, 'base' FROM generate_series(1, %s) g", (keys,))
+    assert p.create().returncode == 0
+    sides = [(p.a, 1), (p.b, 2)]
+    consumers = {p.a: Consumer(W, p.a, tmp_path / "a0.log").start()}
+    wait_for(lambda: stream(p.a, W)["state"] == "Running", 180, what="B->A running")
+    consumers[p.b] = Consumer(W, p.b, tmp_path / "b0.log").start()
+    wait_for(lambda: caught_up(p.b, p.a), 180, what="B copied")
+    writers = [SideWriter(url, cid, keys, seed=cid * 7) for url, cid in sides]
+    rng = random.Random(25)
+    try:
+        for w in writers:
+            w.start()
+        deadline = time.monotonic() + seconds
+        for n in range(kills * 2):  # each side's consumer `kills` times, at random moments
+            time.sleep(rng.uniform(0, (deadline - time.monotonic()) / (kills * 2 - n)))  # a random moment
+            side = sides[n % 2][0]
+            consumers[side].kill()
+            consumers[side] = Consumer(W, side, tmp_path / f"{n}.log").start()
+        time.sleep(max(0.0, deadline - time.monotonic()))  # the writing goes on for its whole length
+        for w in writers:
+            w.stop_event.set()
+            w.join()
+            assert w.error is None, w.error
+        wait_for(lambda: caught_up(p.a, p.b) and caught_up(p.b, p.a) and equal(p), 240, what="both sides equal")
+    finally:
+        for w in writers:
+            w.stop_event.set()
+        for consumer in consumers.values():
+            consumer.kill()
+    latest: dict[int, tuple] = {}
+    for at, cid, k, value in sorted(w for writer in writers for w in writer.writes):
+        latest[k] = value  # sorted by (commit time, cluster id): the last one wins
+    expected = sorted((f"({k},0,base)" for k in range(1, keys + 1) if k not in latest),
+                      key=lambda r: int(r[1:].split(",")[0]))
+    expected = sorted(expected + [v for v in latest.values() if v is not None],
+                      key=lambda r: int(r[1:].split(",")[0]))
+    assert sum(len(w.writes) for w in writers) > 100
+    assert table_rows(p.a, "public.items", ["id"]) == expected
