@@ -46,13 +46,16 @@ def streams(sink: str) -> list[dict]:
              "safe_time": r[4]} for r in rows]
 
 
-def sink_caught_up(shards: dict[str, str], sink: str) -> bool:
-    """Every stream Running at or past its own shard's flushed WAL."""
-    for s in streams(sink):
-        flushed = parse_lsn(run(shards[s["shard"]], "SELECT pg_current_wal_flush_lsn()::text")[0][0])
-        if s["state"] != "Running" or s["position"] is None or s["position"] < flushed:
-            return False
-    return True
+def flushed(shards: dict[str, str]) -> dict[str, int]:
+    return {shard: parse_lsn(run(url, "SELECT pg_current_wal_flush_lsn()::text")[0][0])
+            for shard, url in shards.items()}
+
+
+def sink_caught_up(shards: dict[str, str], sink: str, upto: dict[str, int] | None = None) -> bool:
+    """Every stream Running at or past its own shard's flushed WAL (now, or `upto`)."""
+    upto = upto or flushed(shards)
+    return all(s["state"] == "Running" and s["position"] is not None and s["position"] >= upto[s["shard"]]
+               for s in streams(sink))
 
 
 def union(shards: dict[str, str], table: str) -> list[str]:
@@ -108,7 +111,8 @@ def test_two_shards_two_sinks_union_kill_9_safe_time_vdiff(keyspace, tmp_path):
         commits = sum(w.commits for w in writers)
         wait_for(lambda: sum(w.commits for w in writers) > commits + 50, 60, what="writes on both shards")
         consumers[0] = Consumer(c.workflow, c.sinks[0], tmp_path / "run0b.log").start()
-        wait_for(lambda: sink_caught_up(shards, c.sinks[0]), 180, what="sink 1 resumed")
+        upto = flushed(shards)  # under live writes: past what both shards had written by the restart
+        wait_for(lambda: sink_caught_up(shards, c.sinks[0], upto), 180, what="sink 1 resumed")
         log = (tmp_path / "run0b.log").read_text()
         assert "source shard -80: resume from checkpoint" in log and "source shard 80-: resume" in log, log
         for w in writers:
