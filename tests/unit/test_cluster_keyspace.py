@@ -48,3 +48,20 @@ def test_keyspace_options_that_do_not_apply():
     assert code != 0 and "goes with --source-shard" in out
     code, out = _create("--source-shard", "-=postgresql://src/db", "--bidirectional")
     assert code != 0 and "one way only" in out
+
+
+def test_shards_must_cover_the_keyspace():
+    code, out = _create("--source-shard", "-80=postgresql://src/ks0")
+    assert code != 0 and "source shards must cover the keyspace" in out, out
+
+
+def test_retention_age_is_refused_on_a_keyspace():
+    from sluicegate.cluster.keyspace import create_keyspace_replicate
+    from sluicegate.errors import UsageError
+
+    try:
+        create_keyspace_replicate("rp", SHARDS, ["postgresql://a/db"], None, None, {}, {}, max_retention_age=60.0)
+    except UsageError as exc:
+        assert "--max-retained-wal" in str(exc)
+    else:
+        raise AssertionError("--max-retention-age accepted on a keyspace source")
