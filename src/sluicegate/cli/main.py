@@ -381,6 +381,16 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
         for line in at_start(target, name):
             click.echo(line, err=True)
         governor = Governor(target, name, stop).start()
+        with connect(target, role="target") as conn:
+            several = len(st.load_workflow(conn, name).streams) > 1
+        if several:  # a keyspace source: a stream per source shard, each its own Engine (as a Reshard's)
+            view = _progress(name, target, "Reshard", no_progress, interval)
+            try:
+                _run_reshard(name, target, runner, stop)
+            finally:
+                view.stop()
+                governor.stop_soon()
+            return
     view = _progress(name, target, kind, no_progress, interval)
     engine = Engine(target, name, runner, stop=stop)
     try:

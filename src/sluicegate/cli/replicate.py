@@ -57,7 +57,11 @@ def replicate_group() -> None:
 
 @replicate_group.command("create")
 @click.option("--workflow", "name", required=True, help="Name of the new workflow.")
-@click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
+@click.option("--source", default=None, metavar="URL", help="libpq URL of the source database.")
+@click.option("--source-shard", "source_shards", multiple=True, metavar="RANGE=URL",
+              help="Instead of --source: a source shard of a keyspace (repeatable; the ranges cover it).")
+@click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
+              help="With --source-shard: the sharding column of a table (default: its first key column).")
 @click.option("--sink", "sinks", multiple=True, required=True, metavar="URL",
               help="libpq URL of a sink database (repeatable: one source, several sinks).")
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
@@ -79,10 +83,12 @@ def replicate_group() -> None:
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
 @click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
 @_friendly
-def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_wal, max_retention_age, overwrite,
-                     bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows, chunk_rows):
+def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exclude_tables, max_retained_wal,
+                     max_retention_age, overwrite, bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows,
+                     chunk_rows):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
+    from ..errors import UsageError
     from ..sizes import parse_duration, parse_size
     from ..workflow.create import source_password_note
 
@@ -92,6 +98,31 @@ def replicate_create(name, source, sinks, tables, exclude_tables, max_retained_w
 
     options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
     excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
+    if bool(source) == bool(source_shards):
+        raise UsageError("replicate create takes its source as --source URL or as --source-shard RANGE=URL "
+                         "(repeated): give exactly one of the two")
+    if shard_keys and not source_shards:
+        raise UsageError("--shard-key names a keyspace's sharding columns: it goes with --source-shard")
+    if source_shards:
+        if bidirectional:
+            raise UsageError("--bidirectional pairs two databases: a keyspace source (--source-shard) "
+                             "replicates one way only; use --source")
+        from ..cluster.keyspace import create_keyspace_replicate
+        from ..workflow.reshard import parse_shard_keys, parse_shards
+
+        decisions = create_keyspace_replicate(
+            name, parse_shards("source", list(source_shards)), list(sinks), _names(tables, "--tables"), excluded,
+            parse_shard_keys(list(shard_keys)), options, overwrite=overwrite, max_retained_wal=max_retained_wal,
+            max_retention_age=max_retention_age)
+        for d in decisions:
+            click.echo(d.line())
+        click.echo(f"created workflow {name}: {len({d.table for d in decisions})} table(s) from "
+                   f"{len(source_shards)} source shard(s) to {len(sinks)} sink(s); run each sink's consumer with:")
+        for url in sinks:
+            click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
+        for note in filter(None, (source_password_note(i.partition("=")[2].strip()) for i in source_shards)):
+            click.echo(note, err=True)
+        return
     decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
                                  overwrite=overwrite, max_retained_wal=max_retained_wal,
                                  max_retention_age=max_retention_age, bidirectional=bidirectional,

@@ -7,6 +7,7 @@ the source, so a slow, stopped or unreachable sink never holds up another. The d
 
 - model.py      the workflow's sinks and caps, as every sink records them; slot names; ways out
 - create.py     `replicate create`: the checks, and the bootstrap decision for each sink and table
+- keyspace.py   `replicate create --source-shard …`: a keyspace source, one stream per (sink, source shard)
 - decisions.py  the seed's bootstrap chart for an existing setup: resume, or Error with the command
 - bootstrap.py  `replicate bootstrap`: re-copy what cannot resume
 - add_tables.py `replicate add-tables`: new tables joined to the running streams

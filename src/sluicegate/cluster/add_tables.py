@@ -28,6 +28,9 @@ from .model import Cluster
 def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False) -> list[Decision]:
     with connect(any_sink_url, role="target") as conn:
         cluster = Cluster.of(st.load_workflow(conn, workflow))
+    if cluster.source_shards:  # its tables need a key-range rule per shard, which this does not make yet
+        raise UsageError(f"workflow {workflow!r} replicates a keyspace (--source-shard): add-tables does not "
+                         f"support it yet; create another Replicate workflow for the new tables")
     with ExitStack() as stack:
         src = stack.enter_context(connect(cluster.source_url, role="source", autocommit=True))
         try:

@@ -25,16 +25,19 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
         wf = st.load_workflow(conn, workflow)
         cluster = Cluster.of(wf)
         here = f"sink {cluster.sink} ({describe(sink_url)})"
+        several = len(wf.streams) > 1
         for s in wf.streams:
             st.lock_stream(conn, s.id)
         # Read again under the locks: a running consumer may have committed (and confirmed on the slot) a
         # position since the first read, and a slot confirmed past a stale position looks consumed by another.
         wf = st.load_workflow(conn, workflow)
-        with connect(wf.source_url, role="source", autocommit=True) as src:
-            for s in wf.streams:
+        for s in wf.streams:  # each stream's own source: a keyspace source has one per shard
+            with connect(s.source_url, role="source", autocommit=True) as src:
                 names = {t.table.qualified for t in s.tables}
                 chosen = _resolve(tables, names) if tables else None
                 why = _cannot_resume(src, s, cluster)
+                if several:
+                    here = f"sink {cluster.sink} ({describe(sink_url)}), source shard {s.source_shard}"
                 if why is None and s.state == st.INIT:
                     lines.append(f"{here}: nothing to bootstrap: the stream has not started; `workflow run` copies")
                 elif why is not None:
@@ -55,7 +58,7 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
                 else:
                     lines.append(f"{here}: nothing to bootstrap: every table resumes from checkpoint (the slot "
                                  f"can supply them); name tables with --tables to re-copy them anyway")
-            conn.commit()
+        conn.commit()
     return lines
 
 

@@ -28,13 +28,16 @@ def at_start(target_url: str, workflow: str) -> list[str]:
         wf = st.load_workflow(conn, workflow)
         cluster = Cluster.of(wf)
         here = f"sink {cluster.sink}"
-        try:
-            src = connect(wf.source_url, role="source", autocommit=True, connect_timeout=10)
-        except SluicegateError as exc:
-            return [f"{here}: cannot ask the source yet ({exc}); the consumer retries"]
         lines = []
-        with src:
-            for s in wf.streams:
+        for s in wf.streams:
+            if len(wf.streams) > 1:  # a keyspace source: each stream reads its own shard
+                here = f"sink {cluster.sink}, source shard {s.source_shard}"
+            try:
+                src = connect(s.source_url, role="source", autocommit=True, connect_timeout=10)
+            except SluicegateError as exc:
+                lines.append(f"{here}: cannot ask the source yet ({exc}); the consumer retries")
+                continue
+            with src:
                 pending = [t.table.qualified for t in s.tables if not t.done]
                 if s.state == st.INIT:
                     if s.message.startswith("re-bootstrap"):  # `replicate bootstrap` sent it back here

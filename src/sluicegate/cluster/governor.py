@@ -51,30 +51,34 @@ class SlotHold:
     wal_status: str | None = None
     active: bool = False
     released: str | None = None  # the governor's note, once it released the slot
+    shard: str | None = None  # the source shard whose slot this is (a keyspace source), else None
 
     def to_json(self) -> dict:
-        return {"sink": self.sink, "slot": self.slot, "exists": self.exists,
+        shard = {"source_shard": self.shard} if self.shard is not None else {}
+        return {"sink": self.sink, **shard, "slot": self.slot, "exists": self.exists,
                 "retained_wal_bytes": self.retained_bytes,
                 "retained_age_seconds": round(self.age_seconds, 1) if self.age_seconds is not None else None,
                 "wal_status": self.wal_status, "active": self.active, "released": self.released}
 
 
-def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Cluster) -> list[SlotHold]:
-    """What each sink's slot holds on the source now (`sink_conn`: the sink whose samples date the WAL)."""
+def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Cluster,
+          shard: str | None = None) -> list[SlotHold]:
+    """What each sink's slot holds on the source now (`sink_conn`: the sink whose samples date the WAL); on
+    source shard `shard`'s (`src`) for a keyspace source, whose WAL is not sampled (no age)."""
     out = []
     now = src.execute("SELECT clock_timestamp()").fetchone()[0]
     for sink in cluster.sinks:
-        slot = cluster.slot(sink)
+        slot = cluster.slot(sink, shard)
         row = src.execute(
             """SELECT restart_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status,
                       active_pid IS NOT NULL
                FROM pg_replication_slots WHERE slot_name = %s""", (slot,)).fetchone()
         if row is None:
-            out.append(SlotHold(sink, slot, False, released=capture.release_note(src, slot)))
+            out.append(SlotHold(sink, slot, False, released=capture.release_note(src, slot), shard=shard))
             continue
         restart, held, wal_status, active = row
-        age = _age(sink_conn, cluster.workflow, parse_lsn(restart), now) if restart else None
-        out.append(SlotHold(sink, slot, True, held, age, wal_status, active))
+        age = _age(sink_conn, cluster.workflow, parse_lsn(restart), now) if restart and shard is None else None
+        out.append(SlotHold(sink, slot, True, held, age, wal_status, active, shard=shard))
     return out
 
 
@@ -126,18 +130,24 @@ class Governor:
             cluster = Cluster.of(st.load_workflow(sink_conn, self.workflow))
             if cluster.bidirectional and time.monotonic() - self.last_gc >= GC_INTERVAL:
                 self.collect(sink_conn, cluster)
-            with connect(cluster.source_url, role="source", autocommit=True, connect_timeout=5) as src:
-                _sample(src, sink_conn, cluster)
-                released = []
-                for hold in holds(src, sink_conn, cluster):
-                    why = over_cap(hold, cluster) if hold.exists and not hold.active else None
-                    if why and hold.sink != cluster.sink and _consumer_alive(cluster, hold.sink):
-                        why = None  # between its catchups (a long copy): a sink that is there is not gone
-                    if why and (note := _release(src, cluster, hold, why)):
-                        released.append(note)
-                        _tell_sink(cluster, hold.sink, note)
+            released = []
+            for shard, url in cluster.sources.items():  # a keyspace source: each shard's slots, on it
+                released += self._check_source(sink_conn, cluster, url, shard if cluster.source_shards else None)
         return released
 
+    def _check_source(self, sink_conn, cluster: Cluster, url: str, shard: str | None) -> list[str]:
+        released = []
+        with connect(url, role="source", autocommit=True, connect_timeout=5) as src:
+            if shard is None:  # the samples date one server's WAL
+                _sample(src, sink_conn, cluster)
+            for hold in holds(src, sink_conn, cluster, shard):
+                why = over_cap(hold, cluster) if hold.exists and not hold.active else None
+                if why and hold.sink != cluster.sink and _consumer_alive(cluster, hold.sink):
+                    why = None  # between its catchups (a long copy): a sink that is there is not gone
+                if why and (note := _release(src, cluster, hold, why)):
+                    released.append(note)
+                    _tell_sink(cluster, hold.sink, note, hold.slot)
+        return released
 
     def collect(self, conn: psycopg.Connection, cluster: Cluster) -> int:
         """Tombstones older than the workflow's retention, on this side (the sink's own); how many went."""
@@ -202,7 +212,7 @@ def _consumer_alive(cluster: Cluster, sink: str) -> bool:
         return False
 
 
-def _tell_sink(cluster: Cluster, sink: str, note: str) -> None:
+def _tell_sink(cluster: Cluster, sink: str, note: str, slot: str) -> None:
     """Best effort: put the sink's streams that read the released slot in Error now (it may be the server that
     is down; its consumer then finds the slot gone, and the note, when it starts). A stream that a bootstrap
     has just sent back to Init no longer needs the slot: left alone."""
@@ -211,7 +221,7 @@ def _tell_sink(cluster: Cluster, sink: str, note: str) -> None:
             wf = st.load_workflow(conn, cluster.workflow)
             for s in wf.streams:
                 state, position = st.lock_stream(conn, s.id)
-                if s.slot_name == cluster.slot(sink) and position is not None and state != st.ERROR:
+                if s.slot_name == slot and position is not None and state != st.ERROR:
                     st.set_state(conn, s.id, st.ERROR, f"{note}; {cluster.way_out(sink)}")
     except Exception as exc:  # noqa: BLE001
         log.info("could not record the release on sink %s (%s): %s", sink, describe(cluster.sinks[sink]), exc)

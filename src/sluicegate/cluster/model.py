@@ -36,6 +36,8 @@ class Cluster:
     # Bidirectional: cluster name -> its fixed id ({"a": 1, "b": 2}); this side is `sink`
     cluster_ids: dict[str, int] = field(default_factory=dict)
     tombstone_retention: float | None = None  # seconds (bidirectional): None is the default, 7 days
+    # A keyspace source: shard key range -> URL (without password); empty for a single source database
+    source_shards: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, wf: st.Workflow) -> Cluster:
@@ -44,7 +46,7 @@ class Cluster:
         c = wf.options["cluster"]
         return cls(wf.name, wf.source_url, dict(c["sinks"]), c["sink"], c.get("max_retained_wal"),
                    c.get("max_retention_age"), bool(c.get("bidirectional")), dict(c.get("cluster_ids") or {}),
-                   c.get("tombstone_retention"))
+                   c.get("tombstone_retention"), dict(c.get("source_shards") or {}))
 
     def to_json(self) -> dict:
         out = {"sinks": self.sinks, "sink": self.sink, "max_retained_wal": self.max_retained_wal,
@@ -52,7 +54,19 @@ class Cluster:
         if self.bidirectional:
             out |= {"bidirectional": True, "cluster_ids": self.cluster_ids, "cluster_id": self.local_id,
                     "tombstone_retention": self.tombstone_retention}
+        if self.source_shards:
+            out["source_shards"] = self.source_shards
         return out
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Source shard -> URL: the keyspace's shards, or {"0": the source} for a single database."""
+        return dict(self.source_shards) or {"0": self.source_url}
+
+    def pairs(self) -> list[tuple[str, str, str, str]]:
+        """(sink, source shard, source URL, slot) for every stream of every sink."""
+        return [(sink, shard, url, self.slot(sink, None if shard == "0" and not self.source_shards else shard))
+                for sink in self.sinks for shard, url in self.sources.items()]
 
     @property
     def local_id(self) -> int | None:
@@ -69,9 +83,10 @@ class Cluster:
         """The replication origin this side's writes of the workflow carry (bidirectional only)."""
         return origin_name(self.workflow, self.sinks[self.sink], self.peer) if self.bidirectional else None
 
-    def slot(self, sink: str | None = None) -> str:
-        """The sink's slot and publication on the source (one name for both)."""
-        return slot_name(self.workflow, sink or self.sink)
+    def slot(self, sink: str | None = None, shard: str | None = None) -> str:
+        """The sink's slot and publication on the source (one name for both); on that source shard's, for a
+        keyspace source."""
+        return slot_name(self.workflow, f"{sink or self.sink}/{shard}" if shard else sink or self.sink)
 
     def bootstrap_command(self, sink: str | None = None, tables: list[str] | None = None) -> str:
         url = redact(self.sinks[sink or self.sink])
