@@ -140,6 +140,7 @@ def test_random_kill_9_of_either_consumer_during_copy_and_replicate(rc, tmp_path
             consumer.kill()
 
 
+@pytest.mark.slow  # ~80 s; test_schema_changes covers added columns in the default suite
 def test_added_column_reaches_every_sink_and_a_drop_stops_them(rc, tmp_path):
     c = rc
     load_items(c)

@@ -80,6 +80,7 @@ class SafeTimes(threading.Thread):
             self.stop_event.wait(1.0)
 
 
+@pytest.mark.slow  # ~1 min; the default suite keeps to its time (SLUICEGATE_ALL_TESTS=1 runs it)
 def test_two_shards_two_sinks_union_kill_9_safe_time_vdiff(keyspace, tmp_path):
     c, shards = keyspace
     for shard, url in shards.items():

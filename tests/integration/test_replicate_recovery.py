@@ -373,6 +373,7 @@ def test_governor_releases_a_stopped_sinks_slot(rc, tmp_path):
     watch.finish()  # s2 never left Running
 
 
+@pytest.mark.slow  # the WAL cap test covers the governor in the default suite
 def test_governor_age_cap(rc, tmp_path):
     """--max-retention-age: s1's consumer down while the source writes; once the WAL its slot holds is older
     than the cap (dated by s2's governor's samples of the source's WAL position), the slot is released."""
