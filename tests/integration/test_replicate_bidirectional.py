@@ -144,7 +144,9 @@ def test_both_ways_no_copy_back_no_loop(bidi, tmp_path):
         seconds = time.monotonic() - t0
         grown = p.wal(p.a) - a0, p.wal(p.b) - b0
         print(f"idle WAL over {seconds:.1f}s: A {grown[0]} B, B {grown[1]} B")
-        assert max(grown) < 12_288 * seconds, grown  # heartbeats: ~5 kB/s here
+        # The WAL is the whole server's (the previous test's DROP DATABASE, autovacuum, checkpoints land in it):
+        # a loose bound; what decides is that nothing was applied on either side (above).
+        assert max(grown) < (1 << 20) + 12_288 * seconds, grown  # heartbeats: ~5 kB/s here
         assert equal(p)
         # Each side records both clusters' fixed ids and its own; status works from either side.
         for side, me in ((p.a, 1), (p.b, 2)):
@@ -439,14 +441,17 @@ def test_random_concurrent_writes_converge_to_the_later_commit(bidi, tmp_path, s
         wait_for(lambda: caught_up(p.a, p.b) and caught_up(p.b, p.a) and equal(p), 240, what="both sides equal")
         # Item 4: converged and no application writes -> no loop: neither side's WAL moves by more than the
         # consumers' own bookkeeping, and the conflict counters stand still.
-        before = {side: (p.wal(side), status(W, side)["conflicts"]) for side, _ in sides}
-        assert sum(sum(c.values()) for _, c in before.values()) > 0  # the races did conflict
+        before = {side: (p.wal(side), status(W, side)["conflicts"], applied(side)) for side, _ in sides}
+        assert sum(sum(c.values()) for _, c, _ in before.values()) > 0  # the races did conflict
         idle = 30 if seconds >= 60 else 10
         time.sleep(idle)  # a quiet period of a given length is what is measured
         for side, _ in sides:
             grown = p.wal(side) - before[side][0]
-            assert grown < idle * 12_000, (side, grown)  # heartbeats: a few kB/s; a looping change: far more
+            # The server's WAL, not the database's (autovacuum, the previous test's cleanup): a loose bound;
+            # what decides is that nothing was applied and no conflict counted on either side.
+            assert grown < (1 << 20) + idle * 12_000, (side, grown)
             assert status(W, side)["conflicts"] == before[side][1]
+            assert applied(side) == before[side][2]
     finally:
         for w in writers:
             w.stop_event.set()
