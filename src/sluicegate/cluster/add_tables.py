@@ -21,7 +21,7 @@ from ..postgres import capture, catalog
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as st
 from ..workflow.create import _check_source_role, _check_table_rights
-from .create import Decision, decide_tables
+from .create import Decision, decide_tables, refuse_rows
 from .model import Cluster
 
 
@@ -64,11 +64,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
         if everywhere:
             raise UsageError(f"{', '.join(everywhere)} already replicated by workflow {workflow!r} on every sink: "
                              f"leave {'it' if len(everywhere) == 1 else 'them'} out of --tables")
-        refused = [d for d in decisions if d.action == "refuse"]
-        if refused:
-            raise UsageError("sink tables already hold rows: " + "; ".join(
-                f"sink {d.sink} ({describe(d.url)}): {d.table}" for d in refused)
-                + ". Empty them, or pass --overwrite to replace their rows by the copy")
+        refuse_rows(decisions)
         # (1) publications first: a sink that records the tables can rely on their changes being decoded
         for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:

@@ -81,22 +81,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
             identity = identify(src).to_json()
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
-        conns: dict[str, psycopg.Connection] = {}
-        for sink, url in sinks.items():
-            conn = stack.enter_context(connect(url, role="target"))
-            try:
-                check_not_the_source(src, conn, f"sink {sink}", url, pair=name if bidirectional else None)
-                for other, seen in conns.items():
-                    if same_database(seen, conn):
-                        raise UsageError(f"sinks {other} ({describe(sinks[other])}) and {sink} ({describe(url)}) are "
-                                         f"the same database: name each sink once")
-                if conn.info.server_version < 140000:
-                    raise UsageError(f"sink {sink} ({describe(url)}) runs PostgreSQL "
-                                     f"{conn.info.server_version // 10000}; Sluicegate needs 14 or newer")
-                conn.commit()  # the identity checks' snapshot: the sink's transaction below starts clean
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
-            conns[sink] = conn
+        conns = open_sinks(stack, sinks, [(src, "")], pair=name if bidirectional else None)
         if bidirectional:
             _check_pair(src, conns["b"], name, source_url, sinks["b"], described, allow_unsafe_schema, warn)
         decisions = []
@@ -105,16 +90,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
-        refused = [d for d in decisions if d.action == "refuse"]
-        if refused:
-            by_sink: dict[str, list[str]] = {}
-            for d in refused:
-                by_sink.setdefault(f"sink {d.sink} ({describe(d.url)})", []).append(d.table)
-            raise UsageError(
-                "sink tables already hold rows: " + "; ".join(f"{s}: {', '.join(t)}" for s, t in by_sink.items())
-                + ". A new replication copies into empty tables: empty them, or pass --overwrite to replace their "
-                  "rows by the copy"
-            )
+        refuse_rows(decisions)
         peer = None
         if bidirectional:  # A is the sink of B->A: its state, checked before anything is written
             peer = stack.enter_context(connect(source_url, role="target"))
@@ -237,6 +213,43 @@ def _capture_back(name: str, b_url: str, described: list[Table], warn) -> None:
             warn(f"could not make replication slot {slot} on the sink yet ({why}); "
                  f"the source's consumer makes it at its first run, and the sink's writes before then are "
                  f"not replicated back")
+
+
+def open_sinks(stack: ExitStack, sinks: dict[str, str], sources: list[tuple[psycopg.Connection, str]],
+               pair: str | None = None) -> dict[str, psycopg.Connection]:
+    """A transaction on each sink, checked first: not a source (`sources`: (connection, label for the
+    message)), not another sink by another URL, PostgreSQL 14+. Nothing is written yet."""
+    conns: dict[str, psycopg.Connection] = {}
+    for sink, url in sinks.items():
+        conn = stack.enter_context(connect(url, role="target"))
+        try:
+            for src, label in sources:
+                check_not_the_source(src, conn, f"sink {sink}{label}", url, pair=pair)
+            for other, seen in conns.items():
+                if same_database(seen, conn):
+                    raise UsageError(f"sinks {other} ({describe(sinks[other])}) and {sink} ({describe(url)}) are "
+                                     f"the same database: name each sink once")
+            if conn.info.server_version < 140000:
+                raise UsageError(f"sink {sink} ({describe(url)}) runs PostgreSQL "
+                                 f"{conn.info.server_version // 10000}; Sluicegate needs 14 or newer")
+            conn.commit()  # the identity checks' snapshot: the sink's transaction below starts clean
+        except psycopg.Error as exc:
+            raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
+        conns[sink] = conn
+    return conns
+
+
+def refuse_rows(decisions: list[Decision]) -> None:
+    """The chart's refusal: sink tables that hold rows, by sink, in one line; nothing has been created."""
+    by_sink: dict[str, list[str]] = {}
+    for d in decisions:
+        if d.action == "refuse":
+            by_sink.setdefault(f"sink {d.sink} ({describe(d.url)})", []).append(d.table)
+    if by_sink:
+        raise UsageError(
+            "sink tables already hold rows: " + "; ".join(f"{s}: {', '.join(t)}" for s, t in by_sink.items())
+            + ". A new replication copies into empty tables: empty them, or pass --overwrite to replace their "
+              "rows by the copy")
 
 
 def _sink_decisions(conn: psycopg.Connection, name: str, sink: str, url: str, described: list[Table],

@@ -18,17 +18,16 @@ import psycopg
 from ..errors import UsageError
 from ..postgres import capture, catalog, replication
 from ..postgres.connect import connect, describe, first_line, strip_password
-from ..postgres.identity import identify, same_database
+from ..postgres.identity import identify
 from ..sharding.keyrange import KeyRange
 from ..workflow import state as st
 from ..workflow.create import (
     _check_no_leftovers,
     _check_source_role,
     _check_table_rights,
-    check_not_the_source,
 )
 from ..workflow.reshard import _check_same_tables, _identity, _sharding_columns
-from .create import Decision, _check_slots_available, _sink_decisions
+from .create import Decision, _check_slots_available, _sink_decisions, open_sinks, refuse_rows
 from .model import KIND, Cluster
 
 
@@ -74,35 +73,14 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
             rules[shard] = {t.qualified: identity[t.qualified].with_keyrange(c, r.lo, r.hi).to_json()
                             for t, c in zip(described, columns)}
         identities = {shard: identify(conn).to_json() for shard, conn in sources.items()}
-        conns: dict[str, psycopg.Connection] = {}
-        for sink, url in sinks.items():
-            conn = stack.enter_context(connect(url, role="target"))
-            try:
-                for shard, src in sources.items():
-                    check_not_the_source(src, conn, f"sink {sink} (source shard {shard})", url)
-                for other, seen in conns.items():
-                    if same_database(seen, conn):
-                        raise UsageError(f"sinks {other} ({describe(sinks[other])}) and {sink} ({describe(url)}) "
-                                         f"are the same database: name each sink once")
-                if conn.info.server_version < 140000:
-                    raise UsageError(f"sink {sink} ({describe(url)}) runs PostgreSQL "
-                                     f"{conn.info.server_version // 10000}; Sluicegate needs 14 or newer")
-                conn.commit()
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
-            conns[sink] = conn
+        conns = open_sinks(stack, sinks, [(src, f" (source shard {shard})") for shard, src in sources.items()])
         decisions = []
         for sink, conn in conns.items():
             try:
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
-        refused = [d for d in decisions if d.action == "refuse"]
-        if refused:
-            raise UsageError("sink tables already hold rows: " + "; ".join(
-                f"sink {d.sink} ({describe(d.url)}): {d.table}" for d in refused)
-                + ". A new replication copies into empty tables: empty them, or pass --overwrite to replace their "
-                  "rows by the copy")
+        refuse_rows(decisions)
         stored = {s: strip_password(u) for s, u in sinks.items()}
         for sink, conn in conns.items():
             cluster = Cluster(name, stored_shards[first], stored, sink, max_retained_wal, max_retention_age,
