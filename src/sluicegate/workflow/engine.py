@@ -39,6 +39,9 @@ from .player import PlayTask, play
 
 log = logging.getLogger("sluicegate")
 SHARED_SLICE_SECONDS = 10.0
+# While another stream of the same driver copies: its catchup, fast-forward and copy jobs each wait for a
+# task slot, which replicating streams free only at the end of a slice.
+COPY_NEIGHBOUR_SLICE_SECONDS = 2.0
 _tags = itertools.count(1)
 
 
@@ -69,8 +72,10 @@ class Settings:
 
 class Engine:
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
-                 max_backoff: float = 30.0, serve_vdiffs: bool = True, stream_id: int | None = None):
-        """`stream_id`: run that one stream of the workflow (a Reshard runs an Engine per stream)."""
+                 max_backoff: float = 30.0, serve_vdiffs: bool = True, stream_id: int | None = None,
+                 copying: set | None = None):
+        """`stream_id`: run that one stream of the workflow (a Reshard runs an Engine per stream).
+        `copying`: shared by the engines of one driver, the tags of those whose stream is not yet replicating."""
         self.target_url = target_url
         self.workflow = workflow
         self.stream_id = stream_id
@@ -87,6 +92,7 @@ class Engine:
         # of that snapshot. Lets the next cycle skip catchup and fast-forward when nothing committed since.
         self._copied_as_of: dict[int, tuple[int, str]] = {}
         self._thread: int | None = None  # the loop's: its lock waits are what a stop cancels
+        self._copying = copying if copying is not None else set()
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> str:
@@ -98,6 +104,7 @@ class Engine:
             return self._loop()
         finally:
             done.set()
+            self._copying.discard(self.tag)  # ended while copying: its neighbours need short slices no more
             if self.stop.is_set():
                 self._wait_reader_gone()
 
@@ -168,6 +175,10 @@ class Engine:
         return "stopping"
 
     def step(self, wf: st.Workflow, stream: st.Stream) -> None:
+        if stream.state in (st.INIT, st.COPYING):
+            self._copying.add(self.tag)
+        else:
+            self._copying.discard(self.tag)
         if stream.state == st.INIT:
             self.init_stream(wf, stream)
         elif stream.state == st.COPYING:
@@ -315,6 +326,8 @@ class Engine:
         seconds = settings.slice_seconds
         if seconds is None:
             seconds = float("inf") if self.stream_id is None else SHARED_SLICE_SECONDS
+            if self._copying - {self.tag}:
+                seconds = COPY_NEIGHBOUR_SLICE_SECONDS
         origin, skip_origins = cluster_direction(wf)
         task = PlayTask(
             stream.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,

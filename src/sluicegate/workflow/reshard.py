@@ -206,7 +206,9 @@ def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[t
     Stopped/Error. Returns (target shard, stream id, final state) per stream."""
     from .engine import Engine
 
-    engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, serve_vdiffs=False))
+    copying: set[str] = set()  # (sets are thread-safe for add/discard/difference under the GIL)
+    engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, serve_vdiffs=False,
+                                    copying=copying))
                for shard, url, wf in load_all(name, target_url) for s in wf.streams]
     results: dict[int, str] = {}
 
