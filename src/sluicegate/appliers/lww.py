@@ -173,11 +173,22 @@ def decide(op: str, found: str, local: tuple | None, remote: tuple) -> tuple[boo
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
-    """The tombstone and conflict tables, and the trigger functions that record local deletes."""
+    """The tombstone and conflict tables, and the trigger functions that record local deletes.
+
+    DDL: `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on its table even when the index exists, which blocks
+    the application's tombstone triggers until the transaction ends. Never in an applier's transaction
+    (`schema_ready` first): the applier then waiting for a row the application's delete holds is a deadlock."""
     settings = sql.SQL(" ").join(sql.SQL("SET {} = {}").format(sql.Identifier(k), sql.Literal(v))
                                  for k, v in _KEY_SETTINGS.items())
     conn.execute(SCHEMA_SQL)
     conn.execute(sql.SQL(_TRIGGER_FUNCTIONS).format(settings=settings))
+
+
+def schema_ready(conn: psycopg.Connection) -> bool:
+    """Whether ensure_schema has run on this database: a catalog read, no lock on the tables."""
+    return conn.execute(
+        "SELECT to_regclass('sluicegate.tombstones') IS NOT NULL AND to_regclass('sluicegate.conflicts') IS NOT "
+        "NULL AND to_regprocedure('sluicegate.record_deletes()') IS NOT NULL").fetchone()[0]
 
 
 def install_tombstone_triggers(conn: psycopg.Connection, table: Table, local_cluster: int) -> None:
@@ -276,7 +287,8 @@ class LwwTable:
         copied: only changes of keys <= this one apply (the copy brings the rest)."""
         self.upto = upto
         check_commit_timestamps(conn)
-        ensure_schema(conn)
+        if not schema_ready(conn):  # made by `replicate create`: only a database set up otherwise lacks it
+            ensure_schema(conn)
         self.conn, self.table, self.local_cluster = conn, table, local_cluster
         self.origins = {LOCAL_ORIGIN: local_cluster, **(origins or {})}
         self.fixed_settings = any(table.columns[i].type_oid not in _PLAIN_KEY_TYPES

@@ -90,6 +90,10 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         if task.clusters[0]:
             # The tombstone triggers must take the applier's deletes for what they are (appliers/lww.py).
             dst.execute("SET session_replication_role = replica")
+            # In a lock cycle with the application's transaction, PostgreSQL aborts the one whose
+            # deadlock_timeout runs out first: let that be the applier (it retries its batch), never the
+            # application (1 s by default). Needs the same privilege as the setting above.
+            dst.execute("SET deadlock_timeout = '20ms'")
             dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
