@@ -39,6 +39,7 @@ class _Sampler(threading.Thread):
             self.samples.append(_rss_bytes(self.pid))
 
 
+@pytest.mark.slow  # a soak of memory: bench/ measures it; CI's default suite keeps the kill test below
 def test_driver_memory_stays_flat_while_a_1m_row_transaction_passes_through_a_rule(pair, tmp_path):
     pair.src("CREATE TABLE big (id bigint PRIMARY KEY, v int, pad text)")
     pair.src("INSERT INTO big SELECT g, g, 'row ' || g FROM generate_series(1, 1000) g")

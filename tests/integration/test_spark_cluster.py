@@ -108,6 +108,7 @@ def test_movetables_copies_and_replicates_under_writes(cluster, pair, tmp_path):
     assert rc == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.slow  # rules under local[*] run in the default suite (test_rules.py); here with the slow ones
 def test_materialize_with_a_rule_projects_and_filters(cluster, pair, tmp_path):
     load_priced_items(pair, 6000)
     create_materialize("mat", pair.source, pair.target, [EU_RULE], {"cycle_rows": 10_000, "chunk_rows": 1500})
