@@ -66,3 +66,31 @@ def test_copy_lines_refuse_bad_rows():
         copy_lines([Incoming("X", ("1",), T, 2)], 1)
     with pytest.raises(ValueError, match="2 values for a table of 3 columns"):
         copy_lines([Incoming("U", ("1", "a"), T, 2)], 3)
+
+
+def _staged_update(identity: str, old):
+    """The Incoming LwwApplier stages for an update of key 1 whose `doc` (a large value) is unchanged."""
+    from sluicegate.appliers.lww_applier import LwwApplier
+    from sluicegate.appliers.postgres import TargetTable
+    from sluicegate.postgres.assembler import Change
+    from sluicegate.postgres.catalog import Column, Table
+    from sluicegate.postgres.pgoutput import UNCHANGED, Relation
+    from sluicegate.postgres.pgoutput import Column as RelColumn
+
+    table = Table("public", "docs", (Column("id", "integer", 23, True, None), Column("doc", "text", 25, False, None),
+                                     Column("n", "integer", 23, False, None)), ("id",))
+    rel = Relation(7, "public", "docs", identity, (RelColumn(1, "id", 23, -1), RelColumn(int(identity == "f"),
+                                                   "doc", 25, -1), RelColumn(int(identity == "f"), "n", 23, -1)))
+    applier = LwwApplier(None, [TargetTable(table)], local_cluster=1, peer_cluster=2, origin="")
+    applier.begin(T)
+    applier.change(Change("U", rel, old, ("1", UNCHANGED, "5"), 0))
+    return applier.staged[("public", "docs")][("1",)]
+
+
+def test_an_update_under_replica_identity_full_carries_its_unchanged_large_values():
+    """REPLICA IDENTITY FULL: the old row is whole, so the new one is completed from it and can recreate a row
+    the other cluster deleted; without it the value is missing (the apply refuses, naming FULL)."""
+    full = _staged_update("f", ("1", "x" * 5000, "4"))
+    assert full.values == ("1", "x" * 5000, "5") and full.missing == ()
+    default = _staged_update("d", None)
+    assert default.values == ("1", None, "5") and default.missing == (1,)

@@ -66,6 +66,8 @@ class LwwApplier:
             if ch.old is not None and key_of(ch.old) != key:  # the key changed: the old row goes away
                 rows[key_of(ch.old)] = Incoming("D", ch.old, time, peer)
                 new = self._fill(new, ch.old)
+            elif ch.old is not None and ch.relation.replica_identity == "f":  # REPLICA IDENTITY FULL
+                new = self._fill(new, ch.old)  # the whole old row: the values an update left unchanged
             missing = ()
             if UNCHANGED in new:
                 values = list(new)
@@ -84,7 +86,7 @@ class LwwApplier:
 
     @staticmethod
     def _fill(new: tuple, old: tuple) -> tuple:
-        """Unchanged TOAST values of a row whose key changed, from the full old tuple where it has them."""
+        """Unchanged TOAST values from the old tuple where it has them (a key change; REPLICA IDENTITY FULL)."""
         return tuple(o if v is UNCHANGED and o is not None and o is not UNCHANGED else v
                      for v, o in zip(new, old))
 

@@ -58,7 +58,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                      bidirectional: bool = False, allow_unsafe_schema: bool = False,
                      tombstone_retention: float | None = None, warn=None) -> list[Decision]:
     """The bootstrap decision per sink and table; raises UsageError (nothing created) if any check fails.
-    `warn`: told each check that --allow-unsafe-schema overrode."""
+    `warn`: told each check that --allow-unsafe-schema overrode, and each note on TOAST (schema_safety)."""
     st.check_name(name)
     if not sink_urls:
         raise UsageError("replicate create needs at least one --sink URL")
@@ -170,6 +170,9 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
                              f"sink {describe(b_url)} (its state is on the sink): the direction back would carry "
                              f"its changes around in a loop; delete {loops[0]!r} first, or pair other clusters")
         unsafe = schema_safety.problems(a, b, ("source", "sink"), described)
+        notes = [line for side, conn in (("source", a), ("sink", b))
+                 for line in schema_safety.toast_notes(conn, side, [t for t in described
+                                                                    if schema_safety.table_exists(conn, t)])]
     except psycopg.Error as exc:
         raise UsageError(f"sink {describe(b_url)}: {first_line(exc)}") from None
     finally:
@@ -181,6 +184,9 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
     for line in unsafe:
         if warn is not None:
             warn(f"--allow-unsafe-schema: {line.rsplit(', or pass --allow-unsafe-schema', 1)[0]}")
+    for line in notes:
+        if warn is not None:
+            warn(line)
 
 
 def _prepare_peer(conn: psycopg.Connection, name: str, url: str, described: list[Table]) -> None:

@@ -6,6 +6,8 @@ Both clusters take writes, and neither sees the other's before committing its ow
 - a key drawn from a sequence gives both sides the same new keys, unless each side's sequence draws from its
   own residue class (the same INCREMENT BY n >= 2, a different START modulo n): then the keys never meet.
 `create --bidirectional` refuses both, naming the table and the fix, unless --allow-unsafe-schema.
+It warns (`toast_notes`) about tables whose updates may leave large unchanged values out: such an update that
+must recreate a row deleted on the other cluster stops the direction, naming REPLICA IDENTITY FULL.
 """
 
 from __future__ import annotations
@@ -106,4 +108,27 @@ def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str
                        f"the same INCREMENT BY n >= 2 and a different START modulo n (e.g. ALTER SEQUENCE … "
                        f"INCREMENT BY 2 RESTART WITH 1 on one side and 2 on the other), or pass "
                        f"--allow-unsafe-schema")
+    return out
+
+
+def toast_notes(conn: psycopg.Connection, side: str, tables: list[Table]) -> list[str]:
+    """One line per table with columns PostgreSQL may store out of line (TOAST) and a replica identity other
+    than FULL: an update sends such a value only if it changed, and a row must sometimes be recreated from an
+    update alone (a newer update of a row the other cluster deleted earlier). REPLICA IDENTITY FULL sends the
+    whole old row, and the applier completes the new one from it."""
+    out = []
+    for t in tables:
+        row = conn.execute(
+            """SELECT c.relreplident, array_agg(a.attname::text ORDER BY a.attnum)
+                        FILTER (WHERE a.attlen = -1 AND a.attstorage IN ('x', 'e'))
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+               WHERE n.nspname = %s AND c.relname = %s GROUP BY c.relreplident""",
+            (t.schema, t.name)).fetchone()
+        if row is None or row[0] == "f" or not row[1]:
+            continue
+        alter = sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(t.ident).as_string(conn)
+        out.append(f"table {t.qualified} on {side}: an update that leaves a large value of {', '.join(row[1])} "
+                   f"unchanged does not carry it, and cannot recreate a row the other cluster deleted "
+                   f"earlier (the direction then stops); {alter} on both clusters sends whole rows")
     return out
