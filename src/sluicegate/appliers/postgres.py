@@ -477,6 +477,12 @@ class PostgresApplier:
         """The chunk's upserts as a delete of the rows the target has and an insert of every new version: the
         unique values they exchange are all free when the insert checks them. Values the changes did not carry
         (unchanged TOAST) are taken from the target first."""
+        if plan["referenced"]:  # a delete would fire the foreign keys that point at the rows (cascades)
+            raise TerminalError(
+                f"an update of {t.table.qualified} exchanges values of a unique index between rows, which a "
+                f"set-based update cannot apply, and foreign keys point at the table on the target, so its rows "
+                f"cannot be deleted and inserted again: make the unique constraint DEFERRABLE on the target, or "
+                f"drop the foreign keys that reference it, then `sluicegate workflow start` the workflow")
         if has_keep:
             if plan["fill_keep"] is not None:
                 cur.execute(plan["fill_keep"])
@@ -543,11 +549,13 @@ class PostgresApplier:
         non_key = [c for c in table.column_names if c not in table.key]
         # The target's own definition: a unique index besides the key (_flush_table), an identity column
         # GENERATED ALWAYS among those written (the source's values are the ones to keep).
-        unique, always = self.conn.execute(
+        unique, always, cascades = self.conn.execute(
             """SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = %s::regclass AND indisunique AND NOT indisprimary),
                       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity = 'a'
-                                                          AND attname = ANY(%s))""",
-            (table.ident.as_string(self.conn),) * 2 + (list(table.column_names),),
+                                                          AND attname = ANY(%s)),
+                      EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass AND contype = 'f')
+                      AND current_setting('session_replication_role') <> 'replica'""",
+            (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
         ).fetchone()
         overriding = sql.SQL(" OVERRIDING SYSTEM VALUE" if always else "")
         plan = {
@@ -572,7 +580,7 @@ class PostgresApplier:
                 table.ident, stage, match, flt),
             "fill_keep": None,
         }
-        plan["unique"] = unique
+        plan["unique"], plan["referenced"] = unique, cascades
         if non_key:
             names = table.column_names
 

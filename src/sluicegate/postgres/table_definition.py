@@ -231,7 +231,7 @@ def _index_columns(conn: psycopg.Connection, index: int) -> tuple[str, ...]:
 def _sequences(conn: psycopg.Connection, which: str, params: tuple, owned: dict | None = None) -> list[Sequence]:
     """The sequences whose OIDs the query `which` returns, with their parameters."""
     rows = conn.execute(
-        sql.SQL("""SELECT s.oid, n.nspname, c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement,
+        sql.SQL("""SELECT c.oid, n.nspname, c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement,
                           s.seqmin, s.seqmax, s.seqcache, s.seqcycle
                    FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
                    JOIN pg_namespace n ON n.oid = c.relnamespace
