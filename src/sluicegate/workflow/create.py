@@ -143,17 +143,19 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
             definition = definitions.get(target.qualified)
             if prepare_empty_target(dst, target, kind, "target table", definition) and definition:
                 created[target.qualified] = definition
-        lines, options = _target_definition_notes(dst, definitions, created, compiled, options)
+        lines, options = _target_definition_notes(definitions, created, compiled, options, dst.info.user,
+                                                  lambda: table_definition.may_apply_as_replica(dst))
         st.create_workflow(dst, name, kind, source_url, options, described,
                            {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
     return lines
 
 
-def _target_definition_notes(dst: psycopg.Connection, definitions: dict, created: dict, compiled: dict,
-                             options: dict) -> tuple[list[str], dict]:
+def _target_definition_notes(definitions: dict, created: dict, compiled: dict, options: dict, user: str,
+                             may_apply_as_replica) -> tuple[list[str], dict]:
     """What the target tables do not get, a line each, and the workflow's options with the foreign keys to add
     once every table is copied (engine.py): those between two tables made here, when the applier may run with
-    session_replication_role = replica (a child row may be applied before its parent)."""
+    session_replication_role = replica (a child row may be applied before its parent), which
+    `may_apply_as_replica()` says of the target `user`."""
     lines = []
     pending = []
     replica = None
@@ -169,9 +171,8 @@ def _target_definition_notes(dst: psycopg.Connection, definitions: dict, created
             elif fk.references not in created:
                 why = f"{fk.references} exists on the target and keeps its own definition"
             else:
-                replica = table_definition.may_apply_as_replica(dst) if replica is None else replica
+                replica = may_apply_as_replica() if replica is None else replica
                 if not replica:
-                    user = dst.info.user
                     why = (f"target user {user} may not SET session_replication_role, which applying changes with "
                            f"the key in place takes (a child row may come before its parent): GRANT SET ON "
                            f"PARAMETER session_replication_role TO {user} (PostgreSQL 15+, as a superuser) and "
