@@ -172,3 +172,19 @@ def test_target_tables_match_the_source(pair, spark, caplog):
         table_definition.advance_sequences(src, dst, TABLES, margin=0)
         dst.commit()
     assert pair.dst("SELECT last_value FROM customers_id_seq")[0][0] >= new[0]
+
+
+def test_replicate_sink_tables_match_the_source(pair):
+    """One-way Replicate makes its sink tables the same way, foreign keys aside (listed)."""
+    from sluicegate.cluster.create import create_replicate
+
+    load(pair)
+    notes: list[str] = []
+    decisions = create_replicate("rs", pair.source, [pair.target], TABLES, None, {}, notes=notes)
+    assert {d.action for d in decisions} == {"copy"}
+    assert "table public.orders: trigger orders_stamp not carried" in notes
+    assert any("foreign key orders_customer_id_fkey" in n and "Replicate" in n for n in notes), notes
+    for table in ("public.customers", "public.orders"):
+        source, target = definitions(pair.source, table), definitions(pair.target, table)
+        source["constraints"] = [c for c in source["constraints"] if c[1] != "f"]
+        assert target == source, table
