@@ -444,18 +444,59 @@ class PostgresApplier:
             # Only the statements this chunk needs: each costs a join with the staged rows.
             if deletes:
                 self._join(cur, t, plan["delete"], span, deletes)
-            upserts, updated = len(rows) - deletes, 0
-            if upserts and plan["update"] is not None:
-                update = plan["update_keep"] if has_keep else plan["update"]
-                updated = self._join(cur, t, update, span, upserts)
-            # Staged keys are unique, so when the update met as many rows as were staged, every row exists
-            # and there is nothing to insert (the usual case: updates of rows the target has).
-            if upserts and updated < upserts:
-                if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
-                    self._orphan_error(t)
-                self._join(cur, t, plan["insert"], span, upserts)
+            upserts = len(rows) - deletes
+            if upserts and plan["unique"]:
+                # A unique index besides the key: an update that swaps two values (or moves one to a row
+                # that gave it up, later in the chunk) is refused row by row. Such a chunk is applied again
+                # as a delete of its rows and an insert of their new versions.
+                cur.execute("SAVEPOINT sg_upsert")
+                try:
+                    self._upsert(cur, t, plan, has_keep, span, upserts)
+                except psycopg.errors.UniqueViolation:
+                    cur.execute("ROLLBACK TO SAVEPOINT sg_upsert")
+                    self._replace(cur, t, plan, has_keep)
+                cur.execute("RELEASE SAVEPOINT sg_upsert")
+            elif upserts:
+                self._upsert(cur, t, plan, has_keep, span, upserts)
             self.applied_rows += len(rows)
             cur.execute(plan["clear"])
+
+    def _upsert(self, cur, t: TargetTable, plan: dict, has_keep: bool, span, upserts: int) -> None:
+        updated = 0
+        if plan["update"] is not None:
+            update = plan["update_keep"] if has_keep else plan["update"]
+            updated = self._join(cur, t, update, span, upserts)
+        # Staged keys are unique, so when the update met as many rows as were staged, every row exists
+        # and there is nothing to insert (the usual case: updates of rows the target has).
+        if updated < upserts:
+            if has_keep and cur.execute(plan["orphans"]).fetchone()[0]:
+                self._orphan_error(t)
+            self._join(cur, t, plan["insert"], span, upserts)
+
+    def _replace(self, cur, t: TargetTable, plan: dict, has_keep: bool) -> None:
+        """The chunk's upserts as a delete of the rows the target has and an insert of every new version: the
+        unique values they exchange are all free when the insert checks them. Values the changes did not carry
+        (unchanged TOAST) are taken from the target first."""
+        if plan["referenced"]:  # a delete would fire the foreign keys that point at the rows (cascades)
+            raise TerminalError(
+                f"an update of {t.table.qualified} exchanges values of a unique index between rows, which a "
+                f"set-based update cannot apply, and foreign keys point at the table on the target, so its rows "
+                f"cannot be deleted and inserted again: make the unique constraint DEFERRABLE on the target, or "
+                f"drop the foreign keys that reference it, then `sluicegate workflow start` the workflow")
+        if has_keep:
+            if plan["fill_keep"] is not None:
+                cur.execute(plan["fill_keep"])
+            if cur.execute(plan["orphans"]).fetchone()[0]:
+                self._orphan_error(t)
+        cur.execute(plan["delete_upserts"])
+        try:
+            cur.execute(plan["insert"][0] + plan["insert"][1])
+        except psycopg.errors.UniqueViolation as exc:
+            diag = exc.diag
+            raise TerminalError(
+                f"applying changes to {t.table.qualified} violates its unique constraint {diag.constraint_name} "
+                f"({(diag.message_detail or '').rstrip('.')}): the target table has a row the source does not "
+                f"have; remove it on the target, then `sluicegate workflow start` the workflow") from None
 
     @staticmethod
     def _join(cur, t: TargetTable, statement: tuple[sql.Composed, sql.SQL],
@@ -506,6 +547,17 @@ class PostgresApplier:
         if t.mode == "upto":
             flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", t.lastpk, alias="s"))
         non_key = [c for c in table.column_names if c not in table.key]
+        # The target's own definition: a unique index besides the key (_flush_table), an identity column
+        # GENERATED ALWAYS among those written (the source's values are the ones to keep).
+        unique, always, cascades = self.conn.execute(
+            """SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = %s::regclass AND indisunique AND NOT indisprimary),
+                      EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity = 'a'
+                                                          AND attname = ANY(%s)),
+                      EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass AND contype = 'f')
+                      AND current_setting('session_replication_role') <> 'replica'""",
+            (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
+        ).fetchone()
+        overriding = sql.SQL(" OVERRIDING SYSTEM VALUE" if always else "")
         plan = {
             "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
             # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
@@ -513,9 +565,9 @@ class PostgresApplier:
             "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
                 table.ident, stage, match, flt), sql.SQL("")),
             "insert": (sql.SQL(
-                "INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
+                "INSERT INTO {} ({}){} SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
                 "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
-            ).format(table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
+            ).format(table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
                      stage, flt, table.ident, match), sql.SQL(")")),
             "clear": sql.SQL("TRUNCATE {}").format(stage),
             # rows that keep a value the target does not have: the insert would write NULL in its place
@@ -524,7 +576,11 @@ class PostgresApplier:
                 "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
             ).format(stage, flt, table.ident, match),
             "update": None,
+            "delete_upserts": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'U' AND {}{}").format(
+                table.ident, stage, match, flt),
+            "fill_keep": None,
         }
+        plan["unique"], plan["referenced"] = unique, cascades
         if non_key:
             names = table.column_names
 
@@ -542,5 +598,11 @@ class PostgresApplier:
             for name, keep in (("update", False), ("update_keep", True)):
                 head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
                 plan[name] = (head, sql.SQL(""))
+            plan["fill_keep"] = sql.SQL(
+                "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
+                stage, sql.SQL(", ").join(
+                    sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
+                    for c in non_key), table.ident, match)
         t._plan = plan
         return plan

@@ -188,9 +188,12 @@ def movetables_create(name, source, target, tables, exclude_tables, rules, rules
     from ..workflow.create import create_movetables
 
     options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {})
+    notes: list[str] = []
     created = create_movetables(name, source, target, _table_names(tables), _all_rules(rules, rules_file),
-                                options, parse_udfs(list(udfs)), _excluded(exclude_tables))
+                                options, parse_udfs(list(udfs)), _excluded(exclude_tables), notes=notes)
     _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
+    for line in notes:  # what the target tables do not get of their source's definition
+        click.echo(f"note: {line}", err=True)
 
 
 def _table_names(tables: str | None) -> list[str] | None:

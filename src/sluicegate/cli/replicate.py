@@ -123,13 +123,16 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
         for note in filter(None, (source_password_note(i.partition("=")[2].strip()) for i in source_shards)):
             click.echo(note, err=True)
         return
+    notes: list[str] = []
     decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
                                  overwrite=overwrite, max_retained_wal=max_retained_wal,
                                  max_retention_age=max_retention_age, bidirectional=bidirectional,
                                  allow_unsafe_schema=allow_unsafe_schema, tombstone_retention=tombstone_retention,
-                                 warn=lambda line: click.echo(f"warning: {line}", err=True))
+                                 warn=lambda line: click.echo(f"warning: {line}", err=True), notes=notes)
     for d in decisions:
         click.echo(d.line())
+    for line in notes:  # what the sink tables made here do not get of their source's definition
+        click.echo(f"note: {line}", err=True)
     tables_n = len({d.table for d in decisions})
     if bidirectional:
         click.echo(f"created workflow {name}: {tables_n} table(s) both ways between the source and the sink; run "

@@ -15,14 +15,14 @@ drops them (postgres/origins.py): the copy's rows on B never come back to A.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg import sql
 
 from ..appliers import lww
 from ..errors import UsageError
-from ..postgres import capture, catalog, locks, origins, replication
+from ..postgres import capture, catalog, locks, origins, replication, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify, same_database
@@ -38,6 +38,7 @@ from . import schema_safety
 from .model import KIND, Cluster, slot_name
 
 CLUSTER_IDS = {"a": 1, "b": 2}  # a bidirectional pair's fixed ids: --source is a, --sink is b
+CREATED = "new setup, sink table created"
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,12 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                      exclude: list[str] | None, options: dict, *, overwrite: bool = False,
                      max_retained_wal: int | None = None, max_retention_age: float | None = None,
                      bidirectional: bool = False, allow_unsafe_schema: bool = False,
-                     tombstone_retention: float | None = None, warn=None) -> list[Decision]:
+                     tombstone_retention: float | None = None, warn=None,
+                     notes: list[str] | None = None) -> list[Decision]:
     """The bootstrap decision per sink and table; raises UsageError (nothing created) if any check fails.
-    `warn`: told each check that --allow-unsafe-schema overrode, and each note on TOAST (schema_safety)."""
+    `warn`: told each check that --allow-unsafe-schema overrode, and each note on TOAST (schema_safety).
+    `notes`: given a list, gets a line for each
+    part of a source table's definition that a sink table made here does not get."""
     st.check_name(name)
     if not sink_urls:
         raise UsageError("replicate create needs at least one --sink URL")
@@ -79,6 +83,9 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _check_no_leftovers(src, name, slot_name(name, sink))
             _check_slots_available(src, len(sinks))
             identity = identify(src).to_json()
+            # One way, a sink table is made like its source table (postgres/table_definition.py); both ways,
+            # the last-writer-wins applier takes sink tables of columns and key only.
+            definitions = None if bidirectional else _definitions(src, described)
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         conns = open_sinks(stack, sinks, [(src, "")], pair=name if bidirectional else None)
@@ -87,10 +94,13 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         decisions = []
         for sink, conn in conns.items():
             try:
-                decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite)
+                decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite, definitions)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         refuse_rows(decisions)
+        if notes is not None and definitions:
+            made = {d.table for d in decisions if d.reason == CREATED}
+            notes.extend(dict.fromkeys(line for q in made for line in definitions[q].not_carried))
         peer = None
         if bidirectional:  # A is the sink of B->A: its state, checked before anything is written
             peer = stack.enter_context(connect(source_url, role="target"))
@@ -258,20 +268,32 @@ def refuse_rows(decisions: list[Decision]) -> None:
               "rows by the copy")
 
 
+def _definitions(src: psycopg.Connection, described: list[Table]) -> dict:
+    """The source tables' definitions for sink tables made here, without foreign keys (listed instead): a
+    bootstrap copies a sink's tables one at a time, so they would not hold between its copies."""
+    out = {}
+    for q, d in table_definition.read(src, described).items():
+        lines = [f"table {q}: foreign key {fk.name} ({fk.definition}) not carried: Replicate does not carry "
+                 f"foreign keys" for fk in d.foreign_keys]
+        out[q] = replace(d, foreign_keys=(), not_carried=(*d.not_carried, *lines))
+    return out
+
+
 def _sink_decisions(conn: psycopg.Connection, name: str, sink: str, url: str, described: list[Table],
-                    overwrite: bool) -> list[Decision]:
+                    overwrite: bool, definitions: dict | None = None) -> list[Decision]:
     """Create the sink's missing tables (in the caller's transaction) and decide each table's bootstrap."""
     rels = ["sluicegate.workflows", *(t.ident.as_string(conn) for t in described)]
     with locks.guard(conn, f"creating workflow {name} on sink {sink}", rels, then="try again"):
         st.ensure_schema(conn)
         st.check_new_name(conn, name)
-        return decide_tables(conn, name, sink, url, described, overwrite)
+        return decide_tables(conn, name, sink, url, described, overwrite, definitions)
 
 
 def decide_tables(conn: psycopg.Connection, name: str, sink: str, url: str, described: list[Table],
-            overwrite: bool) -> list[Decision]:
+                  overwrite: bool, definitions: dict | None = None) -> list[Decision]:
     """A new table's bootstrap on one sink: copy into a missing (created now) or empty table, or into one
-    with rows only when --overwrite says so; else refuse."""
+    with rows only when --overwrite says so; else refuse. `definitions`: TableDefinitions by qualified name,
+    for sink tables made in full."""
     writers = [(t, w) for t, w in st.workflows_writing(conn, [t.qualified for t in described]) if w != name]
     if writers:
         table, workflow = writers[0]
@@ -279,8 +301,8 @@ def decide_tables(conn: psycopg.Connection, name: str, sink: str, url: str, desc
                          f"writes {table}: one workflow per sink table; delete {workflow!r} or leave the table out")
     out = []
     for t in described:
-        if catalog.prepare_target(conn, t):
-            out.append(Decision(sink, url, t.qualified, "copy", "new setup, sink table created"))
+        if catalog.prepare_target(conn, t, (definitions or {}).get(t.qualified)):
+            out.append(Decision(sink, url, t.qualified, "copy", CREATED))
         elif not conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
             out.append(Decision(sink, url, t.qualified, "copy", "new setup, sink table empty"))
         elif overwrite:

@@ -236,8 +236,10 @@ def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType,
     return tuple(found)
 
 
-def prepare_target(conn: psycopg.Connection, table: Table) -> bool:
-    """Create the target table (and its enums) if missing, else check it can take the rows. True if created."""
+def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
+    """Create the target table (and its enums) if missing, else check it can take the rows. True if created.
+    `definition`: the source table's TableDefinition (table_definition.py), made in full; without it, only
+    columns, types, collations, NOT NULL and the key."""
     for enum in table.enums:
         _ensure_enum(conn, enum)
     row = conn.execute(
@@ -246,6 +248,11 @@ def prepare_target(conn: psycopg.Connection, table: Table) -> bool:
         (table.schema, table.name),
     ).fetchone()
     if row is None:
+        if definition is not None:
+            from .table_definition import create_table
+
+            create_table(conn, definition)
+            return True
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
         conn.execute(create_table_sql(table))
         return True

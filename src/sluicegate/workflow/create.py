@@ -7,7 +7,7 @@ from psycopg import sql
 
 from ..cluster.model import direction
 from ..errors import SluicegateError, UsageError
-from ..postgres import capture, catalog, locks, origins, replication
+from ..postgres import capture, catalog, locks, origins, replication, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import (
     PGPASS_HINT,
@@ -27,10 +27,11 @@ from . import state as st
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,
                       rules: list[str], options: dict, udfs: dict | None = None,
-                      exclude: list[str] | None = None) -> list[str]:
+                      exclude: list[str] | None = None, notes: list[str] | None = None) -> list[str]:
     """Returns the qualified names of the moved tables. Creates nothing if anything is wrong. `exclude`:
-    tables not to move, among the named ones (or those of schema public)."""
-    return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs, exclude)
+    tables not to move, among the named ones (or those of schema public). `notes`: given a list, gets a line
+    for each part of a source table's definition that its target table does not get."""
+    return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs, exclude, notes)
 
 
 def create_materialize(name: str, source_url: str, target_url: str, rules: list[str], options: dict,
@@ -42,7 +43,8 @@ def create_materialize(name: str, source_url: str, target_url: str, rules: list[
 
 
 def _create(kind: str, name: str, source_url: str, target_url: str, tables: list[str] | None, rules: list[str],
-            options: dict, udfs: dict | None, exclude: list[str] | None = None) -> list[str]:
+            options: dict, udfs: dict | None, exclude: list[str] | None = None,
+            notes: list[str] | None = None) -> list[str]:
     st.check_name(name)
     specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
     # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
@@ -58,15 +60,21 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             if not superuser:
                 _check_table_rights(src, described)
             replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
+            # A table with a rule gets a target of the rule's shape: only the others are made in full.
+            definitions = table_definition.read(src, [t for t in described if t.qualified not in compiled]) \
+                if kind == "MoveTables" else {}
         except psycopg.Error as exc:  # e.g. permission denied reading a table: say which side
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         with connect(target_url, role="target") as dst:
             try:
                 check_not_the_source(src, dst, "target", target_url)
                 identity = identify(src).to_json()
-                _create_on_target(src, dst, kind, name, source_url, described, compiled, options, identity)
+                lines = _create_on_target(src, dst, kind, name, source_url, described, compiled, options,
+                                          identity, definitions)
             except psycopg.Error as exc:  # the transaction rolled back: nothing was created
                 raise UsageError(f"target {describe(target_url)}: {first_line(exc)}") from None
+    if notes is not None:
+        notes.extend(lines)
     return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]
 
 
@@ -116,8 +124,11 @@ def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[T
 
 
 def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: str, name: str, source_url: str,
-                      described: list[Table], compiled: dict, options: dict, source_identity: dict) -> None:
-    """Every check first, then target tables and state, all in one target transaction."""
+                      described: list[Table], compiled: dict, options: dict, source_identity: dict,
+                      definitions: dict | None = None) -> list[str]:
+    """Every check first, then target tables and state, all in one target transaction. `definitions`: the
+    source tables' TableDefinitions by qualified name, for the target tables made in full. Returns what the
+    target tables do not get of their source's definition, a line each."""
     if dst.info.server_version < 140000:
         raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
     targets = [compiled[s.qualified].target if s.qualified in compiled else s for s in described]
@@ -126,10 +137,53 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         _check_no_leftovers(src, name)
+        definitions = definitions or {}
+        created = {}
         for target in targets:
-            prepare_empty_target(dst, target, kind, "target table")
+            definition = definitions.get(target.qualified)
+            if prepare_empty_target(dst, target, kind, "target table", definition) and definition:
+                created[target.qualified] = definition
+        lines, options = _target_definition_notes(definitions, created, compiled, options, dst.info.user,
+                                                  lambda: table_definition.may_apply_as_replica(dst))
         st.create_workflow(dst, name, kind, source_url, options, described,
                            {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
+    return lines
+
+
+def _target_definition_notes(definitions: dict, created: dict, compiled: dict, options: dict, user: str,
+                             may_apply_as_replica) -> tuple[list[str], dict]:
+    """What the target tables do not get, a line each, and the workflow's options with the foreign keys to add
+    once every table is copied (engine.py): those between two tables made here, when the applier may run with
+    session_replication_role = replica (a child row may be applied before its parent), which
+    `may_apply_as_replica()` says of the target `user`."""
+    lines = []
+    pending = []
+    replica = None
+    for qualified, d in definitions.items():
+        if qualified not in created:
+            lines.append(f"table {qualified}: exists on the target and keeps its own definition (nothing added)")
+            continue
+        lines.extend(d.not_carried)
+        for fk in d.foreign_keys:
+            why = ""
+            if compiled:
+                why = "a workflow with rules does not carry foreign keys"
+            elif fk.references not in created:
+                why = f"{fk.references} exists on the target and keeps its own definition"
+            else:
+                replica = may_apply_as_replica() if replica is None else replica
+                if not replica:
+                    why = (f"target user {user} may not SET session_replication_role, which applying changes with "
+                           f"the key in place takes (a child row may come before its parent): GRANT SET ON "
+                           f"PARAMETER session_replication_role TO {user} (PostgreSQL 15+, as a superuser) and "
+                           f"create the workflow again, or add it after the switch")
+            if why:
+                lines.append(f"table {qualified}: foreign key {fk.name} ({fk.definition}) not carried: {why}")
+            else:
+                pending.append({"table": qualified, "name": fk.name, "definition": fk.definition})
+    if pending:
+        options = {**options, "foreign_keys": pending, "apply_as_replica": True}
+    return lines, options
 
 
 def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what: str, target_url: str,
@@ -198,12 +252,14 @@ def source_password_note(source_url: str) -> str | None:
         return None  # something else (the server is going away): run says what
 
 
-def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str) -> None:
-    """Create the target table, or check an existing one is compatible and empty (a workflow fills it)."""
-    created = catalog.prepare_target(dst, t)
+def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str, definition=None) -> bool:
+    """Create the target table (in full, given the source's TableDefinition), or check an existing one is
+    compatible and empty (a workflow fills it). True if created."""
+    created = catalog.prepare_target(dst, t, definition)
     if not created and dst.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
         raise UsageError(f"{where} {t.qualified} already has rows: {kind} fills empty tables; "
                          f"empty it (TRUNCATE) or drop it first")
+    return created
 
 
 def _check_source_role(src: psycopg.Connection) -> bool:

@@ -209,6 +209,7 @@ class Engine:
         if current is None:
             with connect(self.target_url, role="target") as dst:
                 st.lock_stream(dst, stream.id)
+                _add_foreign_keys(dst, wf)
                 st.set_state(dst, stream.id, st.RUNNING)
             return
         # Nothing copied yet: every change before the snapshot is to rows the copy brings; catchup and
@@ -296,6 +297,7 @@ class Engine:
                     fault_point("copy.before_index_build")
                     copier.build_deferred_indexes(dst, stream.id, current)
                 if plan.done and all(t.done for t in stream.tables if t is not current):
+                    _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
@@ -335,7 +337,7 @@ class Engine:
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
             way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
-            clusters=cluster_ids(wf),
+            clusters=cluster_ids(wf), replica_role=bool(wf.options.get("apply_as_replica")),
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch
@@ -438,6 +440,27 @@ class Engine:
         if self.vdiffs is not None:
             self.vdiffs.close()
         self._drop_lock_conn()
+
+
+def _add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:
+    """Every table is copied: the foreign keys between them (table_definition.py), with the state that says
+    so, in the caller's transaction. A row that breaks one (the source's own key is not valid) fails the
+    validation: the stream stops in Error naming it."""
+    pending = wf.options.get("foreign_keys")
+    if not pending:
+        return
+    from ..postgres import table_definition
+
+    try:
+        with dst.transaction():
+            added = table_definition.add_foreign_keys(dst, pending)
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise TerminalError(f"adding the foreign keys of workflow {wf.name} after its copy failed: "
+                            f"{first_line(exc)}; fix the rows on the target and `workflow start` it, or drop the "
+                            f"key from the source and re-create the workflow") from None
+    st.drop_option(dst, wf.name, "foreign_keys")
+    for name in added:
+        log.info("added foreign key %s", name)
 
 
 def _spark_failure(exc: BaseException) -> bool:

@@ -66,6 +66,9 @@ class PlayTask:
     # A bidirectional direction's (this cluster's id, the peer's): its changes apply by last-writer-wins
     # (appliers/lww_applier.py); (0, 0) for every other stream.
     clusters: tuple[int, int] = (0, 0)
+    # Apply with session_replication_role = replica: the target tables have foreign keys between them
+    # (postgres/table_definition.py), which a batch may meet child first; the source checked them.
+    replica_role: bool = False
 
 
 @dataclass
@@ -87,7 +90,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             connect(task.target_url, role="target") as dst:
         if task.origin:
             origins.acquire(dst, task.origin)
-        if task.clusters[0]:
+        if task.clusters[0] or task.replica_role:
             # The tombstone triggers must take the applier's deletes for what they are (appliers/lww.py).
             dst.execute("SET session_replication_role = replica")
             # In a lock cycle with the application's transaction, PostgreSQL aborts the one whose

@@ -329,6 +329,11 @@ def set_state(conn: psycopg.Connection, stream_id: int, state: str, message: str
     )
 
 
+def drop_option(conn: psycopg.Connection, workflow: str, key: str) -> None:
+    """Remove one key from the workflow's options (a pending task done), in the caller's transaction."""
+    conn.execute("UPDATE sluicegate.workflows SET options = options - %s WHERE name = %s", (key, workflow))
+
+
 def restart_stream(conn: psycopg.Connection, stream_id: int, message: str) -> None:
     """Back to Init with no position: the next run makes the slot again and copies every table not done."""
     conn.execute(
