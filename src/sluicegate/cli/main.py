@@ -395,7 +395,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
     engine = Engine(target, name, runner, stop=stop)
     running, url = name, target
     try:
-        final = engine.run()
+        final = _run_engine(engine, kind)
         # A MoveTables whose traffic switched: the same driver carries the reverse workflow (and the forward
         # one again after reverse-traffic), for as long as one of them runs.
         while kind == "MoveTables" and final == st.STOPPED and not stop.is_set():
@@ -408,7 +408,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
             running, url = nxt
             click.echo(f"workflow {name}: running {running}", err=True)
             engine = Engine(url, running, runner, stop=stop, serve_vdiffs=running == name)
-            final = engine.run()
+            final = _run_engine(engine, kind)
     finally:
         engine.close()
         view.stop()
@@ -419,6 +419,22 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
             msg = st.load_workflow(conn, running).streams[0].message
         raise SluicegateError(f"workflow {running} stopped in Error: {msg}")
     click.echo(f"workflow {name}: {final}", err=True)
+
+
+def _run_engine(engine, kind: str) -> str:
+    """engine.run(); a MoveTables' workflow deleted under it (complete, cancel) ends it as Stopped."""
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+
+    try:
+        return engine.run()
+    except UsageError:
+        if kind != "MoveTables":
+            raise
+        with connect(engine.target_url, role="target") as conn:
+            if engine.workflow in st.list_workflows(conn):
+                raise
+        return st.STOPPED
 
 
 def _run_reshard(name, target, runner, stop) -> None:

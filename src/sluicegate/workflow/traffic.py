@@ -308,15 +308,21 @@ def _drop_reverse_capture(sides: Sides) -> None:
     """The stopped reverse stream's slot and publication on the target: a next switch makes them again."""
     slot = st.object_name("sg", reverse_name(sides.forward.name))
     try:
+        _wait_reader_gone(sides.target_url, slot)
         with connect(sides.target_url, role="target", autocommit=True) as ctl:
-            deadline = time.monotonic() + 10
-            # the driver's reverse task leaves once it sees its stream Stopped; give it a moment
-            while (info := capture.slot_info(ctl, slot)) is not None and info.active_pid \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
             capture.drop_capture(ctl, slot, slot)
     except Exception as exc:  # noqa: BLE001 - left for complete, cancel or the next switch to drop
         log.warning("could not drop the reverse workflow's slot %s on the target: %s", slot, exc)
+
+
+def _wait_reader_gone(url: str, slot: str, timeout: float = 10.0) -> None:
+    """The driver's task on a stream just Stopped leaves its slot within a batch: let it, so that dropping the
+    slot does not cut it off mid-batch (drop_capture ends a reader still there)."""
+    deadline = time.monotonic() + timeout
+    with connect(url, role="target", autocommit=True) as ctl:
+        while (info := capture.slot_info(ctl, slot)) is not None and info.active_pid \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 # -- complete and cancel ---------------------------------------------------------------------------------
@@ -333,6 +339,7 @@ def complete(name: str, target_url: str, drop_source_tables: bool = False) -> li
     with connect(sides.source_url, role="source") as src:
         st.lock_stream(src, sides.reverse.streams[0].id)
         st.set_state(src, sides.reverse.streams[0].id, st.STOPPED, "completing")
+    _wait_reader_gone(target_url, st.object_name("sg", reverse_name(name)))
     dropped += delete_workflow(reverse_name(name), sides.source_url)
     with connect(sides.source_url, role="source") as src:
         dropped += undeny(src, sides.tables)
