@@ -156,6 +156,8 @@ def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, tim
                    max_lag: float = 30.0) -> SwitchResult:
     """Writes to the moved tables go to the target from now on; the reverse workflow keeps the source current."""
     sides, finished = reconcile(name, target_url)
+    if sides.traffic == SWITCHED and finished:  # a killed switch-traffic's, finished now: what was asked
+        return SwitchResult(name, SWITCHED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
     if sides.traffic == SWITCHED:
         raise UsageError(f"workflow {name}: traffic is already switched to the target; "
                          f"`sluicegate movetables reverse-traffic {name}` moves it back")
@@ -248,6 +250,8 @@ def reverse_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, ti
                     max_lag: float = 30.0) -> SwitchResult:
     """Writes go back to the source; the forward workflow resumes from the source's current position."""
     sides, finished = reconcile(name, target_url)
+    if sides.traffic == REVERSED and finished:  # a killed reverse-traffic's, finished now: what was asked
+        return SwitchResult(name, REVERSED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
     if sides.traffic != SWITCHED or sides.reverse is None:
         raise UsageError(f"workflow {name}: traffic is on the source ({sides.traffic}); nothing to reverse")
     rev_stream = sides.reverse.streams[0]
