@@ -65,6 +65,8 @@ class Client(threading.Thread):
                     except psycopg.errors.ReadOnlySqlTransaction as exc:
                         self.denials.append(str(exc))
                         self.side = "target" if self.side == "source" else "source"
+                        if len(self.denials) % 2 == 0:  # both sides refuse (a traffic command was killed)
+                            time.sleep(0.01)
                 self.acks.append(time.monotonic())
                 if k % 2:
                     self.inserted.append(k)
@@ -241,3 +243,104 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
                 driver.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 reap_group(driver)
+
+
+# kill -9 of a traffic command at its steps (workflow/traffic.py's fault points); CI runs those at the commits.
+SWITCH_POINTS = ["switch.publication", "switch.locked", "switch.caught_up", "switch.sequences", "switch.slot",
+                 "switch.denied", "switch.before_commit", "switch.source_committed"]
+REVERSE_POINTS = ["reverse.locked", "reverse.caught_up", "reverse.before_commit", "reverse.target_committed"]
+
+
+@pytest.mark.parametrize("points", [
+    ["switch.slot", "switch.source_committed", "reverse.target_committed"],
+    pytest.param(SWITCH_POINTS + REVERSE_POINTS, marks=pytest.mark.slow),
+])
+def test_kill_9_of_traffic_commands(pair, tmp_path, points):
+    pair.src(TABLES)
+    pair.src("INSERT INTO counters SELECT g, 0 FROM generate_series(0, 1) g")
+    pair.dst(TABLES)
+    create_movetables("mt", pair.source, pair.target, ["events", "counters"], [], {})
+    log = tmp_path / "driver.log"
+    driver = _driver(pair, log)
+    clients = [Client(n, {"source": pair.source, "target": pair.target}) for n in range(2)]
+    try:
+        wait_for(lambda: caught_up(pair, "mt") and pair.dst("SELECT caught_up_at IS NOT NULL FROM sluicegate.streams")
+                 == [(True,)], timeout=180, what="the forward stream caught up",
+                 describe=lambda: log.read_text()[-2000:])
+        for c in clients:
+            c.start()
+        for point in points:
+            _kill_at(pair, tmp_path, point, clients, log)
+        for c in clients:
+            c.stop_event.set()
+        for c in clients:
+            c.join(timeout=30)
+        assert not [c.error for c in clients if c.error]
+        wait_for(lambda: caught_up(pair, "mt"), timeout=60, what="the forward stream caught up",
+                 describe=lambda: (stream_row(pair, "mt"), log.read_text()[-1500:]))
+        for url in (pair.source, pair.target):
+            with psycopg.connect(url) as c:
+                for client in clients:
+                    ks = [r[0] for r in c.execute("SELECT k FROM events WHERE client = %s ORDER BY k",
+                                                  (client.n,))]
+                    assert ks == client.inserted, (url, client.n, len(ks), len(client.inserted))
+                    n = c.execute("SELECT n FROM counters WHERE client = %s", (client.n,)).fetchone()[0]
+                    assert n == client.updates, (url, client.n, n, client.updates)
+        # before any other switch: cancel drops what Sluicegate made, keeping the source's tables and rows
+        out = _cli("movetables", "cancel", "mt", "--target", pair.target)
+        assert out.returncode == 0 and "target table public.events" in out.stdout, out.stdout + out.stderr
+        for url in (pair.source, pair.target):
+            assert _sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
+                                                "functions": 0}, url
+        assert pair.dst("SELECT to_regclass('public.events')") == [(None,)]
+        assert pair.src("SELECT count(*) FROM events")[0][0] == sum(len(c.inserted) for c in clients)
+        assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+    finally:
+        for c in clients:
+            c.stop_event.set()
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGTERM)
+            try:
+                driver.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                reap_group(driver)
+
+
+def _traffic_ok(pair, verb: str, log) -> str:
+    out = _cli("movetables", verb, "mt", "--target", pair.target, "--timeout", "20s")
+    assert out.returncode == 0, out.stdout + out.stderr + log.read_text()[-1500:]
+    return out.stdout + out.stderr
+
+
+def _kill_at(pair, tmp_path, point: str, clients: list[Client], log) -> None:
+    """kill -9 of a traffic command at `point`, a check of what it left, the command again, and back to the
+    source."""
+    verb = "switch-traffic" if point.startswith("switch") else "reverse-traffic"
+    if verb == "reverse-traffic":
+        _traffic_ok(pair, "switch-traffic", log)
+    env = dict(os.environ, SLUICEGATE_FAULT_PAUSE=point, SLUICEGATE_FAULT_DIR=str(tmp_path))
+    env.pop("SLUICEGATE_DRIVER_PID", None)
+    proc = subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "movetables", verb, "mt",
+                             "--target", pair.target, "--timeout", "20s"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: (tmp_path / point).exists() or proc.poll() is not None, timeout=60,
+                 what=f"fault point {point}")
+        assert proc.poll() is None, proc.stdout.read().decode()
+    finally:
+        reap_group(proc)
+    before = [len(c.acks) for c in clients]
+    committed = point in ("switch.source_committed", "reverse.target_committed")
+    if not committed:  # nothing changed: the side that took writes still does
+        side = "source" if verb == "switch-traffic" else "target"
+        wait_for(lambda: all(len(c.acks) > b + 5 and c.side == side for c, b in zip(clients, before)),
+                 timeout=30, what=f"writes on the {side} after a kill at {point}",
+                 describe=lambda: [(c.side, c.error) for c in clients])
+    else:  # status tells of the unfinished part
+        status = json.loads(_cli("workflow", "status", "mt", "--target", pair.target, "--json").stdout)
+        assert "interrupted" in status["traffic"], status["traffic"]
+    out = _traffic_ok(pair, verb, log)
+    assert ("finished" in out) == committed, out
+    if verb == "switch-traffic":
+        _traffic_ok(pair, "reverse-traffic", log)
+    assert not [c.error for c in clients if c.error], [c.error for c in clients]
