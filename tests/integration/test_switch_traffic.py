@@ -187,6 +187,8 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         assert status["traffic"]["state"] == "switched"
         assert status["traffic"]["reverse"]["state"] == "Running"
         assert status["traffic"]["reverse"]["lag_seconds"] is not None
+        text = _cli("workflow", "status", "mt", "--target", pair.target).stdout
+        assert "traffic: switched" in text and "reverse workflow mt_reverse: Running" in text, text
 
         # reverse-traffic: writes back to the source, the forward workflow resumes
         reversed_, gap = _switch(pair, "reverse-traffic", clients)
