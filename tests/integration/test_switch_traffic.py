@@ -189,6 +189,8 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         assert status["traffic"]["reverse"]["lag_seconds"] is not None
         text = _cli("workflow", "status", "mt", "--target", pair.target).stdout
         assert "traffic: switched" in text and "reverse workflow mt_reverse: Running" in text, text
+        out = _cli("workflow", "start", "mt", "--target", pair.target)  # its replay would loop
+        assert out.returncode == 1 and "reverse-traffic mt" in out.stderr, out.stdout + out.stderr
 
         # reverse-traffic: writes back to the source, the forward workflow resumes
         reversed_, gap = _switch(pair, "reverse-traffic", clients)

@@ -529,6 +529,10 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
             st.lock_stream(conn, s.id)
             if verb == "stop":
                 st.set_state(conn, s.id, st.STOPPED, "stopped by user")
+            elif wf.options.get("traffic") == "switched":
+                # Its source now holds the reverse workflow's writes: replaying them would loop.
+                raise UsageError(f"workflow {name}: traffic is switched to the target, so its stream stays "
+                                 f"stopped; `sluicegate movetables reverse-traffic {name}` resumes it")
             else:
                 if s.position is None:
                     new = st.INIT
@@ -574,6 +578,9 @@ def workflow_delete(name, target):
 
     dropped = []
     shards = load_all(name, target)
+    if shards[0][2].kind == "MoveTables" and shards[0][2].options.get("traffic") == "switched":
+        raise UsageError(f"workflow {name}: traffic is switched to the target, and its reverse workflow and the "
+                         f"source's write denials would stay behind: `sluicegate movetables complete {name}`")
     for _, url, _ in shards:
         dropped += delete_workflow(name, url)
     click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))

@@ -454,10 +454,12 @@ def _advance_owned_sequences(src: psycopg.Connection, dst: psycopg.Connection, t
             target_seq = dst.execute("SELECT pg_get_serial_sequence(%s, %s)", (name, column)).fetchone()[0]
             if not source_seq or not target_seq:
                 continue
-            ours = src.execute(sql.SQL("SELECT last_value FROM {}").format(sql.SQL(source_seq))).fetchone()[0]
-            theirs = dst.execute(sql.SQL("SELECT last_value FROM {}").format(sql.SQL(target_seq))).fetchone()[0]
+            # pg_get_serial_sequence gives a quoted, qualified name: a regclass text (NULL: never drawn from)
+            ours = src.execute("SELECT COALESCE(pg_sequence_last_value(%s::regclass), 0)",
+                               (source_seq,)).fetchone()[0]
+            theirs = dst.execute("SELECT COALESCE(pg_sequence_last_value(%s::regclass), 0)",
+                                 (target_seq,)).fetchone()[0]
             value = max(ours, theirs) + 1
-            # pg_get_serial_sequence returns a quoted, qualified name: a regclass text
             dst.execute("SELECT setval(%s::regclass, %s, false)", (target_seq, value))
             done.append(f"{target_seq} = {value}")
     return done
