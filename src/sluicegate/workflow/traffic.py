@@ -193,6 +193,13 @@ def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, tim
                                f"reverse-traffic {name}`")
         fault_point("switch.denied")
         # The target's part, held open across the source's commit: a kill before that commit rolls both back.
+        if sides.traffic == REVERSED:
+            # The target's denials go first: a kill before the source's commit then leaves both sides taking
+            # writes (traffic still on the source), never neither.
+            with connect(target_url, role="target") as undo, \
+                    locks.guard(undo, "dropping the target's write denials",
+                                [t.ident.as_string(undo) for t in tables], "ShareRowExclusiveLock"):
+                undeny(undo, tables)
         dst = connect(target_url, role="target")
         _target_part_of_switch(dst, sides, epoch, format_lsn(position), commit=False)
         fault_point("switch.before_commit")
