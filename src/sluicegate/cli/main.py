@@ -396,18 +396,48 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
             return
     view = _progress(name, target, kind, no_progress, interval)
     engine = Engine(target, name, runner, stop=stop)
+    running, url = name, target
     try:
-        final = engine.run()
+        final = _run_engine(engine, kind)
+        # A MoveTables whose traffic switched: the same driver carries the reverse workflow (and the forward
+        # one again after reverse-traffic), for as long as one of them runs.
+        while kind == "MoveTables" and final == st.STOPPED and not stop.is_set():
+            from ..workflow.traffic import active_stream
+
+            nxt = active_stream(name, target)
+            if nxt is None:
+                break
+            engine.close()
+            running, url = nxt
+            click.echo(f"workflow {name}: running {running}", err=True)
+            engine = Engine(url, running, runner, stop=stop, serve_vdiffs=running == name)
+            final = _run_engine(engine, kind)
     finally:
         engine.close()
         view.stop()
         if governor is not None:
             governor.stop_soon()
     if final == st.ERROR:
-        with connect(target, role="target") as conn:
-            msg = st.load_workflow(conn, name).streams[0].message
-        raise SluicegateError(f"workflow {name} stopped in Error: {msg}")
+        with connect(url, role="target") as conn:
+            msg = st.load_workflow(conn, running).streams[0].message
+        raise SluicegateError(f"workflow {running} stopped in Error: {msg}")
     click.echo(f"workflow {name}: {final}", err=True)
+
+
+def _run_engine(engine, kind: str) -> str:
+    """engine.run(); a MoveTables' workflow deleted under it (complete, cancel) ends it as Stopped."""
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+
+    try:
+        return engine.run()
+    except UsageError:
+        if kind != "MoveTables":
+            raise
+        with connect(engine.target_url, role="target") as conn:
+            if engine.workflow in st.list_workflows(conn):
+                raise
+        return st.STOPPED
 
 
 def _run_reshard(name, target, runner, stop) -> None:
@@ -451,6 +481,10 @@ def workflow_status_cmd(name, target, as_json, wal_warning):
         extra = cluster_status(shards[0][2], target)
         status = {**{k: v for k, v in status.items() if k != "warnings"}, **extra,
                   "warnings": status["warnings"] + extra["warnings"]}
+    if shards[0][2].kind == "MoveTables":  # which side takes writes (workflow/traffic.py)
+        from ..workflow.traffic import traffic_status
+
+        status["traffic"] = traffic_status(shards[0][2], target)
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
@@ -498,6 +532,10 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
             st.lock_stream(conn, s.id)
             if verb == "stop":
                 st.set_state(conn, s.id, st.STOPPED, "stopped by user")
+            elif wf.options.get("traffic") == "switched":
+                # Its source now holds the reverse workflow's writes: replaying them would loop.
+                raise UsageError(f"workflow {name}: traffic is switched to the target, so its stream stays "
+                                 f"stopped; `sluicegate movetables reverse-traffic {name}` resumes it")
             else:
                 if s.position is None:
                     new = st.INIT
@@ -543,6 +581,9 @@ def workflow_delete(name, target):
 
     dropped = []
     shards = load_all(name, target)
+    if shards[0][2].kind == "MoveTables" and shards[0][2].options.get("traffic") == "switched":
+        raise UsageError(f"workflow {name}: traffic is switched to the target, and its reverse workflow and the "
+                         f"source's write denials would stay behind: `sluicegate movetables complete {name}`")
     for _, url, _ in shards:
         dropped += delete_workflow(name, url)
     click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
@@ -662,7 +703,11 @@ def demo(rows, keep, workdir):
 # Groups in modules of their own (they look up `friendly` here when a command runs).
 from .log import log_group
 from .replicate import replicate_group
+from .traffic import commands as traffic_commands
 from .vstream import vstream_group
+
+for _command in traffic_commands:
+    movetables.add_command(_command)
 
 cli.add_command(log_group)
 cli.add_command(replicate_group)

@@ -44,10 +44,25 @@ def print_status(console: Console, status: dict) -> None:
         for t in s["tables"]:
             grid.add_row(escape(t["table"]), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
         console.print(grid)
+    if "traffic" in status:
+        _print_traffic(console, status["traffic"])
     if "sinks" in status:
         _print_sinks(console, status)
     for w in status.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _print_traffic(console: Console, traffic: dict) -> None:
+    """A MoveTables' traffic: which side takes writes, and the reverse stream once switched."""
+    console.print(f"traffic: {traffic['state']}")
+    rev = traffic.get("reverse")
+    if rev and traffic["state"] == "switched":
+        lag = f"{rev['lag_seconds']:.2f}s" if rev["lag_seconds"] is not None else "-"
+        console.print(f"reverse workflow {escape(rev['workflow'])}: {rev['state']} at {rev['position'] or '-'}, "
+                      f"lag {lag}" + (f"  {escape(rev['message'])}" if rev["message"] else ""))
+    for key in ("interrupted", "error"):
+        if traffic.get(key):
+            console.print(f"[yellow]warning:[/] {escape(traffic[key])}")
 
 
 def _print_sinks(console: Console, status: dict) -> None:

@@ -88,6 +88,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
     deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
+        # Who writes: a MoveTables' denial triggers (workflow/traffic.py) let its own applier through.
+        dst.execute("SELECT set_config('sluicegate.applying', %s, false)", (task.workflow,))
+        dst.commit()
         if task.origin:
             origins.acquire(dst, task.origin)
         if task.clusters[0] or task.replica_role:

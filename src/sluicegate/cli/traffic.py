@@ -1,0 +1,125 @@
+"""`sluicegate movetables switch-traffic|reverse-traffic|complete|cancel`: a MoveTables to its end."""
+
+from __future__ import annotations
+
+import json
+from functools import wraps
+
+import click
+
+TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
+                      help="libpq URL of the target database (or SLUICEGATE_TARGET).")
+
+
+def _friendly(fn):
+    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
+
+    @wraps(fn)
+    def run(*args, **kwargs):
+        from .main import friendly
+
+        return friendly(fn)(*args, **kwargs)
+
+    return run
+
+
+def _seconds(ctx, param, value):
+    from ..errors import UsageError
+    from ..sizes import parse_duration
+
+    try:
+        seconds = parse_duration(value) if isinstance(value, str) else value
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} is no time: give a duration above zero (2s, 0.5)")
+    return seconds
+
+
+def _switch_options(fn):
+    for option in reversed([
+        TARGET,
+        click.option("--lock-timeout", default="2s", show_default=True, callback=_seconds, metavar="DURATION",
+                     help="How long to wait for the lock that blocks writes; on timeout nothing changes."),
+        click.option("--timeout", default="30s", show_default=True, callback=_seconds, metavar="DURATION",
+                     help="How long writes may stay blocked while the other side catches up."),
+        click.option("--max-lag", default="30s", show_default=True, callback=_seconds, metavar="DURATION",
+                     help="Refuse to start when the stream lags more than this."),
+        click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _report(result, as_json: bool) -> None:
+    from ..position import format_lsn
+
+    if result.finished_interrupted:
+        click.echo(f"note: finished {result.finished_interrupted} first", err=True)
+    if as_json:
+        click.echo(json.dumps({"workflow": result.workflow, "traffic": result.traffic,
+                               "position": format_lsn(result.position),
+                               "blocked_seconds": round(result.blocked_seconds, 3),
+                               "lag_seconds": None if result.lag_seconds is None else round(result.lag_seconds, 3),
+                               "sequences": result.sequences}, indent=2))
+        return
+    where = "the target" if result.traffic == "switched" else "the source"
+    click.echo(f"workflow {result.workflow}: traffic {result.traffic} to {where} at {format_lsn(result.position)}; "
+               f"writes to the moved tables were blocked for {result.blocked_seconds:.3f} s "
+               f"(lag at the start {result.lag_seconds or 0:.3f} s)")
+    for seq in result.sequences:
+        click.echo(f"  sequence {seq}")
+
+
+@click.command("switch-traffic")
+@click.argument("name")
+@_switch_options
+@_friendly
+def switch_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
+    """Move writes to the target: block them on the source, wait until the target has everything, start the
+    reverse workflow, deny writes on the source. The running `workflow run` carries the reverse stream."""
+    from ..workflow.traffic import switch_traffic
+
+    _report(switch_traffic(name, target, lock_timeout=lock_timeout, timeout=timeout, max_lag=max_lag), as_json)
+
+
+@click.command("reverse-traffic")
+@click.argument("name")
+@_switch_options
+@_friendly
+def reverse_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
+    """Move writes back to the source: the same steps the other way; the forward workflow resumes."""
+    from ..workflow.traffic import reverse_traffic
+
+    _report(reverse_traffic(name, target, lock_timeout=lock_timeout, timeout=timeout, max_lag=max_lag), as_json)
+
+
+@click.command("complete")
+@click.argument("name")
+@TARGET
+@click.option("--drop-source-tables", is_flag=True, help="Drop the moved tables on the source too.")
+@_friendly
+def complete_cmd(name, target, drop_source_tables):
+    """After switch-traffic: drop the reverse workflow, the denials, slots, publications and state."""
+    from ..workflow.traffic import complete
+
+    dropped = complete(name, target, drop_source_tables)
+    click.echo(f"completed workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+
+
+@click.command("cancel")
+@click.argument("name")
+@TARGET
+@click.option("--keep-target-tables", is_flag=True,
+              help="Keep the target tables and their rows (default: drop them, as Vitess does).")
+@_friendly
+def cancel_cmd(name, target, keep_target_tables):
+    """Before any switch: drop everything the workflow made (target tables too, unless kept); the source
+    stays as it was."""
+    from ..workflow.traffic import cancel
+
+    dropped = cancel(name, target, keep_target_tables)
+    click.echo(f"cancelled workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+
+
+commands = [switch_traffic_cmd, reverse_traffic_cmd, complete_cmd, cancel_cmd]

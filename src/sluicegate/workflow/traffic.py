@@ -1,0 +1,574 @@
+"""MoveTables traffic: switch writes to the target, reverse them back, complete or cancel (Vitess's
+SwitchTraffic, ReverseTraffic, Complete, Cancel).
+
+The reverse workflow `<W>_reverse` is a MoveTables of its own, target -> source, kept in the SOURCE's
+`sluicegate` schema; its slot and publication are on the target. Which side takes writes is decided by one
+commit on the side that gives them up:
+
+- switch-traffic: one source transaction locks the moved tables (reads go on), waits until the forward stream
+  has applied everything before the source's position P, then creates (or restarts) the reverse workflow and the
+  denial triggers, and commits. Before that commit nothing changed on the source; a kill leaves it writable.
+  The target's part (forward stream Stopped, its denials gone) follows in a target transaction held open
+  across the source's commit.
+- reverse-traffic: the same the other way: one target transaction locks the tables, waits until the reverse
+  stream has everything before the target's position, denies the tables on the target and restarts the forward
+  stream at the source's position of that moment (the source's WAL between P and it holds only the reverse
+  applier's writes), and commits; then the source's part (reverse stream Stopped, denials gone).
+
+Both sides record an `epoch` with the traffic state; a side behind the other had its part interrupted by a
+kill between the two commits, and every traffic command (and status) finishes that part first.
+Appliers identify themselves with the session setting `sluicegate.applying` (player.py): a denial trigger lets
+the one workflow that carries the traffic write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from ..errors import RetryableError, TerminalError, UsageError
+from ..position import format_lsn, parse_lsn
+from ..postgres import capture, locks
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, describe, strip_password
+from ..postgres.table_definition import advance_sequences
+from . import state as st
+from .faults import fault_point
+from .heartbeat import is_running
+
+log = logging.getLogger("sluicegate")
+
+SOURCE, SWITCHED, REVERSED = "source", "switched", "reversed"
+TRIGGER = "sluicegate_denied"
+TRUNCATE_TRIGGER = "sluicegate_denied_truncate"
+
+DENY_FUNCTION = """
+CREATE OR REPLACE FUNCTION sluicegate.deny_write() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    -- TG_ARGV[0]: the workflow whose applier may write; TG_ARGV[1]: the error for everyone else
+    IF coalesce(current_setting('sluicegate.applying', true), '') = TG_ARGV[0] THEN
+        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'read_only_sql_transaction',
+        MESSAGE = format('table %I.%I: %s', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_ARGV[1]);
+END
+$f$
+"""
+
+
+def reverse_name(name: str) -> str:
+    return f"{name}_reverse"
+
+
+@dataclass
+class SwitchResult:
+    workflow: str
+    traffic: str  # SWITCHED or REVERSED
+    position: int  # where the side giving up writes stood when they were blocked
+    blocked_seconds: float  # from the lock granted to the commit
+    lag_seconds: float | None  # the stream's lag when the switch began
+    sequences: list[str] = field(default_factory=list)
+    finished_interrupted: str = ""  # a part of an earlier, killed command this one finished first
+
+
+@dataclass
+class Sides:
+    """The forward workflow (on the target) and the reverse one (on the source, None before any switch)."""
+
+    forward: st.Workflow
+    reverse: st.Workflow | None
+    target_url: str
+
+    @property
+    def source_url(self) -> str:
+        return self.forward.source_url
+
+    @property
+    def traffic(self) -> str:
+        return self.forward.options.get("traffic", SOURCE)
+
+    @property
+    def tables(self) -> list[Table]:
+        return [t.table for t in self.forward.streams[0].tables]
+
+
+# -- reading and finishing the state ---------------------------------------------------------------------
+def load(name: str, target_url: str) -> Sides:
+    with connect(target_url, role="target") as dst:
+        forward = st.load_workflow(dst, name)
+    if forward.kind != "MoveTables":
+        raise UsageError(f"workflow {name} is a {forward.kind}: only a MoveTables switches traffic")
+    if len(forward.streams) != 1:
+        raise UsageError(f"workflow {name} has {len(forward.streams)} streams: traffic switching takes one")
+    with connect(forward.source_url, role="source") as src:
+        reverse = _load_reverse(src, name)
+    return Sides(forward, reverse, target_url)
+
+
+def _load_reverse(src: psycopg.Connection, name: str) -> st.Workflow | None:
+    if not st.has_schema(src) or reverse_name(name) not in st.list_workflows(src):
+        return None
+    return st.load_workflow(src, reverse_name(name))
+
+
+def _epoch(wf: st.Workflow | None) -> int:
+    return int(wf.options.get("epoch", 0)) if wf is not None else 0
+
+
+def reconcile(name: str, target_url: str) -> tuple[Sides, str]:
+    """The sides, with the part a killed command left undone finished; (sides, what was finished or '')."""
+    sides = load(name, target_url)
+    fwd, rev = _epoch(sides.forward), _epoch(sides.reverse)
+    if rev > fwd:  # a switch committed on the source; the target's part is missing
+        with connect(target_url, role="target") as dst:
+            _target_part_of_switch(dst, sides, rev, sides.reverse.options.get("position", ""))
+        return load(name, target_url), "the target's part of an interrupted switch-traffic"
+    if fwd > rev and sides.reverse is not None and sides.reverse.options.get("traffic") == SWITCHED:
+        with connect(sides.source_url, role="source") as src:
+            _source_part_of_reverse(src, sides, fwd, sides.forward.options.get("position", ""))
+        _drop_reverse_capture(sides)
+        return load(name, target_url), "the source's part of an interrupted reverse-traffic"
+    return sides, ""
+
+
+def active_stream(name: str, target_url: str) -> tuple[str, str] | None:
+    """(workflow, its target URL) that the driver of MoveTables `name` runs now: the forward workflow, or the
+    reverse one after a switch; None when neither runs (stopped by a user, completed, in Error)."""
+    try:
+        sides, _ = reconcile(name, target_url)
+    except UsageError:
+        return None  # deleted meanwhile (complete, cancel)
+    if sides.forward.streams[0].state in (st.INIT, st.COPYING, st.RUNNING):
+        return name, target_url
+    if sides.traffic == SWITCHED and sides.reverse is not None \
+            and sides.reverse.streams[0].state == st.RUNNING:
+        return sides.reverse.name, sides.source_url
+    return None
+
+
+# -- switch-traffic --------------------------------------------------------------------------------------
+def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, timeout: float = 30.0,
+                   max_lag: float = 30.0) -> SwitchResult:
+    """Writes to the moved tables go to the target from now on; the reverse workflow keeps the source current."""
+    sides, finished = reconcile(name, target_url)
+    if sides.traffic == SWITCHED and finished:  # a killed switch-traffic's, finished now: what was asked
+        return SwitchResult(name, SWITCHED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
+    if sides.traffic == SWITCHED:
+        raise UsageError(f"workflow {name}: traffic is already switched to the target; "
+                         f"`sluicegate movetables reverse-traffic {name}` moves it back")
+    _check_no_rules(sides)
+    stream = sides.forward.streams[0]
+    lag = _check_ready(sides.forward, stream, sides.source_url, "source", max_lag, timeout)
+    tables = sides.tables
+    rev = reverse_name(name)
+    slot = st.object_name("sg", rev)
+    epoch = max(_epoch(sides.forward), _epoch(sides.reverse)) + 1
+    # A slot or publication of a killed attempt: nothing reads it (no reverse workflow runs).
+    with connect(target_url, role="target", autocommit=True) as ctl:
+        capture.drop_capture(ctl, slot, slot)
+        capture.ensure_publication(ctl, slot, tables)
+    fault_point("switch.publication")
+    src = connect(sides.source_url, role="source")
+    dst = None
+    committed = False
+    try:
+        position, granted = _lock(src, tables, lock_timeout, "source", name)
+        fault_point("switch.locked")
+        _wait_applied(target_url, stream.id, position, sides.source_url, timeout, "forward", name)
+        fault_point("switch.caught_up")
+        with connect(target_url, role="target", autocommit=True) as seq_dst:
+            sequences = advance_sequences(src, seq_dst, tables)
+        fault_point("switch.sequences")
+        start = _create_slot(target_url, slot, timeout)
+        fault_point("switch.slot")
+        st.ensure_schema(src)
+        _save_reverse(src, sides, rev, slot, start, epoch, position)
+        deny(src, tables, rev, f"writes go to the target {describe(target_url)} since workflow {name} switched "
+                               f"traffic there; write to the target, or run `sluicegate movetables "
+                               f"reverse-traffic {name}`")
+        fault_point("switch.denied")
+        # The target's part, held open across the source's commit: a kill before that commit rolls both back.
+        if sides.traffic == REVERSED:
+            # The target's denials go first: a kill before the source's commit then leaves both sides taking
+            # writes (traffic still on the source), never neither.
+            with connect(target_url, role="target") as undo, \
+                    locks.guard(undo, "dropping the target's write denials",
+                                [t.ident.as_string(undo) for t in tables], "ShareRowExclusiveLock"):
+                undeny(undo, tables)
+        dst = connect(target_url, role="target")
+        _target_part_of_switch(dst, sides, epoch, format_lsn(position), commit=False)
+        fault_point("switch.before_commit")
+        src.commit()
+        committed = True
+        blocked = time.monotonic() - granted
+        fault_point("switch.source_committed")
+        dst.commit()
+    except BaseException:
+        _rollback(src, dst)
+        if not committed:  # else the switch happened: status and the next command finish the target's part
+            with connect(target_url, role="target", autocommit=True) as ctl:
+                capture.drop_capture(ctl, slot, slot)  # best effort; the next attempt drops what stays
+        raise
+    finally:
+        src.close()
+        if dst is not None:
+            dst.close()
+    log.info("workflow %s: traffic switched to the target at %s", name, format_lsn(position))
+    return SwitchResult(name, SWITCHED, position, blocked, lag, sequences, finished)
+
+
+def _target_part_of_switch(dst: psycopg.Connection, sides: Sides, epoch: int, position: str,
+                           commit: bool = True) -> None:
+    stream = sides.forward.streams[0]
+    st.lock_stream(dst, stream.id)
+    st.set_state(dst, stream.id, st.STOPPED, f"traffic switched to the target at {position}; the reverse "
+                                             f"workflow {reverse_name(sides.forward.name)} carries writes back")
+    undeny(dst, sides.tables)
+    _set_options(dst, sides.forward.name, traffic=SWITCHED, epoch=epoch, position=position)
+    if commit:
+        dst.commit()
+
+
+def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, start: int, epoch: int,
+                  position: int) -> None:
+    """The reverse workflow, Running from the slot's start, in the source's transaction."""
+    options = {"traffic": SWITCHED, "epoch": epoch, "position": format_lsn(position), "reverse_of": sides.forward.name}
+    if sides.reverse is None:
+        st.insert_workflow(src, rev, "MoveTables", strip_password(sides.target_url), options)
+        st.add_stream(src, rev, "0", None, slot, sides.tables)
+        stream_id = src.execute("SELECT id FROM sluicegate.streams WHERE workflow = %s", (rev,)).fetchone()[0]
+        src.execute("UPDATE sluicegate.copy_state SET done = true WHERE stream_id = %s", (stream_id,))
+    else:
+        stream_id = sides.reverse.streams[0].id
+        st.lock_stream(src, stream_id)
+        _set_options(src, rev, **options)
+    src.execute("""UPDATE sluicegate.streams SET state = %s, position = %s::pg_lsn, message = '',
+                          caught_up_at = now(), updated_at = now() WHERE id = %s""",
+                (st.RUNNING, format_lsn(start), stream_id))
+
+
+# -- reverse-traffic -------------------------------------------------------------------------------------
+def reverse_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, timeout: float = 30.0,
+                    max_lag: float = 30.0) -> SwitchResult:
+    """Writes go back to the source; the forward workflow resumes from the source's current position."""
+    sides, finished = reconcile(name, target_url)
+    if sides.traffic == REVERSED and finished:  # a killed reverse-traffic's, finished now: what was asked
+        return SwitchResult(name, REVERSED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
+    if sides.traffic != SWITCHED or sides.reverse is None:
+        raise UsageError(f"workflow {name}: traffic is on the source ({sides.traffic}); nothing to reverse")
+    rev_stream = sides.reverse.streams[0]
+    lag = _check_ready(sides.forward, rev_stream, target_url, "target", max_lag, timeout)
+    tables = sides.tables
+    epoch = max(_epoch(sides.forward), _epoch(sides.reverse)) + 1
+    dst = connect(target_url, role="target")
+    src = None
+    try:
+        position, granted = _lock(dst, tables, lock_timeout, "target", name)
+        fault_point("reverse.locked")
+        _wait_applied(sides.source_url, rev_stream.id, position, target_url, timeout, "reverse", name)
+        fault_point("reverse.caught_up")
+        with connect(sides.source_url, role="source", autocommit=True) as seq_src:
+            sequences = advance_sequences(dst, seq_src, tables)
+            # Everything on the source before this is applied on the target or is the reverse applier's own.
+            resume = capture.wal_insert_position(seq_src)
+            seq_src.execute("SELECT pg_current_xact_id()")  # flushed: the forward slot can be confirmed there
+        stream = sides.forward.streams[0]
+        st.lock_stream(dst, stream.id)
+        dst.execute("""UPDATE sluicegate.streams SET state = %s, position = %s::pg_lsn, message = '',
+                              updated_at = now() WHERE id = %s""", (st.RUNNING, format_lsn(resume), stream.id))
+        deny(dst, tables, name, f"writes go to the source {describe(sides.source_url)} since workflow {name} "
+                                f"reversed traffic there; write to the source, or run `sluicegate movetables "
+                                f"switch-traffic {name}`")
+        _set_options(dst, name, traffic=REVERSED, epoch=epoch, position=format_lsn(position))
+        src = connect(sides.source_url, role="source")
+        _source_part_of_reverse(src, sides, epoch, format_lsn(position), commit=False)
+        fault_point("reverse.before_commit")
+        dst.commit()
+        blocked = time.monotonic() - granted
+        fault_point("reverse.target_committed")
+        src.commit()
+    except BaseException:
+        _rollback(dst, src)
+        raise
+    finally:
+        dst.close()
+        if src is not None:
+            src.close()
+    _drop_reverse_capture(sides)
+    return SwitchResult(name, REVERSED, position, blocked, lag, sequences, finished)
+
+
+def _source_part_of_reverse(src: psycopg.Connection, sides: Sides, epoch: int, position: str,
+                            commit: bool = True) -> None:
+    rev = sides.reverse
+    st.lock_stream(src, rev.streams[0].id)
+    st.set_state(src, rev.streams[0].id, st.STOPPED, f"traffic reversed to the source at {position} (a position "
+                                                     f"of the target)")
+    undeny(src, sides.tables)
+    _set_options(src, rev.name, traffic=REVERSED, epoch=epoch)
+    if commit:
+        src.commit()
+
+
+def _drop_reverse_capture(sides: Sides) -> None:
+    """The stopped reverse stream's slot and publication on the target: a next switch makes them again."""
+    slot = st.object_name("sg", reverse_name(sides.forward.name))
+    try:
+        _wait_reader_gone(sides.target_url, slot)
+        with connect(sides.target_url, role="target", autocommit=True) as ctl:
+            capture.drop_capture(ctl, slot, slot)
+    except Exception as exc:  # noqa: BLE001 - left for complete, cancel or the next switch to drop
+        log.warning("could not drop the reverse workflow's slot %s on the target: %s", slot, exc)
+
+
+def _wait_reader_gone(url: str, slot: str, timeout: float = 10.0) -> None:
+    """The driver's task on a stream just Stopped leaves its slot within a batch: let it, so that dropping the
+    slot does not cut it off mid-batch (drop_capture ends a reader still there)."""
+    deadline = time.monotonic() + timeout
+    with connect(url, role="target", autocommit=True) as ctl:
+        while (info := capture.slot_info(ctl, slot)) is not None and info.active_pid \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+# -- complete and cancel ---------------------------------------------------------------------------------
+def complete(name: str, target_url: str, drop_source_tables: bool = False) -> list[str]:
+    """After a switch: drop the reverse workflow, the denials, the forward workflow; what was dropped."""
+    from .create import delete_workflow
+
+    sides, _ = reconcile(name, target_url)
+    if sides.traffic != SWITCHED:
+        raise UsageError(f"workflow {name}: traffic is on the source ({sides.traffic}): complete follows "
+                         f"`sluicegate movetables switch-traffic {name}`; `movetables cancel {name}` drops the "
+                         f"workflow and keeps the source")
+    dropped: list[str] = []
+    with connect(sides.source_url, role="source") as src:
+        st.lock_stream(src, sides.reverse.streams[0].id)
+        st.set_state(src, sides.reverse.streams[0].id, st.STOPPED, "completing")
+    _wait_reader_gone(target_url, st.object_name("sg", reverse_name(name)))
+    dropped += delete_workflow(reverse_name(name), sides.source_url)
+    with connect(sides.source_url, role="source") as src:
+        dropped += undeny(src, sides.tables)
+        if drop_source_tables:
+            src.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(t.ident for t in sides.tables)))
+            dropped += [f"source table {t.qualified}" for t in sides.tables]
+        dropped += _drop_empty_schema(src, "source")
+    dropped += _delete_forward(name, target_url)
+    return dropped
+
+
+def cancel(name: str, target_url: str, keep_target_tables: bool = False) -> list[str]:
+    """Before a switch (or after a reverse): drop everything Sluicegate made; the source stays as it was."""
+    sides, _ = reconcile(name, target_url)
+    if sides.traffic == SWITCHED:
+        raise UsageError(f"workflow {name}: traffic is switched to the target; cancel would drop the tables "
+                         f"that take the writes: `sluicegate movetables reverse-traffic {name}` first, or "
+                         f"`movetables complete {name}`")
+    from .create import delete_workflow
+
+    dropped: list[str] = []
+    slot = st.object_name("sg", reverse_name(name))
+    if sides.reverse is not None:
+        dropped += delete_workflow(reverse_name(name), sides.source_url)
+    with connect(target_url, role="target", autocommit=True) as ctl:
+        dropped += capture.drop_capture(ctl, slot, slot)  # a killed switch's leftover
+    with connect(sides.source_url, role="source") as src:
+        dropped += undeny(src, sides.tables)  # none unless a switch was half-undone by hand
+        dropped += _drop_empty_schema(src, "source")
+    with connect(target_url, role="target") as dst:
+        st.lock_stream(dst, sides.forward.streams[0].id)
+        st.set_state(dst, sides.forward.streams[0].id, st.STOPPED, "cancelling")
+        dropped += undeny(dst, sides.tables)
+    dropped += _delete_forward(name, target_url, drop_tables=not keep_target_tables)
+    return dropped
+
+
+def _delete_forward(name: str, target_url: str, drop_tables: bool = False) -> list[str]:
+    from .create import delete_workflow
+
+    with connect(target_url, role="target") as dst:
+        tables = [t.table for t in st.load_workflow(dst, name).streams[0].tables]
+    dropped = delete_workflow(name, target_url)
+    with connect(target_url, role="target") as dst:
+        if drop_tables:
+            existing = [t for t in tables
+                        if dst.execute("SELECT to_regclass(%s)", (t.ident.as_string(dst),)).fetchone()[0]]
+            if existing:
+                dst.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(t.ident for t in existing)))
+                dropped += [f"target table {t.qualified}" for t in existing]
+        dropped += _drop_empty_schema(dst, "target")
+    return dropped
+
+
+def _drop_empty_schema(conn: psycopg.Connection, side: str) -> list[str]:
+    """Schema sluicegate when no workflow is left in it (`conn`'s transaction commits with the caller's)."""
+    if not st.has_schema(conn) or st.list_workflows(conn):
+        return []
+    conn.execute("DROP SCHEMA sluicegate CASCADE")
+    return [f"schema sluicegate on the {side}"]
+
+
+# -- denials ---------------------------------------------------------------------------------------------
+def deny(conn: psycopg.Connection, tables: list[Table], allowed: str, message: str) -> None:
+    """Triggers that make writes to `tables` fail with `message`, except the applier of workflow `allowed`;
+    in the caller's transaction."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS sluicegate")
+    conn.execute(DENY_FUNCTION)
+    for t in tables:
+        for trigger, when in ((TRIGGER, "INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW"),
+                              (TRUNCATE_TRIGGER, "TRUNCATE ON {} FOR EACH STATEMENT")):
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(trigger), t.ident))
+            conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE " + when + " EXECUTE FUNCTION sluicegate.deny_write({}, {})")
+                         .format(sql.Identifier(trigger), t.ident, sql.Literal(allowed), sql.Literal(message)))
+
+
+def undeny(conn: psycopg.Connection, tables: list[Table]) -> list[str]:
+    """Drop the denial triggers of `tables` (those that exist); what was dropped."""
+    dropped = []
+    for t in tables:
+        for trigger in (TRIGGER, TRUNCATE_TRIGGER):
+            exists = conn.execute("SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s",
+                                  (t.ident.as_string(conn), trigger)).fetchone()
+            if exists:
+                conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(trigger), t.ident))
+                dropped.append(f"trigger {trigger} on {t.qualified}")
+    return dropped
+
+
+# -- sequences -------------------------------------------------------------------------------------------
+# -- steps -----------------------------------------------------------------------------------------------
+def _check_no_rules(sides: Sides) -> None:
+    ruled = [t.table.qualified for t in sides.forward.streams[0].tables if t.rule is not None]
+    if ruled:
+        raise UsageError(f"workflow {sides.forward.name} writes {', '.join(ruled)} through rules: the target "
+                         f"rows are not the source's, and no reverse workflow can carry them back")
+
+
+def _check_ready(forward: st.Workflow, stream: st.Stream, source_url: str, side: str, max_lag: float,
+                 timeout: float) -> float:
+    """The stream that must catch up is Running, driven, and close behind; its lag (the source's clock)."""
+    if stream.state != st.RUNNING:
+        raise UsageError(f"workflow {stream.workflow}: its stream is {stream.state}"
+                         f"{': ' + stream.message if stream.message else ''}; traffic switches only while it is "
+                         f"Running (copy finished, `sluicegate workflow run {forward.name}` running)")
+    if not is_running(forward.driver):
+        raise UsageError(f"workflow {forward.name}: no driver running, so nothing would catch up; start "
+                         f"`sluicegate workflow run {forward.name}` first")
+    if stream.caught_up_at is None:
+        raise UsageError(f"workflow {stream.workflow} has not caught up with its {side} yet; try again once "
+                         f"`sluicegate workflow status {forward.name}` shows a lag")
+    with connect(source_url, role=side, autocommit=True) as conn:
+        lag = max(0.0, (conn.execute("SELECT now()").fetchone()[0] - stream.caught_up_at).total_seconds())
+    if lag > min(max_lag, timeout):
+        raise UsageError(f"workflow {stream.workflow} lags {lag:.1f} s behind its {side} (over "
+                         f"{min(max_lag, timeout):g} s): writes would stay blocked while it catches up; try "
+                         f"again when the lag is small")
+    return lag
+
+
+def _lock(conn: psycopg.Connection, tables: list[Table], lock_timeout: float, side: str,
+          name: str) -> tuple[int, float]:
+    """Lock `tables` in EXCLUSIVE mode in `conn`'s transaction (reads go on, writes wait); (the side's WAL
+    position once every earlier writer has committed, when the lock was granted). On a timeout: rolled back,
+    and an error that names the blocking sessions."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
+    try:
+        conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.SQL(", ").join(t.ident for t in tables)))
+    except psycopg.errors.LockNotAvailable:
+        conn.rollback()
+        blockers = locks.describe_holders(conn, [t.ident.as_string(conn) for t in tables], "ExclusiveLock")
+        conn.rollback()
+        raise RetryableError(f"workflow {name}: the moved tables could not be locked on the {side} within "
+                             f"{lock_timeout:g} s{blockers}; nothing was changed, the {side} takes writes as "
+                             f"before; end that session's transaction (or wait for it) and try again") from None
+    granted = time.monotonic()
+    conn.execute("SELECT set_config('lock_timeout', '0', true)")
+    # The insert position, not the flushed one: an asynchronous commit's record may not be flushed yet.
+    return capture.wal_insert_position(conn), granted
+
+
+def _wait_applied(state_url: str, stream_id: int, position: int, source_url: str, timeout: float,
+                  which: str, name: str) -> None:
+    """Until the stream (its row on `state_url`) has applied everything before `position` of its source."""
+    deadline = time.monotonic() + timeout
+    with connect(source_url, role="source", autocommit=True) as src:
+        # Decoding reads flushed WAL only: a committed transaction of nothing flushes everything before it.
+        src.execute("SELECT pg_current_xact_id()")
+    with connect(state_url, role="target", autocommit=True) as conn:
+        while True:
+            state, at = st.read_stream(conn, stream_id)
+            if at is not None and at >= position:
+                return
+            if state != st.RUNNING:
+                raise TerminalError(f"workflow {name}: the {which} stream became {state} while traffic "
+                                    f"switched; nothing was changed")
+            if time.monotonic() > deadline:
+                raise RetryableError(
+                    f"workflow {name}: the {which} stream did not reach {format_lsn(position)} within "
+                    f"{timeout:g} s (it is at {format_lsn(at) if at else 'no position'}); nothing was changed; "
+                    f"check `sluicegate workflow status {name}` and try again, or give a longer --timeout")
+            time.sleep(0.02)
+
+
+def _create_slot(url: str, slot: str, timeout: float) -> int:
+    """The reverse stream's slot, on an autocommit connection (its snapshot waits for the side's running
+    transactions: bounded by `timeout`); its start position."""
+    with connect(url, role="target", autocommit=True) as conn:
+        conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{int(timeout * 1000)}ms",))
+        try:
+            row = conn.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                               (slot,)).fetchone()
+        except psycopg.errors.QueryCanceled:
+            raise RetryableError(f"creating replication slot {slot} on the target waited {timeout:g} s for its "
+                                 f"running transactions{locks.describe_transactions(conn)}; nothing was changed; "
+                                 f"try again") from None
+    return parse_lsn(row[0])
+
+
+def _set_options(conn: psycopg.Connection, name: str, **options) -> None:
+    conn.execute("UPDATE sluicegate.workflows SET options = options || %s::jsonb WHERE name = %s",
+                 (json.dumps(options), name))
+
+
+def _rollback(*conns) -> None:
+    for conn in conns:
+        if conn is None or conn.closed:
+            continue
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            log.debug("rollback failed (the connection is gone: the server rolls back)")
+
+
+# -- status ----------------------------------------------------------------------------------------------
+def traffic_status(wf: st.Workflow, target_url: str) -> dict:
+    """`traffic` for `workflow status`: source, switched or reversed; when switched, the reverse stream."""
+    out: dict = {"state": wf.options.get("traffic", SOURCE)}
+    if wf.kind != "MoveTables" or out["state"] == SOURCE and "epoch" not in wf.options:
+        return out
+    try:
+        with connect(wf.source_url, role="source", autocommit=True, connect_timeout=3) as src:
+            reverse = _load_reverse(src, wf.name)
+            now = src.execute("SELECT now()").fetchone()[0]
+    except Exception as exc:  # noqa: BLE001 - status goes on without the source
+        out["error"] = str(exc)
+        return out
+    if reverse is not None and _epoch(reverse) != _epoch(wf):
+        out["interrupted"] = (f"a traffic command was interrupted; run `sluicegate movetables "
+                              f"{'switch' if _epoch(reverse) > _epoch(wf) else 'reverse'}-traffic {wf.name}` "
+                              f"again to finish it")
+    if reverse is not None and reverse.streams:
+        s = reverse.streams[0]
+        lag = None
+        if s.state == st.RUNNING and s.caught_up_at is not None:
+            lag = round(max(0.0, (now - s.caught_up_at).total_seconds()), 3)
+        out["reverse"] = {"workflow": reverse.name, "state": s.state, "message": s.message,
+                          "position": format_lsn(s.position) if s.position is not None else None,
+                          "lag_seconds": lag, "slot": s.slot_name}
+    return out

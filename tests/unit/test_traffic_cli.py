@@ -1,0 +1,38 @@
+"""The traffic commands' surface: registered under movetables, durations checked before anything connects."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from sluicegate.cli.main import cli
+from sluicegate.cli.output import make_console, print_status
+
+
+def test_movetables_lists_the_traffic_commands():
+    out = CliRunner().invoke(cli, ["movetables", "--help"])
+    assert out.exit_code == 0
+    for command in ("switch-traffic", "reverse-traffic", "complete", "cancel"):
+        assert command in out.output
+
+
+def test_a_zero_or_unreadable_duration_is_a_usage_error():
+    runner = CliRunner()
+    out = runner.invoke(cli, ["movetables", "switch-traffic", "w", "--target", "postgresql://x/y",
+                              "--lock-timeout", "0"])
+    assert out.exit_code == 2 and "above zero" in out.output
+    out = runner.invoke(cli, ["movetables", "reverse-traffic", "w", "--target", "postgresql://x/y",
+                              "--timeout", "soon"])
+    assert out.exit_code == 2 and "not understood" in out.output
+
+
+def test_status_text_shows_the_traffic_and_an_interrupted_command(capsys):
+    status = {"workflow": "w", "kind": "MoveTables", "state": "Stopped", "message": "", "driver": None,
+              "streams": [], "warnings": [],
+              "traffic": {"state": "switched", "interrupted": "run `sluicegate movetables switch-traffic w` again",
+                          "reverse": {"workflow": "w_reverse", "state": "Running", "message": "",
+                                      "position": "0/16B3748", "lag_seconds": 0.25, "slot": "sg_w_reverse"}}}
+    print_status(make_console(), status)
+    text = capsys.readouterr().out
+    assert "traffic: switched" in text
+    assert "reverse workflow w_reverse: Running at 0/16B3748, lag 0.25s" in text
+    assert "switch-traffic w` again" in text
