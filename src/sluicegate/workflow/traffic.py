@@ -36,7 +36,7 @@ from ..position import format_lsn, parse_lsn
 from ..postgres import capture, locks
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, strip_password
-from ..postgres.table_definition import advance_sequences
+from ..postgres.table_definition import advance_sequences, may_apply_as_replica
 from . import state as st
 from .faults import fault_point
 from .heartbeat import is_running
@@ -239,6 +239,10 @@ def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, st
                   position: int) -> None:
     """The reverse workflow, Running from the slot's start, in the source's transaction."""
     options = {"traffic": SWITCHED, "epoch": epoch, "position": format_lsn(position), "reverse_of": sides.forward.name}
+    # Foreign keys between the moved tables hold on the source too: a batch may bring a child before its
+    # parent, so the reverse applier writes as the forward one does (postgres/table_definition.py).
+    if sides.forward.options.get("apply_as_replica") and may_apply_as_replica(src):
+        options["apply_as_replica"] = True
     if sides.reverse is None:
         st.insert_workflow(src, rev, "MoveTables", strip_password(sides.target_url), options)
         st.add_stream(src, rev, "0", None, slot, sides.tables)
