@@ -190,8 +190,17 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         assert status["traffic"]["reverse"]["lag_seconds"] is not None
         text = _cli("workflow", "status", "mt", "--target", pair.target).stdout
         assert "traffic: switched" in text and "reverse workflow mt_reverse: Running" in text, text
-        out = _cli("workflow", "start", "mt", "--target", pair.target)  # its replay would loop
-        assert out.returncode == 1 and "reverse-traffic mt" in out.stderr, out.stdout + out.stderr
+        # While switched, `workflow stop|start` act on the stream that runs, the reverse one; the forward one
+        # stays stopped (its replay would loop).
+        assert _cli("workflow", "stop", "mt", "--target", pair.target).returncode == 0
+        assert _reverse_row(pair)["state"] == "Stopped"
+        assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]  # nothing left for it to run
+        assert _cli("workflow", "start", "mt", "--target", pair.target).returncode == 0
+        assert _reverse_row(pair)["state"] == "Running" and stream_row(pair, "mt")["state"] == "Stopped"
+        driver = _driver(pair, log)  # a new driver carries the reverse workflow
+        newest = pair.dst("SELECT max(id) FROM events")[0][0]
+        wait_for(lambda: pair.src("SELECT count(*) FROM events WHERE id = %s", (newest,)) == [(1,)], timeout=90,
+                 what="target writes on the source after a stop and start", describe=lambda: log.read_text()[-1500:])
 
         # reverse-traffic: writes back to the source, the forward workflow resumes
         reversed_, gap = _switch(pair, "reverse-traffic", clients)

@@ -528,12 +528,21 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
 
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)
+    if wf.kind == "MoveTables" and wf.options.get("traffic") == "switched":
+        # The reverse workflow carries the writes; the forward stream stays stopped (its source now holds the
+        # reverse workflow's writes: replaying them would loop) until `movetables reverse-traffic`.
+        from ..workflow.traffic import set_reverse_state
+
+        state = set_reverse_state(name, target, verb)
+        if state is not None:
+            return state
+    with connect(target, role="target") as conn:
+        wf = st.load_workflow(conn, name)
         for s in wf.streams:
             st.lock_stream(conn, s.id)
             if verb == "stop":
                 st.set_state(conn, s.id, st.STOPPED, "stopped by user")
             elif wf.options.get("traffic") == "switched":
-                # Its source now holds the reverse workflow's writes: replaying them would loop.
                 raise UsageError(f"workflow {name}: traffic is switched to the target, so its stream stays "
                                  f"stopped; `sluicegate movetables reverse-traffic {name}` resumes it")
             else:

@@ -137,6 +137,20 @@ def reconcile(name: str, target_url: str) -> tuple[Sides, str]:
     return sides, ""
 
 
+def set_reverse_state(name: str, target_url: str, verb: str) -> str | None:
+    """`workflow stop|start` of a MoveTables whose traffic is switched: the stream that runs is the reverse
+    workflow's (on the source); the forward one stays stopped. Its new state, or None when not switched."""
+    sides, _ = reconcile(name, target_url)
+    if sides.traffic != SWITCHED or sides.reverse is None:
+        return None
+    stream = sides.reverse.streams[0]
+    with connect(sides.source_url, role="source") as src:
+        st.lock_stream(src, stream.id)
+        new = st.STOPPED if verb == "stop" else st.RUNNING  # a reverse stream never copies
+        st.set_state(src, stream.id, new, "stopped by user" if verb == "stop" else "")
+    return new
+
+
 def active_stream(name: str, target_url: str) -> tuple[str, str] | None:
     """(workflow, its target URL) that the driver of MoveTables `name` runs now: the forward workflow, or the
     reverse one after a switch; None when neither runs (stopped by a user, completed, in Error)."""
