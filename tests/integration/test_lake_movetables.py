@@ -162,3 +162,40 @@ def test_movetables_into_delta_survives_kill_9(pair, tmp_path):
     assert json.dumps(status)
     assert lake.delete("lk", target) == [f"replication slot {wf.slot}", f"publication {wf.publication}"]
     assert not store.exists("lk") and (root / "public" / "items").exists()
+
+
+def sluicegate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_lake_cli_create_status_stop_start_delete(pair, tmp_path):
+    """The commands a `--target delta:PATH` reaches, without running the workflow."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, note text)")
+    pair.src("CREATE TABLE nokey (v int)")
+    target = f"delta:{tmp_path / 'lake'}"
+    bad = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                     "--tables", "items,nokey")
+    assert bad.returncode == 1 and "nokey has no primary key" in bad.stderr
+    assert not (tmp_path / "lake" / "public" / "items").exists()  # nothing made when a check fails
+    made = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                      "--tables", "items")
+    assert made.returncode == 0, made.stderr
+    assert "public/items" in made.stdout
+    again = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                       "--tables", "items")
+    assert again.returncode == 1 and "already exists" in again.stderr
+    status = sluicegate("workflow", "status", "c1", "--target", target, "--json")
+    assert status.returncode == 0, status.stderr
+    s = json.loads(status.stdout)
+    assert s["state"] == "Init" and s["tables"][0]["delta_version"] == 0 and not s["running"]
+    assert sluicegate("workflow", "stop", "c1", "--target", target).returncode == 0
+    assert Store(tmp_path / "lake").load("c1").state == "Stopped"
+    assert sluicegate("workflow", "start", "c1", "--target", target).returncode == 0
+    assert Store(tmp_path / "lake").load("c1").state == "Init"
+    text = sluicegate("workflow", "status", "c1", "--target", target)
+    assert "public.items: 0 rows copied (copying), Delta version 0" in text.stdout
+    gone = sluicegate("workflow", "delete", "c1", "--target", target, "--drop-tables")
+    assert gone.returncode == 0, gone.stderr
+    assert not (tmp_path / "lake" / "public" / "items").exists()
+    assert sluicegate("workflow", "status", "c1", "--target", target).returncode == 1
