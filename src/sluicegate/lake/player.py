@@ -11,7 +11,6 @@ resumes from the state's position and applies each transaction to each table onc
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -247,7 +246,3 @@ def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
         merged.append(q)
         fault_point("lake.replicate.between_tables")
     return merged
-
-
-def describe_versions(versions: dict[str, int]) -> str:
-    return json.dumps(versions, sort_keys=True)
