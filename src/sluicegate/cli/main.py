@@ -18,7 +18,7 @@ from ..postgres.connect import first_line, redact
 from .logsetup import LEVELS
 
 TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
-                      help="libpq URL of the target database (or SLUICEGATE_TARGET).")
+                      help="libpq URL of the target database, or delta:PATH for Delta tables under PATH (or SLUICEGATE_TARGET).")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -184,6 +184,15 @@ def _rule_options(fn):
 def movetables_create(name, source, target, tables, exclude_tables, rules, rules_file, udfs, cycle_rows, chunk_rows,
                       keep_indexes):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        moved, made = lake.create(name, source, target, _table_names(tables), _excluded(exclude_tables),
+                                  _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows))
+        for line in made:
+            click.echo(f"created {line}")
+        _created(name, f"{len(moved)} tables ({', '.join(moved)})", f" --target {shlex.quote(target)}", [source])
+        return
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
@@ -305,6 +314,11 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
     stop = threading.Event()
     runners: list = []
     _stop_on_signals(stop, runners)  # (an interrupted copy cycle is redone on the next run)
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        click.echo(f"workflow {name}: {lake.run(name, target, spark_master, conf, stop, runners)}", err=True)
+        return
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
     kind = wf.kind
@@ -468,6 +482,12 @@ def _size(ctx, param, value):
               help="Warn when a stream's replication slot holds more WAL than this on its source.")
 @friendly
 def workflow_status_cmd(name, target, as_json, wal_warning):
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        status = lake.status(name, target)
+        click.echo(json.dumps(status, default=str) if as_json else "\n".join(lake.format_status(status)))
+        return
     """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
     from ..workflow.reshard import load_all
     from ..workflow.status import merge_status, slot_facts, workflow_status
@@ -514,6 +534,10 @@ def workflow_list(target, as_json):
 
 
 def _set_state(name: str, target: str, verb: str) -> str:
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        return lake.set_state(name, target, verb)
     from ..workflow.reshard import load_all
 
     shards = load_all(name, target)
@@ -579,12 +603,19 @@ def workflow_start(name, target):
 @workflow.command("delete")
 @click.argument("name")
 @TARGET
+@click.option("--drop-tables", is_flag=True, help="A Delta target (delta:PATH): remove its Delta tables too.")
 @friendly
-def workflow_delete(name, target):
+def workflow_delete(name, target, drop_tables):
     """Delete the workflow: its state on the target, its slot and publication on the source.
 
-    The target tables and their rows stay.
+    The target tables and their rows stay (a Delta target's too, unless --drop-tables).
     """
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        dropped = lake.delete(name, target, drop_tables)
+        click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+        return
     from ..workflow.create import delete_workflow
     from ..workflow.reshard import load_all
 

@@ -1,0 +1,148 @@
+"""A batch's changes to one Delta table: the net effect per key, then one MERGE.
+
+`NetEffect` (pure) folds a table's row changes into the last state of each key: an upsert of the row's
+final values, or a delete. A value the source did not send (unchanged TOAST) comes from an earlier change
+of the row in the batch, else the merge keeps the table's own (a `__u_<i>` flag column says which rows).
+`merge_source` turns that into an Arrow batch with an `_op` column ('U' upsert, 'D' delete); `merge` commits
+it with the workflow's app transaction (version = the batch's end position) in one Delta commit.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ..errors import TerminalError
+from ..postgres.catalog import Table
+from ..postgres.pgoutput import UNCHANGED
+from .types import arrow_schema, convert_column
+
+OP = "_op"
+
+
+def _flag(i: int) -> str:
+    return f"__u_{i}"
+
+
+class NetEffect:
+    """One table's changes of a batch, in order; values as PostgreSQL text in the table's column order."""
+
+    def __init__(self, table: Table):
+        self.table = table
+        self.rows: dict[tuple, tuple[str, tuple | None, frozenset]] = {}  # key -> (op, values, kept columns)
+        self.changes = 0
+        self.truncated = False  # a TRUNCATE came first: the table is emptied, then the rows merged
+
+    def _key(self, values: tuple) -> tuple:
+        return tuple(values[i] for i in self.table.key_indices)
+
+    def insert(self, new: tuple) -> None:
+        self.changes += 1
+        self.rows[self._key(new)] = ("U", new, frozenset())
+
+    def delete(self, old: tuple) -> None:
+        self.changes += 1
+        self.rows[self._key(old)] = ("D", None, frozenset())
+
+    def update(self, old: tuple | None, new: tuple) -> None:
+        self.changes += 1
+        key = self._key(new)
+        prev_key = key
+        if old is not None and self._key(old) != key:  # the key changed: the old row goes away
+            prev_key = self._key(old)
+        prev = self.rows.get(prev_key)
+        values, keep = list(new), set()
+        for i, v in enumerate(values):
+            if v is not UNCHANGED:
+                continue
+            if old is not None and old[i] is not None and old[i] is not UNCHANGED:
+                values[i] = old[i]  # REPLICA IDENTITY FULL: the old tuple has it
+            elif prev is not None and prev[0] == "U" and i not in prev[2]:
+                values[i] = prev[1][i]
+            elif prev_key != key:
+                raise TerminalError(
+                    f"table {self.table.qualified}: a row whose key changed did not carry column "
+                    f"{self.table.columns[i].name} (unchanged TOAST); a Delta target needs it: "
+                    f"ALTER TABLE {self.table.qualified} REPLICA IDENTITY FULL on the source, then re-create "
+                    f"the workflow")
+            else:
+                values[i] = None
+                keep.add(i)
+        if prev_key != key:
+            self.rows[prev_key] = ("D", None, frozenset())
+        self.rows[key] = ("U", tuple(values), frozenset(keep))
+
+    def truncate(self) -> None:
+        self.changes += 1
+        self.truncated = True
+        self.rows.clear()
+
+    def merge_source(self) -> pa.Table:
+        """The net effect as the merge's source: the table's columns, `_op`, and a flag per column some row
+        keeps."""
+        table = self.table
+        n = len(table.columns)
+        kept = sorted({i for _, _, keep in self.rows.values() for i in keep})
+        columns: list[list] = [[] for _ in range(n)]
+        ops, flags = [], {i: [] for i in kept}
+        for key, (op, values, keep) in self.rows.items():
+            ops.append(op)
+            if values is None:  # a delete: the key alone
+                values = [None] * n
+                for i, k in zip(table.key_indices, key):
+                    values[i] = k
+            for i in range(n):
+                columns[i].append(values[i])
+            for i in kept:
+                flags[i].append(i in keep)
+        schema = arrow_schema(table)
+        arrays = [convert_column(c, columns[i]) for i, c in enumerate(table.columns)]
+        fields = list(schema)
+        arrays.append(pa.array(ops, pa.string()))
+        fields.append(pa.field(OP, pa.string(), nullable=False))
+        for i in kept:
+            arrays.append(pa.array(flags[i], pa.bool_()))
+            fields.append(pa.field(_flag(i), pa.bool_(), nullable=False))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def merge_clauses(table: Table, source: pa.Table) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(predicate, updates, inserts) of the MERGE of `source` (merge_source's) into the table."""
+    predicate = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
+    names = set(source.column_names)
+    updates, inserts = {}, {}
+    for i, c in enumerate(table.columns):
+        col = quote(c.name)
+        inserts[col] = f"s.{col}"
+        if _flag(i) in names:
+            updates[col] = f"CASE WHEN s.{quote(_flag(i))} THEN t.{col} ELSE s.{col} END"
+        else:
+            updates[col] = f"s.{col}"
+    return predicate, updates, inserts
+
+
+def merge(dt, table: Table, effect: NetEffect, app: str, version: int) -> dict:
+    """One Delta commit: the batch's deletes, updates and inserts, carrying (app, version). Columns the
+    source added since the table was made are added to it (merge_schema)."""
+    from deltalake import CommitProperties, Transaction
+
+    source = effect.merge_source()
+    predicate, updates, inserts = merge_clauses(table, source)
+    props = CommitProperties(app_transactions=[Transaction(app, version)])
+    return (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
+                     commit_properties=props)
+            .when_matched_delete(predicate=f"s.{OP} = 'D'")
+            .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
+            .when_not_matched_insert(updates=inserts, predicate=f"s.{OP} = 'U'")
+            .execute())
+
+
+def truncate(dt, app: str, version: int | None = None) -> None:
+    """Every row of the table deleted (a TRUNCATE on the source), in one commit."""
+    from deltalake import CommitProperties, Transaction
+
+    props = CommitProperties(app_transactions=[Transaction(app, version)]) if version is not None else None
+    dt.delete(commit_properties=props)

@@ -1,0 +1,190 @@
+"""The Delta target behind `movetables create` and `workflow run|status|stop|start|delete --target delta:PATH`."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import psycopg
+
+from ..errors import SluicegateError, UsageError
+from ..position import format_lsn
+from ..postgres import capture, catalog, replication
+from ..postgres.connect import connect, describe, first_line
+from ..workflow import state as pg_state
+from ..workflow.create import _check_no_leftovers, _check_source_role, _check_table_rights
+from .state import (
+    COPYING,
+    ERROR,
+    INIT,
+    RUNNING,
+    STOPPED,
+    LakeWorkflow,
+    Store,
+    TableState,
+    app_id,
+    lake_path,
+    table_path,
+)
+from .types import arrow_schema
+
+
+def create(name: str, source_url: str, target: str, tables: list[str] | None, exclude: list[str] | None,
+           rules: list[str], options: dict) -> tuple[list[str], list[str]]:
+    """Check the source and the tables, then make each empty Delta table and the workflow's state.
+    Returns (moved tables, lines saying what was made)."""
+    from deltalake import DeltaTable
+
+    pg_state.check_name(name)
+    if rules:
+        raise UsageError("a Delta target moves tables as they are: --rule is for PostgreSQL targets")
+    root = lake_path(target)
+    store = Store(root)
+    if store.exists(name):
+        raise UsageError(f"workflow {name!r} already exists under {root}: pick another name, or "
+                         f"`sluicegate workflow delete {name} --target {target}`")
+    with connect(source_url, role="source", autocommit=True) as src:
+        try:
+            capture.check_source(src)
+            superuser = _check_source_role(src)
+            described = catalog.exclude_tables(catalog.resolve_tables(src, tables), exclude)
+            if not superuser:
+                _check_table_rights(src, described)
+            replication.check_replication_access(source_url)
+            _check_no_leftovers(src, name)
+        except psycopg.Error as exc:
+            raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+    for t in described:
+        if not t.key:
+            raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
+                             f"a Delta target merges changes by key; add one on the source")
+        arrow_schema(t)  # every column has a mapping (types.py): fails here, not at the first row
+        path = table_path(root, t.schema, t.name)
+        if DeltaTable.is_deltatable(str(path)) and DeltaTable(str(path)).file_uris():
+            raise UsageError(f"Delta table {path} already has rows: MoveTables fills empty tables; "
+                             f"remove it or name another target")
+    lines = []
+    for t in described:
+        path = table_path(root, t.schema, t.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(str(path), arrow_schema(t), mode="overwrite" if DeltaTable.is_deltatable(str(path))
+                          else "error", name=t.qualified)
+        lines.append(f"Delta table {path}")
+    slot = pg_state.object_name("sg", name)
+    wf = LakeWorkflow(name=name, source_url=source_url, slot=slot, publication=slot,
+                      tables=[TableState(t.to_json()) for t in described], options=dict(options))
+    store.create(wf)
+    lines.append(f"state {store.dir(name) / 'state.json'} (a JSON document replaced atomically)")
+    return [t.qualified for t in described], lines
+
+
+def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list) -> str:
+    from ..spark.runner import SparkRunner
+    from ..spark.session import start_in_background
+    from .engine import LakeEngine
+
+    store = Store(lake_path(target))
+    store.load(name)  # a typo fails before Spark starts
+    spark = start_in_background(spark_master, conf=conf, session=False, light_jvm=True)
+    runners.append(SparkRunner(spark))
+    final = LakeEngine(target, name, runners[0], stop=stop).run()
+    if final == ERROR:
+        raise SluicegateError(f"workflow {name} stopped in Error: {store.load(name).message}")
+    return final
+
+
+def status(name: str, target: str) -> dict:
+    from deltalake import DeltaTable
+
+    root = lake_path(target)
+    store = Store(root)
+    wf = store.load(name)
+    app = app_id(name)
+    out = {"workflow": name, "kind": wf.kind, "target": f"delta:{root}", "state": wf.state, "message": wf.message,
+           "position": format_lsn(wf.position) if wf.position is not None else None,
+           "running": store.is_running(name), "transaction_time": wf.transaction_time,
+           "consistent_point": wf.first_point, "tables": []}
+    lag_bytes = source_error = None
+    try:
+        with connect(wf.source_url, role="source", autocommit=True, connect_timeout=5) as src:
+            flushed, _ = capture.wal_flush_position(src)
+            if wf.position is not None:
+                lag_bytes = max(0, flushed - wf.position)
+            slot = capture.slot_info(src, wf.slot)
+            out["slot"] = {"name": wf.slot, "present": slot is not None,
+                           "confirmed": format_lsn(slot.confirmed_flush) if slot and slot.confirmed_flush else None}
+    except (SluicegateError, psycopg.Error) as exc:
+        source_error = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+    out["lag_bytes"] = lag_bytes
+    out["lag_seconds"] = (round(time.time() - wf.caught_up_at, 1)
+                          if wf.caught_up_at is not None and wf.state == RUNNING else None)
+    if source_error:
+        out["source_error"] = source_error
+    for t in wf.tables:
+        spec = t.spec
+        path = table_path(root, spec.schema, spec.name)
+        version = applied = None
+        if DeltaTable.is_deltatable(str(path)):
+            dt = DeltaTable(str(path))
+            version, applied = dt.version(), dt.transaction_version(app)
+        out["tables"].append({"table": t.qualified, "path": str(path), "rows_copied": t.rows_copied,
+                              "copied": t.done, "delta_version": version,
+                              "applied_position": format_lsn(applied) if applied else None})
+    return out
+
+
+def format_status(s: dict) -> list[str]:
+    lag = []
+    if s.get("lag_bytes") is not None:
+        lag.append(f"{s['lag_bytes']} bytes behind the source")
+    if s.get("lag_seconds") is not None:
+        lag.append(f"caught up {s['lag_seconds']}s ago")
+    lines = [f"workflow {s['workflow']} ({s['kind']} into {s['target']}): {s['state']}"
+             + (" (driver running)" if s["running"] else "") + (f": {s['message']}" if s["message"] else ""),
+             f"  position {s['position'] or '-'}" + (f"; {', '.join(lag)}" if lag else "")]
+    if s.get("source_error"):
+        lines.append(f"  source: {s['source_error']}")
+    for t in s["tables"]:
+        lines.append(f"  {t['table']}: {t['rows_copied']} rows copied{'' if t['copied'] else ' (copying)'}, "
+                     f"Delta version {t['delta_version']}, applied up to {t['applied_position'] or '-'}")
+    return lines
+
+
+def set_state(name: str, target: str, verb: str) -> str:
+    store = Store(lake_path(target))
+    with store.update(name) as w:
+        if verb == "stop":
+            w.state = STOPPED
+        else:
+            if w.state not in (STOPPED, ERROR):
+                return w.state
+            if w.position is None:
+                w.state = INIT
+            elif any(not t.done for t in w.tables):
+                w.state = COPYING
+            else:
+                w.state = RUNNING
+            w.message = ""
+        return w.state
+
+
+def delete(name: str, target: str, drop_tables: bool = False) -> list[str]:
+    """The source's slot and publication, then the state; the Delta tables too when asked."""
+    root = lake_path(target)
+    store = Store(root)
+    wf = store.load(name)
+    if store.is_running(name):
+        raise UsageError(f"workflow {name} is being run: `sluicegate workflow stop {name} --target {target}`, "
+                         f"wait for its driver to exit, then delete it")
+    with connect(wf.source_url, role="source", autocommit=True) as src:
+        dropped = capture.drop_capture(src, wf.slot, wf.publication)
+    if drop_tables:
+        for t in wf.tables:
+            spec = t.spec
+            path = table_path(root, spec.schema, spec.name)
+            if path.exists():
+                shutil.rmtree(path)
+                dropped.append(f"Delta table {path}")
+    store.delete(name)
+    return dropped

@@ -1,0 +1,112 @@
+"""The copy into Delta: cycles of key ranges above lastpk, each cycle inside one exported snapshot.
+
+The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
+snapshot, reads its range as text (`col::text`, the same text the stream carries; lake/types.py converts
+both) and writes Parquet files into the table's directory, not committing anything. The driver then adds
+every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
+table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
+the table (only files no log entry references, which `lake vacuum` removes), and a cycle committed just
+before a kill is found again by its app transaction and its state taken from that commit: never copied twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from ..postgres.catalog import Table
+from ..postgres.connect import connect
+from ..workflow.copier import CopyRange, task_where
+from ..workflow.faults import fault_point
+from .types import arrow_schema, record_batch
+
+CYCLE_KEY = "sluicegate.copy_cycle"
+FETCH_ROWS = 20_000
+
+
+@dataclass(frozen=True)
+class LakeCopyTask:
+    source_url: str
+    table: dict
+    snapshot: str
+    lo: list | None
+    hi: list | None
+    pages: tuple | None
+    directory: str  # the Delta table's directory
+    cycle: int
+
+
+def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str, cycle: int) -> list[LakeCopyTask]:
+    return [LakeCopyTask(source_url, r.table, snapshot, r.lo, r.hi, r.pages, directory, cycle)
+            for r in plan.tasks(source_url, "", table, snapshot)]
+
+
+def copy_range(task: LakeCopyTask) -> list[dict]:
+    """Runs in a Spark task: the range's rows as Parquet files in the table's directory; their add actions
+    (as dicts) for the driver to commit."""
+    import pyarrow.parquet as pq
+
+    table = Table.from_json(task.table)
+    where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
+                                        task.pages))
+    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
+    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident, where)
+    schema = arrow_schema(table)
+    name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
+    path = os.path.join(task.directory, name)
+    rows = 0
+    writer = None
+    with connect(task.source_url, role="source") as src:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        src.read_only = True
+        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+        with src.cursor(name="sg_lake_copy") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(select)
+            try:
+                while chunk := cur.fetchmany(FETCH_ROWS):
+                    batch = record_batch(table, chunk)
+                    if writer is None:
+                        writer = pq.ParquetWriter(path, schema)
+                    writer.write_batch(batch)
+                    rows += len(chunk)
+            finally:
+                if writer is not None:
+                    writer.close()
+        src.rollback()
+    fault_point("lake.copy.task_written")
+    if writer is None:
+        return []
+    st = os.stat(path)
+    return [{"path": name, "size": st.st_size, "mtime": int(st.st_mtime * 1000), "rows": rows}]
+
+
+def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:
+    """The outcome of cycle `cycle` if the table already has its commit (a kill came before the state said so)."""
+    done = dt.transaction_version(workflow_copy_app)
+    if done is None or done < cycle:
+        return None
+    for entry in dt.history():
+        raw = entry.get(CYCLE_KEY)
+        if raw:
+            outcome = json.loads(raw)
+            if outcome.get("cycle") == cycle:
+                return outcome
+    return None
+
+
+def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict) -> None:
+    """Every file of the cycle in one commit, with the copy's app transaction and the cycle's outcome."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.transaction import AddAction
+
+    actions = [AddAction(f["path"], f["size"], {}, f["mtime"], True, json.dumps({"numRecords": f["rows"]}))
+               for f in files]
+    props = CommitProperties(app_transactions=[Transaction(copy_app, outcome["cycle"])],
+                             custom_metadata={CYCLE_KEY: json.dumps(outcome)})
+    dt.create_write_transaction(actions, "append", arrow_schema(table), commit_properties=props)

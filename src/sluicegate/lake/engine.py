@@ -1,0 +1,188 @@
+"""The Delta target's workflow loop: Init -> Copying (cycles per table) -> Running (play tasks).
+
+Init     -> publication + slot on the source; the stream's position is the slot's start.
+Copying  -> the first table not done: one cycle (snapshot, plan, Spark tasks write files, one commit).
+            No catchup between cycles: the stream stays at the slot's start, and the replay after the copy
+            skips, per table, what its first cycle's snapshot already had (player.py). Rows of later cycles
+            were copied at later snapshots: the replay brings them to the same point again (each change's net
+            effect is the row's whole last state, so applying it twice converges), and no point is written
+            before the stream has passed every cycle's snapshot.
+Running  -> play tasks until stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
+from ..postgres import capture
+from ..postgres.connect import connect, first_line
+from ..postgres.snapshot import take_snapshot
+from ..workflow import copier
+from ..workflow.faults import fault_point
+from . import copy as lake_copy
+from .player import LakePlayTask, play
+from .state import (
+    COPYING,
+    ERROR,
+    INIT,
+    RUNNING,
+    STOPPED,
+    LakeWorkflow,
+    Store,
+    copy_app_id,
+    lake_path,
+    table_path,
+)
+
+log = logging.getLogger("sluicegate")
+
+
+class LakeEngine:
+    def __init__(self, target: str, workflow: str, runner, *, stop: threading.Event | None = None,
+                 max_backoff: float = 30.0):
+        self.target = target
+        self.root: Path = lake_path(target)
+        self.store = Store(self.root)
+        self.workflow = workflow
+        self.runner = runner
+        self.stop = stop or threading.Event()
+        self.max_backoff = max_backoff
+        self.tag = f"sluicegate-lake-{workflow}"
+
+    def run(self) -> str:
+        lock = self.store.hold_run_lock(self.workflow)
+        done = threading.Event()
+        threading.Thread(target=self._cancel_on_stop, args=(done,), daemon=True, name="sg-lake-stop").start()
+        try:
+            return self._loop()
+        finally:
+            done.set()
+            lock.close()
+
+    def _cancel_on_stop(self, done: threading.Event) -> None:
+        while not done.is_set():
+            if self.stop.wait(0.5) and not done.is_set():
+                try:
+                    self.runner.cancel(self.tag)
+                except Exception:  # noqa: BLE001 - the session may be stopping too
+                    log.debug("could not cancel the jobs of %s", self.tag)
+                done.wait(0.5)
+
+    def _loop(self) -> str:
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                wf = self.store.load(self.workflow)
+                if wf.state in (STOPPED, ERROR):
+                    return wf.state
+                self.step(wf)
+                if failures:
+                    self._record(None, "")
+                failures = 0
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if self.stop.is_set():
+                    return "stopping"
+                text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+                if not is_retryable(exc) and not type(exc).__module__.startswith(("py4j", "pyspark")):
+                    self._record(ERROR, text)
+                    return ERROR
+                failures += 1
+                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
+                log.warning("retrying in %.0fs: %s", delay, text)
+                self._record(None, f"retrying in {delay:.0f}s: {text}")
+                self.stop.wait(delay)
+        return "stopping"
+
+    def step(self, wf: LakeWorkflow) -> None:
+        if wf.state == INIT:
+            self.init_stream(wf)
+        elif wf.state == COPYING:
+            self.copy_step(wf)
+        elif wf.state == RUNNING:
+            self.replicate_step(wf)
+        else:
+            raise TerminalError(f"workflow {wf.name} is in unknown state {wf.state!r}")
+
+    def init_stream(self, wf: LakeWorkflow) -> None:
+        with connect(wf.source_url, role="source", autocommit=True) as src:
+            capture.check_source(src)
+            capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables])
+            start = capture.ensure_slot(src, wf.slot)
+        with self.store.update(wf.name) as w:
+            if w.state == INIT:
+                w.position, w.state = start, COPYING
+
+    def copy_step(self, wf: LakeWorkflow) -> None:
+        from deltalake import DeltaTable
+
+        current = next((t for t in wf.tables if not t.done), None)
+        if current is None:
+            self._start_running(wf)
+            return
+        table = current.spec
+        dt = DeltaTable(str(table_path(self.root, table.schema, table.name)))
+        cycle = current.cycles + 1
+        copy_app = copy_app_id(wf.name)
+        outcome = lake_copy.committed_cycle(dt, copy_app, cycle)
+        if outcome is None:
+            cycle_rows = int(wf.options.get("cycle_rows", 10_000_000))
+            chunk_rows = int(wf.options.get("chunk_rows", 1_000_000))
+            with take_snapshot(wf.source_url, table, stop=self.stop) as snap:
+                plan = copier.plan_cycle(snap.conn, table, current.lastpk, cycle_rows, chunk_rows,
+                                         slots=self.runner.parallelism(), by_pages=True)
+                tasks = lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(table), cycle)
+                log.info("copying %s cycle %d in %d tasks", table.qualified, cycle, len(tasks))
+                files = [f for out in self.runner.map(lake_copy.copy_range, tasks, f"copy {table.qualified}",
+                                                      tag=self.tag) for f in out]
+                outcome = {"cycle": cycle, "lastpk": plan.new_lastpk, "done": plan.done,
+                           "rows": sum(f["rows"] for f in files), "position": snap.position}
+                if self.stop.is_set():
+                    return
+                lake_copy.commit_cycle(dt, table, files, copy_app, outcome)
+        fault_point("lake.copy.before_progress")
+        with self.store.update(wf.name) as w:
+            t = w.table(current.qualified)
+            if t.cycles >= cycle:
+                return
+            t.cycles = cycle
+            t.lastpk = outcome["lastpk"]
+            t.done = outcome["done"]
+            t.rows_copied += outcome["rows"]
+            t.copy_from = outcome["position"] if t.copy_from is None else t.copy_from
+            t.copied_to = outcome["position"]
+        log.info("copied %s rows of %s (done=%s)", outcome["rows"], table.qualified, outcome["done"])
+
+    def _dir(self, table) -> str:
+        return str(table_path(self.root, table.schema, table.name))
+
+    def _start_running(self, wf: LakeWorkflow) -> None:
+        """Every table is copied: the stream replays from the earliest first-cycle snapshot (nothing before
+        it is missing from any table); the slot is confirmed up to there."""
+        start = min([t.copy_from for t in wf.tables if t.copy_from is not None] or [wf.position])
+        start = max(start, wf.position)
+        with connect(wf.source_url, role="source", autocommit=True) as src:
+            capture.advance_slot(src, wf.slot, start)
+        with self.store.update(wf.name) as w:
+            if w.state == COPYING:
+                w.state, w.position = RUNNING, start
+
+    def replicate_step(self, wf: LakeWorkflow) -> None:
+        opts = wf.options
+        task = LakePlayTask(self.target, wf.name, wf.position,
+                            max_seconds=float(opts.get("slice_seconds", float("inf"))),
+                            batch_changes=int(opts.get("batch_changes", 20_000)))
+        self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
+
+    def _record(self, state: str | None, message: str) -> None:
+        try:
+            with self.store.update(self.workflow) as w:
+                if state:
+                    w.state = state
+                w.message = message
+        except Exception:  # noqa: BLE001 - best effort
+            log.debug("could not record %r", message)

@@ -1,0 +1,248 @@
+"""Replaying the slot into Delta tables (the lake's vplayer). Runs inside a Spark task.
+
+Per batch (read up to a transaction boundary, as workflow/player.py does): the net effect per key of each
+table's changes, then, per touched table, one MERGE carrying the app transaction (sluicegate:W, version =
+the batch's end position); then the point (points.py); then the stream's position in the state document;
+then the slot is confirmed up to it. Each table skips the transactions it already has: those committing
+before its threshold, the larger of its app transaction version (a batch a kill interrupted after this
+table's commit) and the snapshot position of its first copy cycle (the copy brought them). A kill anywhere
+resumes from the state's position and applies each transaction to each table once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ..errors import RetryableError, TerminalError
+from ..postgres import capture
+from ..postgres.assembler import Change, Framing, TruncateChange, assemble
+from ..postgres.catalog import Column, Table
+from ..postgres.connect import connect
+from ..postgres.pgoutput import Begin, Commit
+from ..postgres.replication import ChangeStream
+from ..workflow.faults import fault_point
+from ..workflow.schema_changes import builtin_type_name, classify
+from . import apply, points
+from .state import RUNNING, LakeWorkflow, Store, app_id, lake_path, table_path
+
+
+@dataclass(frozen=True)
+class LakePlayTask:
+    target: str  # delta:PATH
+    workflow: str
+    position: int
+    max_seconds: float = float("inf")
+    batch_changes: int = 20_000
+    batch_seconds: float = 0.2
+    idle_poll: float = 0.1
+    heartbeat_seconds: float = 1.0
+
+
+@dataclass
+class LakePlayResult:
+    position: int
+    batches: int = 0
+    rows: int = 0
+    interrupted: str = ""
+
+
+class _Tables:
+    """The workflow's Delta tables, opened once per task, with each one's skip threshold and version."""
+
+    def __init__(self, root, wf: LakeWorkflow):
+        from deltalake import DeltaTable
+
+        self.app = app_id(wf.name)
+        self.specs: dict[str, Table] = {}
+        self.dts = {}
+        self.threshold: dict[str, int] = {}
+        for t in wf.tables:
+            spec = t.spec
+            self.specs[t.qualified] = spec
+            dt = DeltaTable(str(table_path(root, spec.schema, spec.name)))
+            self.dts[t.qualified] = dt
+            have = dt.transaction_version(self.app)
+            self.threshold[t.qualified] = max(have or 0, t.copy_from or 0)
+
+    def versions(self) -> dict[str, int]:
+        return {q: dt.version() for q, dt in self.dts.items()}
+
+
+def play(task: LakePlayTask) -> LakePlayResult:
+    root = lake_path(task.target)
+    store = Store(root)
+    wf = store.load(task.workflow)
+    result = LakePlayResult(task.position)
+    deadline = time.monotonic() + task.max_seconds
+    with connect(wf.source_url, role="source", autocommit=True) as src_ctl:
+        way_out = capture.rebootstrap(wf.name)
+        info = capture.check_slot(src_ctl, wf.slot, task.position, way_out)
+        capture.release_slot(src_ctl, wf.slot, info)  # a reader left behind by a killed task
+        if info.confirmed_flush is not None and info.confirmed_flush < task.position:
+            capture.advance_slot(src_ctl, wf.slot, task.position)  # died between the state and the confirm
+        tables = _Tables(root, wf)
+        framing = Framing()
+        last_write = 0.0
+        try:
+            stream = ChangeStream(wf.source_url, wf.slot, wf.publication, task.position)
+        except RetryableError:
+            capture.check_slot(src_ctl, wf.slot, task.position, way_out)
+            raise
+        with stream:
+            while True:
+                current = store.load(task.workflow)
+                if current.state != RUNNING or current.position != result.position:
+                    result.interrupted = f"stream is {current.state} at {current.position}"
+                    return result
+                flushed, _source_now = capture.wal_flush_position(src_ctl)
+                batch = _read_batch(task, stream, framing, tables, result.position, flushed)
+                merged = _commit_tables(tables, batch)
+                now = time.monotonic()
+                if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
+                    copied_to = max((t.copied_to or 0) for t in current.tables)
+                    first = not current.first_point and batch.position >= copied_to
+                    if merged or first:
+                        points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
+                    fault_point("lake.replicate.before_state")
+                    with store.update(task.workflow) as w:
+                        if w.position != result.position:
+                            raise RetryableError(f"workflow {wf.name}: its position moved under the play task; "
+                                                 f"will retry")
+                        w.position = batch.position
+                        w.first_point = w.first_point or first
+                        if batch.commit_time is not None:
+                            w.transaction_time = batch.commit_time.isoformat()
+                        if not batch.limited:
+                            w.caught_up_at = time.time()
+                        for q in merged:
+                            w.table(q).applied = batch.position
+                        for q, spec in batch.reshaped.items():
+                            w.table(q).table = spec.to_json()
+                    last_write = now
+                    stream.confirm(batch.position)
+                result.position = batch.position
+                result.batches += 1
+                result.rows += batch.rows
+                if time.monotonic() >= deadline:
+                    return result
+
+
+@dataclass
+class _Batch:
+    position: int
+    effects: dict
+    rows: int = 0
+    limited: bool = False
+    commit_time: datetime | None = None
+    reshaped: dict = None
+
+
+def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,
+                flushed: int) -> _Batch:
+    batch = _Batch(position, {}, reshaped={})
+    effects = batch.effects
+    commit_lsn = 0
+    last_end = None
+    seen_rels: dict[int, object] = {}
+    raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=flushed)
+    for ev in assemble(raw, framing):
+        if isinstance(ev, Change):
+            rel = ev.relation
+            q = f"{rel.schema}.{rel.name}"
+            spec = tables.specs.get(q)
+            if spec is None:
+                continue
+            if seen_rels.get(rel.oid) is not rel:
+                spec = _follow(tables, q, spec, rel, batch, effects)
+                seen_rels[rel.oid] = rel
+            if commit_lsn < tables.threshold[q] or commit_lsn < position:
+                continue  # this table has it already
+            effect = effects.get(q)
+            if effect is None:
+                effect = effects[q] = apply.NetEffect(spec)
+            old, new = _in_order(rel, spec, ev.old), _in_order(rel, spec, ev.new)
+            if ev.kind == "I":
+                effect.insert(new)
+            elif ev.kind == "U":
+                effect.update(old, new)
+            else:
+                effect.delete(old)
+            batch.rows += 1
+        elif isinstance(ev, Begin):
+            commit_lsn = ev.final_lsn
+        elif isinstance(ev, Commit):
+            last_end = ev.end_lsn
+            if commit_lsn >= position:
+                batch.commit_time = ev.commit_time
+            fault_point("lake.slice.mid_batch")
+        elif isinstance(ev, TruncateChange):
+            for rel in ev.relations:
+                q = f"{rel.schema}.{rel.name}"
+                if q in tables.specs and commit_lsn >= max(tables.threshold[q], position):
+                    effects.setdefault(q, apply.NetEffect(tables.specs[q])).truncate()
+    batch.limited = stream.ended_by != "reached"
+    sent = stream.sent_upto
+    if batch.limited:
+        batch.position = max(position, last_end or position)
+    else:
+        batch.position = max(position, last_end or 0, sent)
+    return batch
+
+
+def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch, effects: dict) -> Table:
+    """A table's Relation message: columns the source added join the table (the merge adds them to Delta);
+    any other change stops the stream."""
+    change = classify(rel, spec)
+    if change.unchanged:
+        return spec
+    if change.incompatible:
+        raise TerminalError(f"table {q} changed on the source: {'; '.join(change.describe())}; a Delta target "
+                            f"follows added columns only: re-create the workflow "
+                            f"(`sluicegate workflow delete {q.split('.')[0]}…`) to copy the table again")
+    added = tuple(Column(c.name, builtin_type_name(c.type_oid, c.typmod), c.type_oid, False, None, c.typmod)
+                  for c in change.added)
+    spec = replace(spec, columns=spec.columns + added)
+    tables.specs[q] = spec
+    batch.reshaped[q] = spec
+    if q in effects:  # rows staged under the old shape get NULL for the new columns
+        old = effects[q]
+        n = len(added)
+        fresh = apply.NetEffect(spec)
+        fresh.changes, fresh.truncated = old.changes, old.truncated
+        fresh.rows = {k: (op, None if v is None else v + (None,) * n, keep) for k, (op, v, keep) in old.rows.items()}
+        effects[q] = fresh
+    return spec
+
+
+def _in_order(rel, spec: Table, values: tuple | None) -> tuple | None:
+    """A row of the Relation's columns in the table's column order (they match unless columns were added)."""
+    if values is None:
+        return None
+    names = [c.name for c in rel.columns]
+    if tuple(names) == spec.column_names:
+        return values
+    index = {n: i for i, n in enumerate(names)}
+    return tuple(values[index[c]] if c in index else None for c in spec.column_names)
+
+
+def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
+    """One commit per touched table that does not have the batch yet; the tables committed."""
+    merged = []
+    for q, effect in batch.effects.items():
+        if tables.threshold[q] >= batch.position or not effect.changes:
+            continue
+        dt = tables.dts[q]
+        spec = tables.specs[q]
+        if effect.truncated:
+            if effect.rows:
+                apply.truncate(dt, tables.app)
+            else:
+                apply.truncate(dt, tables.app, batch.position)
+        if effect.rows:
+            apply.merge(dt, spec, effect, tables.app, batch.position)
+        tables.threshold[q] = batch.position
+        merged.append(q)
+        fault_point("lake.replicate.between_tables")
+    return merged

@@ -1,0 +1,201 @@
+"""MoveTables into Delta tables under live writes, with `workflow run` killed -9 during the copy and during
+replication: the Delta tables end equal to the source row for row, each change applied once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from psycopg import sql
+
+from sluicegate.lake import cli as lake
+from sluicegate.lake import points
+from sluicegate.lake.state import Store, app_id
+from sluicegate.lake.types import record_batch
+from sluicegate.position import parse_lsn
+from sluicegate.postgres.catalog import describe_table
+from sluicegate.postgres.connect import connect
+
+from ..conftest import wait_for
+from .helpers import Writer, reap_group, slot_confirmed
+
+pytestmark = pytest.mark.spark
+
+
+def start_driver(target: str, workflow: str, log: Path, fault: str | None = None, fault_dir: Path | None = None):
+    env = dict(os.environ)
+    env.pop("SLUICEGATE_DRIVER_PID", None)
+    if fault:
+        env.update(SLUICEGATE_FAULT_PAUSE=fault, SLUICEGATE_FAULT_DIR=str(fault_dir))
+    return subprocess.Popen(
+        [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", workflow, "--target", target,
+         "--no-progress", "--spark-master", "local[2]"],
+        env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def kill_at(target, workflow, log, point, tmp_path):
+    driver = start_driver(target, workflow, log, fault=point, fault_dir=tmp_path)
+    try:
+        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=120,
+                 what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
+        assert driver.poll() is None, log.read_text()[-2000:]
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        reap_group(driver)
+
+
+def delta_rows(root: Path, qualified: str) -> list[dict]:
+    from deltalake import DeltaTable
+
+    schema, name = qualified.split(".")
+    files = DeltaTable(str(root / schema / name)).file_uris()
+    return ds.dataset(files).to_table().to_pylist() if files else []
+
+
+def source_rows(url: str, qualified: str) -> list[dict]:
+    """The source's rows as the Delta table must hold them (the same text -> Arrow conversion)."""
+    schema, name = qualified.split(".")
+    with connect(url, role="source") as c:
+        table = describe_table(c, schema, name)
+        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in table.column_names)
+        rows = c.execute(sql.SQL("SELECT {} FROM {}").format(cols, table.ident)).fetchall()
+    return record_batch(table, rows).to_pylist()
+
+
+def by_key(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def test_movetables_into_delta_survives_kill_9(pair, tmp_path):
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
+    pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 3000) g")
+    pair.src("""CREATE TABLE prices (id int PRIMARY KEY, price numeric(10,2), at timestamptz, doc jsonb,
+                raw bytea, tags text[], amount numeric, day date)""")
+    pair.src("""INSERT INTO prices SELECT g, g / 7.0, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 hour',
+                jsonb_build_object('g', g), decode(md5(g::text), 'hex'), ARRAY['a', g::text], g * 1.000001,
+                DATE '2024-01-01' + g FROM generate_series(1, 400) g""")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    moved, _ = lake.create("lk", pair.source, target, None, None, [], {"cycle_rows": 1000, "chunk_rows": 400})
+    assert sorted(moved) == ["public.items", "public.prices"]
+    store = Store(root)
+    writer = Writer(pair.source, 3000, pause=0.005)
+    writer.start()
+    log = tmp_path / "driver.log"
+    try:
+        # During the copy: a cycle committed to Delta, the state not yet told.
+        kill_at(target, "lk", log, "lake.copy.before_progress", tmp_path)
+        wf = store.load("lk")
+        assert wf.state == "Copying"
+        # During replication: one table has the batch's merge, the points and the state do not.
+        kill_at(target, "lk", log, "lake.replicate.between_tables", tmp_path)
+        wf = store.load("lk")
+        confirmed = slot_confirmed(pair, wf.slot)
+        assert confirmed is None or confirmed <= wf.position
+
+        driver = start_driver(target, "lk", log)
+        try:
+            wait_for(lambda: store.load("lk").first_point, timeout=120, what="the first consistent point",
+                     describe=lambda: log.read_text()[-2000:])
+            pair.src("ALTER TABLE items ADD COLUMN extra int")  # follows: a new Delta column
+            pair.src("UPDATE items SET extra = id % 10 WHERE id % 3 = 0")
+            pair.src("UPDATE prices SET price = price + 1, doc = doc || '{\"x\": 1}' WHERE id % 5 = 0")
+            pair.src("DELETE FROM prices WHERE id > 390")
+            writer.stop_event.set()
+            writer.join()
+            assert writer.error is None and writer.commits > 50
+            flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+            wait_for(lambda: store.load("lk").position >= flushed, timeout=60, what="caught up",
+                     describe=lambda: log.read_text()[-2000:])
+            driver.send_signal(signal.SIGTERM)
+            assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+        finally:
+            reap_group(driver)
+    finally:
+        writer.stop_event.set()
+
+    wf = store.load("lk")
+    assert wf.state == "Running" and wf.message == ""
+    from deltalake import DeltaTable
+
+    for qualified in ("public.items", "public.prices"):
+        got, want = by_key(delta_rows(root, qualified)), by_key(source_rows(pair.source, qualified))
+        keys = [r["id"] for r in got]
+        assert len(keys) == len(set(keys)), f"{qualified}: duplicate keys"
+        assert got == want, f"{qualified}: {len(got)} rows in Delta, {len(want)} on the source"
+        t = wf.table(qualified)
+        dt = DeltaTable(str(root / "public" / qualified.split(".")[1]))
+        # Exactly once: the table's app transaction is the last batch the state says it applied.
+        assert dt.transaction_version(app_id("lk")) == t.applied
+        assert t.applied is not None and t.applied <= wf.position
+    assert len(source_rows(pair.source, "public.items")) > 2500
+    assert any(r["extra"] is not None for r in delta_rows(root, "public.items"))
+    assert slot_confirmed(pair, wf.slot) <= wf.position
+
+    # The points log: the last point names each table's current version.
+    log_points = points.read(root, "lk")
+    assert log_points and log_points[-1]["position"] <= wf.position
+    positions = [p["position"] for p in log_points]
+    assert positions == sorted(set(positions))
+    last = log_points[-1]["versions"]
+    assert last == {q: DeltaTable(str(root / "public" / q.split(".")[1])).version() for q in last}
+
+    # An independent reader agrees: DuckDB's delta_scan.
+    import duckdb
+    import duckdb_extension_delta
+
+    con = duckdb.connect()
+    ext = next(Path(duckdb_extension_delta.__file__).parent.glob("extensions/*/delta.duckdb_extension"))
+    con.execute(f"LOAD '{ext}'")
+    count = con.execute(f"SELECT count(*), count(DISTINCT id) FROM delta_scan('{root / 'public' / 'items'}')").fetchone()
+    assert count[0] == count[1] == len(source_rows(pair.source, "public.items"))
+
+    status = lake.status("lk", target)
+    assert status["state"] == "Running" and {t["table"] for t in status["tables"]} == set(moved)
+    assert json.dumps(status)
+    assert lake.delete("lk", target) == [f"replication slot {wf.slot}", f"publication {wf.publication}"]
+    assert not store.exists("lk") and (root / "public" / "items").exists()
+
+
+def sluicegate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_lake_cli_create_status_stop_start_delete(pair, tmp_path):
+    """The commands a `--target delta:PATH` reaches, without running the workflow."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, note text)")
+    pair.src("CREATE TABLE nokey (v int)")
+    target = f"delta:{tmp_path / 'lake'}"
+    bad = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                     "--tables", "items,nokey")
+    assert bad.returncode == 1 and "nokey has no primary key" in bad.stderr
+    assert not (tmp_path / "lake" / "public" / "items").exists()  # nothing made when a check fails
+    made = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                      "--tables", "items")
+    assert made.returncode == 0, made.stderr
+    assert "public/items" in made.stdout
+    again = sluicegate("movetables", "create", "--workflow", "c1", "--source", pair.source, "--target", target,
+                       "--tables", "items")
+    assert again.returncode == 1 and "already exists" in again.stderr
+    status = sluicegate("workflow", "status", "c1", "--target", target, "--json")
+    assert status.returncode == 0, status.stderr
+    s = json.loads(status.stdout)
+    assert s["state"] == "Init" and s["tables"][0]["delta_version"] == 0 and not s["running"]
+    assert sluicegate("workflow", "stop", "c1", "--target", target).returncode == 0
+    assert Store(tmp_path / "lake").load("c1").state == "Stopped"
+    assert sluicegate("workflow", "start", "c1", "--target", target).returncode == 0
+    assert Store(tmp_path / "lake").load("c1").state == "Init"
+    text = sluicegate("workflow", "status", "c1", "--target", target)
+    assert "public.items: 0 rows copied (copying), Delta version 0" in text.stdout
+    gone = sluicegate("workflow", "delete", "c1", "--target", target, "--drop-tables")
+    assert gone.returncode == 0, gone.stderr
+    assert not (tmp_path / "lake" / "public" / "items").exists()
+    assert sluicegate("workflow", "status", "c1", "--target", target).returncode == 1
