@@ -194,7 +194,7 @@ def _resolve(point: Point, tables, path: str) -> dict[str, str]:
         else:
             why = " names tables of several schemas: qualify it" if by_name.get(name) else " is not one"
             raise UsageError(f"delta:{lake_path(path)}: table {name!r}{why} of workflow {point.workflow}'s tables "
-                             f"({', '.join(known)}){did_you_mean(name, known)}")
+                             f"({', '.join(known)}){did_you_mean(name, known) or did_you_mean(name, list(by_name))}")
     return out
 
 
