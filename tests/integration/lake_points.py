@@ -84,8 +84,8 @@ def spark_rows(df) -> list[tuple]:
     return norm_rows([r.asDict() for r in df.selectExpr(*cols).collect()])
 
 
-def duckdb_rows(table_uri: str) -> list[tuple]:
-    """The table's newest version as DuckDB's delta extension reads it: an independent reader."""
+def duckdb_rows(table_uri: str, version: int | None = None) -> list[tuple]:
+    """The table's version (default: newest) as DuckDB's delta extension reads it: an independent reader."""
     import duckdb
     import duckdb_extension_delta
 
@@ -94,7 +94,10 @@ def duckdb_rows(table_uri: str) -> list[tuple]:
     con = duckdb.connect()
     try:
         con.execute(f"LOAD '{ext}'")
-        return arrow_rows(con.execute("SELECT * FROM delta_scan(?)", [table_uri]).fetch_arrow_table())
+        if version is None:
+            return arrow_rows(con.execute("SELECT * FROM delta_scan(?)", [table_uri]).to_arrow_table())
+        query = "SELECT * FROM delta_scan(?, version => ?)"
+        return arrow_rows(con.execute(query, [table_uri, version]).to_arrow_table())
     finally:
         con.close()
 

@@ -103,6 +103,8 @@ def test_each_point_reads_its_rows(spark, lake):
         for name, rows in tables.items():
             assert spark_rows(dfs[name]) == rows, (position, name)
             assert arrow_rows(arrow[name]) == rows, (position, name)
+            version = latest_point(path, W, position).versions[name]
+            assert duckdb_rows(uri(path, name), version) == rows, (position, name)
     assert {n: df.schema.names for n, df in tables_as_of(spark, path, W, position=100).items()} == {
         "public.orders": ["id", "amount", "note", "at"], "public.items": ["id", "order_id", "qty"]}
 
