@@ -741,6 +741,7 @@ def demo(rows, keep, workdir):
 
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
+from .lake import lake_group
 from .log import log_group
 from .replicate import replicate_group
 from .traffic import commands as traffic_commands
@@ -749,6 +750,7 @@ from .vstream import vstream_group
 for _command in traffic_commands:
     movetables.add_command(_command)
 
+cli.add_command(lake_group)
 cli.add_command(log_group)
 cli.add_command(replicate_group)
 cli.add_command(vstream_group)

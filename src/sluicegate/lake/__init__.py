@@ -1,1 +1,2 @@
-"""The Delta Lake target (issue 27): tables under delta:PATH, state and the points log under PATH/_sluicegate/."""
+"""Delta Lake targets: tables at PATH/<schema>/<table>, Sluicegate's state and consistent-read log under
+PATH/_sluicegate/ (see README, "Delta Lake target")."""

@@ -1,0 +1,109 @@
+"""`sluicegate lake …`: housekeeping of a Delta Lake target (compaction, vacuum)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from functools import wraps
+
+import click
+
+LAKE_TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="delta:PATH",
+                           help="The workflow's Delta target, delta:PATH (or SLUICEGATE_TARGET).")
+JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _friendly(fn):
+    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
+
+    @wraps(fn)
+    def run(*args, **kwargs):
+        from .main import friendly
+
+        return friendly(fn)(*args, **kwargs)
+
+    return run
+
+
+def _path(target: str) -> str:
+    from ..errors import UsageError
+    from ..lake.read import lake_path
+
+    if not target.startswith("delta:") or not target[len("delta:"):].strip():
+        raise UsageError(f"--target {target!r} is not a Delta target: write delta:PATH (a directory or a URI "
+                         f"delta-rs supports, e.g. delta:/data/lake or delta:s3://bucket/lake)")
+    return lake_path(target)
+
+
+@click.group("lake")
+def lake_group() -> None:
+    """Housekeeping of a Delta Lake target: compact small files, vacuum unneeded ones.
+
+    Run them from cron (or any scheduler), e.g. optimize hourly and vacuum daily.
+    """
+
+
+@lake_group.command("optimize")
+@click.argument("name")
+@LAKE_TARGET
+@JSON
+@_friendly
+def lake_optimize(name, target, as_json):
+    """Compact the small files of the workflow's Delta tables (and of its consistent-read log).
+
+    Rows, versions and the workflow's app transactions stay; a new version of each table holds the data in
+    fewer files. Old versions stay readable until `lake vacuum` removes their files.
+    """
+    from ..lake.housekeeping import optimize
+
+    report = optimize(_path(target), name)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for t in report["tables"]:
+        click.echo(f"{t['table']}: {t['files_before']} files -> {t['files_after']} "
+                   f"(version {t['version_before']} -> {t['version_after']})")
+
+
+def _retention(text: str) -> timedelta:
+    from ..errors import UsageError
+    from ..sizes import parse_duration
+
+    try:
+        return timedelta(seconds=parse_duration(text))
+    except UsageError as exc:
+        raise UsageError(f"--retention {exc}") from None
+
+
+@lake_group.command("vacuum")
+@click.argument("name")
+@LAKE_TARGET
+@click.option("--retention", default="7d", show_default=True, metavar="DURATION",
+              help="Keep what readers of the last DURATION need (7d, 36h; whole hours, rounded up).")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--allow-short-retention", is_flag=True,
+              help="Accept a retention under one hour: only when no `workflow run` writes to the target, whose "
+                   "files not yet committed would go too.")
+@JSON
+@_friendly
+def lake_vacuum(name, target, retention, dry_run, allow_short_retention, as_json):
+    """Remove the files of the workflow's Delta tables that nothing kept needs.
+
+    Drops consistent points older than the retention (never the newest one), then deletes files that only
+    versions older than the retention used, and files no version ever added (a killed writer's) once older
+    than the retention. Every file of a kept point's versions stays.
+    """
+    from ..lake.housekeeping import vacuum
+
+    report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run,
+                    allow_short=allow_short_retention)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    drop = "would drop" if dry_run else "dropped"
+    click.echo(f"points: {drop} {report['points_dropped']} older than the retention, kept {report['points_kept']} "
+               f"(oldest {report['oldest_kept_point']})")
+    for t in report["tables"]:
+        kept = f" (kept versions {', '.join(map(str, t['kept_versions']))})" if t["kept_versions"] else ""
+        click.echo(f"{t['table']}: {verb} {t['files_removed']} files{kept}")

@@ -1,0 +1,142 @@
+"""Housekeeping of a Delta target: compaction of small files (optimize) and removal of unneeded files (vacuum).
+
+Each replicated batch is one small commit per table: files pile up. `optimize` rewrites them into few large ones
+(a new version, same rows; the app transaction versions that make batches exactly once carry over). `vacuum`
+deletes files no kept version needs: files removed by versions older than the retention, and files no version
+ever added (a killed writer's), once older than the retention too (a running writer's files are not in the log
+until it commits). Every version a kept point of the consistent-read log names stays readable; points older
+than the retention (but never the newest) are dropped from the log first, so no reader is offered them.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+from ..errors import RetryableError, UsageError
+from . import read
+
+SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
+
+
+def app_id(workflow: str) -> str:
+    """The Delta app transaction id under which the workflow's commits record their source position."""
+    return f"sluicegate:{workflow}"
+
+
+def workflow_tables(path: str, workflow: str, storage_options=None) -> list[str]:
+    """The workflow's tables ("schema.table"), as its newest point lists them."""
+    return sorted(read.point_for(path, workflow, storage_options=storage_options).versions)
+
+
+def _table(uri: str, storage_options=None):
+    dt = read._open(uri, storage_options=storage_options)
+    if dt is None:
+        raise UsageError(f"{uri} is not a Delta table, though the workflow's newest point names it: was it "
+                         f"deleted? `sluicegate workflow status` tells what the workflow holds")
+    return dt
+
+
+def _commit_failed(uri: str, what: str, exc: Exception) -> RetryableError:
+    return RetryableError(f"{uri}: {what} lost a race with a concurrent commit ({type(exc).__name__}); "
+                          f"run it again")
+
+
+def optimize(path: str, workflow: str, *, target_size: int | None = None, storage_options=None) -> dict:
+    """Compact each of the workflow's tables (and the points table). A report: per table its files and version
+    before and after, and its app transaction version (checked not to go back)."""
+    from deltalake.exceptions import CommitFailedError
+
+    report = {"workflow": workflow, "path": read.lake_path(path), "tables": []}
+    for name, uri in [*((t, read.table_uri(path, t)) for t in workflow_tables(path, workflow, storage_options)),
+                      ("(points)", read.points_uri(path))]:
+        dt = _table(uri, storage_options)
+        before = {"files": len(dt.file_uris()), "version": dt.version(),
+                  "transaction": dt.transaction_version(app_id(workflow))}
+        try:
+            metrics = dt.optimize.compact(target_size=target_size)
+        except CommitFailedError as exc:
+            raise _commit_failed(uri, "optimize", exc) from None
+        dt.update_incremental()
+        after = {"files": len(dt.file_uris()), "version": dt.version(),
+                 "transaction": dt.transaction_version(app_id(workflow))}
+        if before["transaction"] is not None and (after["transaction"] or -1) < before["transaction"]:
+            # delta-rs keeps app transactions through compaction; should it stop, exactly once would break.
+            raise RetryableError(f"{uri}: optimize lost the app transaction {app_id(workflow)} "
+                                 f"({before['transaction']} -> {after['transaction']}): do not run the workflow "
+                                 f"until it is set again; report this as a bug")
+        report["tables"].append({"table": name, "files_before": before["files"], "files_after": after["files"],
+                                 "version_before": before["version"], "version_after": after["version"],
+                                 "transaction_version": after["transaction"],
+                                 "files_added": metrics.get("numFilesAdded", 0),
+                                 "files_removed": metrics.get("numFilesRemoved", 0)})
+    return report
+
+
+def _kept_points(points: list[read.Point], cutoff: datetime) -> list[read.Point]:
+    """The newest point, and every point whose source commit time is at or after `cutoff`. A point without a
+    commit time (the copy's) is no later than the next point with one: it goes when that one is too old."""
+    kept = []
+    bound = None  # the oldest commit time among newer points: an upper bound for points without one
+    for i, point in enumerate(reversed(points)):
+        when = point.committed_at or bound
+        if i == 0 or when is None or when >= cutoff:
+            kept.append(point)
+        if point.committed_at is not None:
+            bound = point.committed_at if bound is None else min(bound, point.committed_at)
+    return kept[::-1]
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = False, allow_short: bool = False,
+           now: datetime | None = None, storage_options=None) -> dict:
+    """Drop points older than `retention` (never the newest), then delete from each of the workflow's tables
+    (and the points table) the files no version within the retention and no kept point needs, and the files no
+    version ever added, older than the retention. A report of what went (or would go, when `dry_run`)."""
+    from deltalake.exceptions import CommitFailedError
+
+    if retention < timedelta(0):
+        raise UsageError(f"retention {retention} is negative: give a duration such as 7d")
+    if retention < SHORT_RETENTION and not allow_short:
+        raise UsageError(f"retention {retention} is under {SHORT_RETENTION}: the files of a commit a running "
+                         f"writer is making would go too; allow it only when nothing writes to the target "
+                         f"(--allow-short-retention)")
+    now = now or datetime.now(timezone.utc)
+    cutoff = now - retention
+    hours = math.ceil(retention.total_seconds() / 3600)  # delta-rs takes whole hours: keep a little more
+
+    all_points = read.points(path, workflow, storage_options)
+    if not all_points:
+        read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
+    oldest = _kept_points(all_points, cutoff)[0].position
+    kept = [p for p in all_points if p.position >= oldest]  # what the log holds once older ones are gone
+    dropped = len(all_points) - len(kept)
+    points_uri = read.points_uri(path)
+    if dropped and not dry_run:
+        pts = _table(points_uri, storage_options)
+        try:
+            pts.delete(f"workflow = {_quote(workflow)} AND position < {oldest}")
+        except CommitFailedError as exc:
+            raise _commit_failed(points_uri, "dropping old points", exc) from None
+
+    report = {"workflow": workflow, "path": read.lake_path(path), "retention_hours": hours, "dry_run": dry_run,
+              "points_dropped": dropped, "points_kept": len(kept),
+              "oldest_kept_point": kept[0].position_text, "tables": []}
+    for name in sorted(kept[-1].versions):
+        keep = sorted({p.versions[name] for p in kept if name in p.versions})
+        report["tables"].append(_vacuum_one(name, read.table_uri(path, name), hours, keep, dry_run,
+                                            storage_options))
+    # Readers read the points table's newest version only: no version of it needs keeping.
+    report["tables"].append(_vacuum_one("(points)", points_uri, hours, [], dry_run, storage_options))
+    return report
+
+
+def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:
+    dt = _table(uri, storage_options)
+    # full=True: also files the log never mentions (a killed writer's); without it delta-rs leaves them.
+    removed = dt.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True,
+                        keep_versions=keep or None)
+    return {"table": name, "files_removed": len(removed), "removed": sorted(removed), "kept_versions": keep}
