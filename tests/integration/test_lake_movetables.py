@@ -73,7 +73,7 @@ def by_key(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def test_movetables_into_delta_survives_kill_9(pair, tmp_path):
+def test_movetables_into_delta_survives_kill_9(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 3000) g")
     pair.src("""CREATE TABLE prices (id int PRIMARY KEY, price numeric(10,2), at timestamptz, doc jsonb,
@@ -156,6 +156,17 @@ def test_movetables_into_delta_survives_kill_9(pair, tmp_path):
     con.execute(f"LOAD '{ext}'")
     count = con.execute(f"SELECT count(*), count(DISTINCT id) FROM delta_scan('{root / 'public' / 'items'}')").fetchone()
     assert count[0] == count[1] == len(source_rows(pair.source, "public.items"))
+
+    # The consistent-read helper (lake/read.py) at the newest point, through Spark and through pyarrow: the
+    # source's rows (nothing was written after the last batch, so the last point is the source's state).
+    from sluicegate.lake.read import arrow_tables_as_of, tables_as_of
+
+    frames = tables_as_of(spark, str(root), "lk")
+    arrows = arrow_tables_as_of(str(root), "lk")
+    for qualified in ("public.items", "public.prices"):
+        ids = sorted(r["id"] for r in source_rows(pair.source, qualified))
+        assert sorted(r.id for r in frames[qualified].select("id").collect()) == ids, qualified
+        assert sorted(arrows[qualified].column("id").to_pylist()) == ids, qualified
 
     status = lake.status("lk", target)
     assert status["state"] == "Running" and {t["table"] for t in status["tables"]} == set(moved)
