@@ -681,6 +681,8 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
+    if target.startswith("delta:"):  # the Delta Lake target (lake/vdiff.py)
+        return _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, conf)
     target = task_url(target, "target")  # Spark's tasks get it: without the password when libpq finds it
 
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
@@ -726,6 +728,31 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
     if failed:
         return 2
     return 0 if all(r["equal"] for _, _, r in results) else 1
+
+
+def _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, conf) -> int:
+    from ..lake import vdiff as lake_vdiff
+    from ..lake.state import Store, lake_path
+    from ..spark.runner import SparkRunner
+    from ..spark.session import get_spark
+    from ..vdiff import report as rep
+
+    if resume:
+        raise UsageError("a vdiff of a Delta target runs whole: --resume is for PostgreSQL targets")
+    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
+    lake_vdiff.check_comparable(Store(lake_path(target)), name)  # before Spark starts
+    stop = threading.Event()
+    runners = [SparkRunner(get_spark(spark_master, conf))]
+    _stop_on_signals(stop, runners)
+    report = lake_vdiff.run(name, target, runners[0], tables=names, sample=sample, range_rows=range_rows,
+                            stop=stop)
+    if as_json:
+        click.echo(rep.to_json(report))
+    else:
+        from rich.console import Console
+
+        rep.render(Console(highlight=False, soft_wrap=True), {**report, "vdiff_id": f"into {report['target']}"})
+    return 0 if report["equal"] else 1
 
 
 @cli.command()

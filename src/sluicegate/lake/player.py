@@ -23,9 +23,10 @@ from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit
 from ..postgres.replication import ChangeStream
 from ..workflow.faults import fault_point
+from ..workflow.player import wait_flushed
 from ..workflow.schema_changes import builtin_type_name, classify
 from . import apply, points
-from .state import RUNNING, LakeWorkflow, Store, app_id, lake_path, table_path
+from .state import RUNNING, STOPPED, LakeWorkflow, Store, app_id, lake_path, table_path
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class LakePlayTask:
     batch_seconds: float = 0.2
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
+    # Play to exactly this position (a vdiff's point), recording a point there, then return; the state may
+    # then be Stopped too (the vdiff holds the run lock: no driver plays meanwhile).
+    stop_at: int | None = None
 
 
 @dataclass
@@ -92,8 +96,13 @@ def play(task: LakePlayTask) -> LakePlayResult:
             raise
         with stream:
             while True:
+                if task.stop_at is not None:
+                    if result.position >= task.stop_at:
+                        return result
+                    wait_flushed(src_ctl, task.stop_at)
                 current = store.load(task.workflow)
-                if current.state != RUNNING or current.position != result.position:
+                playable = (RUNNING, STOPPED) if task.stop_at is not None else (RUNNING,)
+                if current.state not in playable or current.position != result.position:
                     result.interrupted = f"stream is {current.state} at {current.position}"
                     return result
                 flushed, _source_now = capture.wal_flush_position(src_ctl)
@@ -103,7 +112,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
                     copied_to = max((t.copied_to or 0) for t in current.tables)
                     first = not current.first_point and batch.position >= copied_to
-                    if merged or first:
+                    if merged or first or batch.position == task.stop_at:
                         points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
                     fault_point("lake.replicate.before_state")
                     with store.update(task.workflow) as w:
@@ -146,7 +155,9 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
     commit_lsn = 0
     last_end = None
     seen_rels: dict[int, object] = {}
-    raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=flushed)
+    stop_at = task.stop_at
+    reached_stop = False
+    raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=stop_at or flushed)
     for ev in assemble(raw, framing):
         if isinstance(ev, Change):
             rel = ev.relation
@@ -171,6 +182,9 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 effect.delete(old)
             batch.rows += 1
         elif isinstance(ev, Begin):
+            if stop_at is not None and ev.final_lsn >= stop_at:
+                reached_stop = True  # commits after the vdiff's snapshot: not part of this play
+                break
             commit_lsn = ev.final_lsn
         elif isinstance(ev, Commit):
             last_end = ev.end_lsn
@@ -182,9 +196,11 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 q = f"{rel.schema}.{rel.name}"
                 if q in tables.specs and commit_lsn >= max(tables.threshold[q], position):
                     effects.setdefault(q, apply.NetEffect(tables.specs[q])).truncate()
-    batch.limited = stream.ended_by != "reached"
+    batch.limited = not reached_stop and stream.ended_by != "reached"
     sent = stream.sent_upto
-    if batch.limited:
+    if reached_stop or (stop_at is not None and sent >= stop_at):
+        batch.position = stop_at
+    elif batch.limited:
         batch.position = max(position, last_end or position)
     else:
         batch.position = max(position, last_end or 0, sent)

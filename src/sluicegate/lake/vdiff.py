@@ -1,0 +1,235 @@
+"""`sluicegate vdiff W --target delta:PATH`: the source's moved tables against the Delta tables, at one point.
+
+The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), then play the
+stream to exactly P with the engine's own play task (lake/player.py, `stop_at`), which records a point at P in
+the consistent-read log. The source snapshot and the Delta tables at that point then hold the same source
+transactions, while the source keeps taking writes.
+
+No driver may play the workflow meanwhile: the vdiff holds the workflow's run lock for its whole life (a
+`workflow run` started then says the workflow is being run), and refuses to start while a driver holds it. The
+workflow's state is left as it was (Running stays Running, Stopped stays Stopped): a later `workflow run`
+replays from P on.
+
+The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
+key range as text, converted by lake/types.py exactly as the copy and the stream convert it (so numeric is
+compared as decimal, timestamptz as a UTC timestamp, json as text...); the Delta side is lake/read.py's
+`tables_as_of` at P. A full outer join on the key says which rows are missing, extra or mismatched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ..position import format_lsn
+from ..postgres.catalog import Table
+from ..postgres.snapshot import take_snapshot
+from .player import LakePlayTask, play
+from .state import COPYING, ERROR, INIT, Store, lake_path
+
+log = logging.getLogger("sluicegate")
+
+SIDE_S, SIDE_T = "_sg_source", "_sg_target"
+MIN_RANGE_ROWS, MAX_RANGE_ROWS = 50_000, 1_000_000
+FETCH_ROWS = 20_000
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    """One Spark task's share of the source side: a key range of a table, read in the exported snapshot."""
+
+    source_url: str
+    table: dict  # Table.to_json()
+    snapshot: str
+    lo: list | None
+    hi: list | None
+
+
+def read_range(task: SourceRange):
+    """Runs in a Spark task: the range's rows in the snapshot as Arrow batches of the Delta table's schema."""
+    import psycopg
+    from psycopg import sql
+
+    from ..postgres import keyrange
+    from ..postgres.connect import connect
+    from .types import record_batch
+
+    table = Table.from_json(task.table)
+    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
+    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident,
+                                                          keyrange.in_range(table, task.lo, task.hi))
+    with connect(task.source_url, role="source") as src:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        src.read_only = True
+        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+        with src.cursor(name="sg_lake_vdiff") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(select)
+            while chunk := cur.fetchmany(FETCH_ROWS):
+                yield record_batch(table, chunk)
+        src.rollback()
+
+
+def _read_tasks(batches):
+    """mapInArrow's function: each input row is one SourceRange (JSON); out come its rows."""
+    for batch in batches:
+        for raw in batch.column(0).to_pylist():
+            d = json.loads(raw)
+            yield from read_range(SourceRange(**d))
+
+
+def check_comparable(store: Store, name: str, *, driver: bool = True) -> None:
+    """`driver`: also refuse when a driver holds the run lock (not once the vdiff holds it)."""
+    wf = store.load(name)
+    if wf.state in (INIT, COPYING) or any(not t.done for t in wf.tables):
+        done = sum(t.done for t in wf.tables)
+        raise UsageError(f"workflow {name} is still copying ({done} of {len(wf.tables)} tables done): run vdiff "
+                         f"once `sluicegate workflow status {name} --target delta:{store.root}` shows Running")
+    if wf.state == ERROR:
+        raise UsageError(f"workflow {name} is in Error ({wf.message}): fix that and `sluicegate workflow start "
+                         f"{name} --target delta:{store.root}` before a vdiff")
+    if driver and store.is_running(name):
+        raise UsageError(f"workflow {name} is being run by a driver, and a vdiff of a Delta target plays the stream "
+                         f"to its point itself: `sluicegate workflow stop {name} --target delta:{store.root}`, "
+                         f"wait for the driver to exit, vdiff, then `workflow start` and `workflow run` it again")
+
+
+def select_tables(qualified: list[str], names: list[str] | None, workflow: str) -> list[str]:
+    if not names:
+        return list(qualified)
+    chosen = []
+    for name in names:
+        match = [q for q in qualified if name in (q, q.split(".", 1)[1])]
+        if not match:
+            hint = did_you_mean(name, qualified + [q.split(".", 1)[1] for q in qualified]) \
+                or f"; it has {', '.join(qualified)}"
+            raise UsageError(f"table {name!r} is not in workflow {workflow}{hint}")
+        chosen += [q for q in match if q not in chosen]
+    return chosen
+
+
+def run(name: str, target: str, runner, *, tables: list[str] | None = None, sample: int = 10,
+        range_rows: int | None = None, stop: threading.Event | None = None) -> dict:
+    """Compare, return the report (vdiff/report.py's shape: workflow, state, source_position, equal,
+    differences, and per table rows_compared, missing, extra, mismatched, samples)."""
+    root = lake_path(target)
+    store = Store(root)
+    check_comparable(store, name)
+    lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
+    try:
+        check_comparable(store, name, driver=False)  # (a state change between the check and the lock)
+        wf = store.load(name)
+        chosen = select_tables([t.qualified for t in wf.tables], tables, name)
+        specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
+        started = time.monotonic()
+        with take_snapshot(wf.source_url, list(specs.values()), stop=stop) as snap:
+            position = snap.position
+            result = runner.map(play, [LakePlayTask(target, name, wf.position, stop_at=position)],
+                                f"vdiff {name}: play to {format_lsn(position)}")[0]
+            wf = store.load(name)
+            if wf.position != position:
+                raise RetryableError(f"workflow {name}: the stream did not reach the vdiff's point "
+                                     f"{format_lsn(position)} ({result.interrupted or f'at {wf.position}'}); "
+                                     f"run the vdiff again")
+            log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
+                     time.monotonic() - started)
+            specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
+            report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
+                      "message": "", "source_position": format_lsn(position), "tables": {}}
+            runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
+            frames = _delta_frames(runner.spark, root, name, list(specs), position)
+            for q, spec in specs.items():
+                if stop is not None and stop.is_set():
+                    raise RetryableError("interrupted")
+                source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
+                report["tables"][q] = compare(source, frames[q], spec, sample)
+    finally:
+        lock.close()
+    report["differences"] = sum(t["missing"] + t["extra"] + t["mismatched"] for t in report["tables"].values())
+    report["equal"] = report["differences"] == 0
+    return report
+
+
+def _delta_frames(spark, root, name: str, tables: list[str], position: int) -> dict:
+    from .read import point_for, tables_as_of
+
+    point = point_for(str(root), name, position)
+    if point.position != position:
+        raise TerminalError(f"workflow {name}: the consistent-read log has no point at {format_lsn(position)} "
+                            f"(the newest at or before it is {point.position_text}); run the vdiff again")
+    return tables_as_of(spark, str(root), name, tables, point)
+
+
+def _source_frame(runner, source_url: str, spec: Table, snap, range_rows: int | None):
+    """The source's rows of `spec` in the snapshot, as a DataFrame read by Spark tasks (one per key range)."""
+    from dataclasses import asdict
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from ..vdiff.differ import plan_ranges
+    from .types import arrow_schema
+
+    estimate = snap.conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                                 (spec.ident.as_string(snap.conn),)).fetchone()[0]
+    estimate = max(estimate, spec.estimated_rows, 1)
+    slots = max(1, int(runner.parallelism()))
+    rows = range_rows or int(min(MAX_RANGE_ROWS, max(MIN_RANGE_ROWS, estimate / slots)))
+    ranges = plan_ranges(snap.conn, spec, None, rows, estimate)
+    tasks = [json.dumps(asdict(SourceRange(source_url, spec.to_json(), snap.name, lo, hi))) for lo, hi in ranges]
+    spark = runner.spark
+    rdd = spark.sparkContext.parallelize([(t,) for t in tasks], len(tasks))
+    schema = from_arrow_schema(arrow_schema(spec))
+    return spark.createDataFrame(rdd, "task string").mapInArrow(_read_tasks, schema)
+
+
+def compare(source, target, spec: Table, sample: int) -> dict:
+    """Full outer join on the key: counts, and the first `sample` differing rows by key."""
+    from pyspark.sql import functions as F
+
+    names = list(spec.column_names)
+    missing_cols = [c for c in names if c not in target.columns]
+    if missing_cols:
+        raise TerminalError(f"Delta table of {spec.qualified} has no column {missing_cols[0]}: was it replaced? "
+                            f"Re-create the workflow to copy it again")
+    types = dict(source.dtypes)
+    s = source.select(*[F.col(c).alias(f"s{i}") for i, c in enumerate(names)], F.lit(True).alias(SIDE_S))
+    t = target.select(*[F.col(c).cast(types[c]).alias(f"t{i}") for i, c in enumerate(names)],
+                      F.lit(True).alias(SIDE_T))
+    keys = [names.index(k) for k in spec.key]
+    on = None
+    for i in keys:
+        cond = F.col(f"s{i}") == F.col(f"t{i}")
+        on = cond if on is None else on & cond
+    joined = s.join(t, on, "full_outer")
+    differs = F.lit(False)
+    for i in range(len(names)):
+        if i not in keys:
+            differs = differs | ~F.col(f"s{i}").eqNullSafe(F.col(f"t{i}"))
+    s_side, t_side = F.col(SIDE_S).isNotNull(), F.col(SIDE_T).isNotNull()
+    kind = (F.when(~t_side, "missing").when(~s_side, "extra").when(differs, "mismatched"))
+    joined = joined.withColumn("_sg_kind", kind)
+    counts = joined.agg(F.count(F.lit(1)).alias("compared"),
+                        F.sum(F.when(F.col("_sg_kind") == "missing", 1).otherwise(0)).alias("missing"),
+                        F.sum(F.when(F.col("_sg_kind") == "extra", 1).otherwise(0)).alias("extra"),
+                        F.sum(F.when(F.col("_sg_kind") == "mismatched", 1).otherwise(0)).alias("mismatched"),
+                        ).collect()[0]
+    out = {"rows_compared": int(counts["compared"]), "missing": int(counts["missing"] or 0),
+           "extra": int(counts["extra"] or 0), "mismatched": int(counts["mismatched"] or 0),
+           "samples": []}
+    if sample and (out["missing"] or out["extra"] or out["mismatched"]):
+        order = [F.coalesce(F.col(f"s{i}"), F.col(f"t{i}")) for i in keys]
+        texts = [F.col("_sg_kind"), s_side.alias("_sg_s"), t_side.alias("_sg_t")]
+        texts += [F.col(f"{p}{i}").cast("string").alias(f"{p}{i}") for p in "st" for i in range(len(names))]
+        for r in joined.where(F.col("_sg_kind").isNotNull()).orderBy(*order).select(*texts).limit(sample).collect():
+            side = "s" if r["_sg_s"] else "t"
+            out["samples"].append({
+                "kind": r["_sg_kind"],
+                "key": [r[f"{side}{i}"] for i in keys],
+                "source": {c: r[f"s{i}"] for i, c in enumerate(names)} if r["_sg_s"] else None,
+                "target": {c: r[f"t{i}"] for i, c in enumerate(names)} if r["_sg_t"] else None,
+            })
+    return out
