@@ -26,20 +26,30 @@ from .test_lake_movetables import by_key, delta_rows, sluicegate, source_rows, s
 pytestmark = pytest.mark.spark
 
 
-def group_peak_rss(pgid: int) -> dict[str, int]:
-    """Peak resident memory (VmHWM, bytes) of each live process of the group, by kind (python, java)."""
-    out: dict[str, int] = {}
+def tree_peak_rss(root_pid: int) -> dict[str, int]:
+    """Peak resident memory (VmHWM, bytes) of each live process descending from `root_pid`, by kind (python,
+    java). By parentage, not process group: PySpark's daemon puts itself and its workers in a group of their own."""
+    parent: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        parent[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = {root_pid}, [root_pid]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier and p not in tree]
+        tree.update(children)
+        frontier = children
+    out: dict[str, int] = {}
+    for pid in tree:
+        try:
             status = Path(f"/proc/{pid}/status").read_text()
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except (OSError, ProcessLookupError):
+        except OSError:
             continue
-        kind = "java" if cmd.endswith("java") else "python"
         hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
-        out[f"{kind}:{pid}"] = hwm
+        out[f"{'java' if cmd.endswith('java') else 'python'}:{pid}"] = hwm
     return out
 
 
@@ -100,14 +110,14 @@ def big_transaction(pair, tmp_path, rows: int, stage_rows: int) -> dict:
         whole = 1000 + rows
 
         def applied():
-            peaks.update({k: max(v, peaks.get(k, 0)) for k, v in group_peak_rss(driver.pid).items()})
+            peaks.update({k: max(v, peaks.get(k, 0)) for k, v in tree_peak_rss(driver.pid).items()})
             return counts_at_newest_point(root, "big", tables) == {"public.a": whole, "public.b": whole}
 
         wait_for(applied, timeout=600, interval=0.5, what="the big transaction applied",
                  describe=lambda: log.read_text()[-2000:])
         done.set()
         reader.join(timeout=60)
-        peaks.update({k: max(v, peaks.get(k, 0)) for k, v in group_peak_rss(driver.pid).items()})
+        peaks.update({k: max(v, peaks.get(k, 0)) for k, v in tree_peak_rss(driver.pid).items()})
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
     finally:
