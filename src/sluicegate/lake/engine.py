@@ -191,12 +191,13 @@ class LakeEngine:
         """Run the housekeeping that is due (no play task runs now); seconds until the next is due. Each job
         first comes due one interval after replication starts. A failure is logged and tried again at the next
         interval: replication goes on."""
-        if not wf.first_point:
-            return math.inf  # nothing to keep house for before readers have a point
         wait = math.inf
         for job in ("optimize", "vacuum"):
             every = float(wf.options.get(f"{job}_every", HOUSEKEEPING_DEFAULTS[f"{job}_every"]))
             if every <= 0:
+                continue
+            if not wf.first_point:  # nothing to keep house for before readers have a point: look again later
+                wait = min(wait, every)
                 continue
             last = wf.housekeeping.get(job)
             now = time.time()
