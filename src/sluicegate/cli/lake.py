@@ -39,7 +39,8 @@ def _path(target: str) -> str:
 def lake_group() -> None:
     """Housekeeping of a Delta Lake target: compact small files, vacuum unneeded ones.
 
-    Run them from cron (or any scheduler), e.g. optimize hourly and vacuum daily.
+    `workflow run` runs them on the schedule given at create (--optimize-every, --vacuum-every,
+    --vacuum-retention); these commands run them now.
     """
 
 

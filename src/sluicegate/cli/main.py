@@ -180,19 +180,31 @@ def _rule_options(fn):
 @click.option("--keep-indexes", is_flag=True,
               help="Keep each target table's indexes while it is copied (default: a table copied without a rule "
                    "has them dropped before its first copy cycle and built again when that cycle commits).")
+@click.option("--optimize-every", default=None, metavar="DURATION",
+              help="A Delta target: how often `workflow run` compacts the tables' small files (default 1h; 0: never).")
+@click.option("--vacuum-every", default=None, metavar="DURATION",
+              help="A Delta target: how often `workflow run` vacuums the tables (default 24h; 0: never).")
+@click.option("--vacuum-retention", default=None, metavar="DURATION",
+              help="A Delta target: how long the scheduled vacuum keeps old versions and points (default 7d).")
 @friendly
 def movetables_create(name, source, target, tables, exclude_tables, rules, rules_file, udfs, cycle_rows, chunk_rows,
-                      keep_indexes):
+                      keep_indexes, optimize_every, vacuum_every, vacuum_retention):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
+    schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
+                "vacuum_retention": vacuum_retention}
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 
         moved, made = lake.create(name, source, target, _table_names(tables), _excluded(exclude_tables),
-                                  _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows))
+                                  _all_rules(rules, rules_file),
+                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule))
         for line in made:
             click.echo(f"created {line}")
         _created(name, f"{len(moved)} tables ({', '.join(moved)})", f" --target {shlex.quote(target)}", [source])
         return
+    given = [f"--{k.replace('_', '-')}" for k, v in schedule.items() if v is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: housekeeping is for a Delta target (--target delta:PATH)")
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 

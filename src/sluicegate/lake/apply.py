@@ -76,12 +76,12 @@ class NetEffect:
         self.truncated = True
         self.rows.clear()
 
-    def merge_source(self) -> pa.Table:
+    def merge_source(self, kept: set[int] | None = None) -> pa.Table:
         """The net effect as the merge's source: the table's columns, `_op`, and a flag per column some row
-        keeps."""
+        keeps (or per column of `kept`: every part of a staged effect has the same columns)."""
         table = self.table
         n = len(table.columns)
-        kept = sorted({i for _, _, keep in self.rows.values() for i in keep})
+        kept = sorted(kept if kept is not None else {i for _, _, keep in self.rows.values() for i in keep})
         columns: list[list] = [[] for _ in range(n)]
         ops, flags = [], {i: [] for i in kept}
         for key, (op, values, keep) in self.rows.items():
@@ -109,10 +109,10 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def merge_clauses(table: Table, source: pa.Table) -> tuple[str, dict[str, str], dict[str, str]]:
-    """(predicate, updates, inserts) of the MERGE of `source` (merge_source's) into the table."""
+def merge_clauses(table: Table, source: pa.Table | pa.Schema) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(predicate, updates, inserts) of the MERGE of `source` (merge_source's, or its schema) into the table."""
     predicate = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
-    names = set(source.column_names)
+    names = set(source.names if isinstance(source, pa.Schema) else source.column_names)
     updates, inserts = {}, {}
     for i, c in enumerate(table.columns):
         col = quote(c.name)
@@ -127,10 +127,28 @@ def merge_clauses(table: Table, source: pa.Table) -> tuple[str, dict[str, str], 
 def merge(dt, table: Table, effect: NetEffect, app: str, version: int) -> dict:
     """One Delta commit: the batch's deletes, updates and inserts, carrying (app, version). Columns the
     source added since the table was made are added to it (merge_schema)."""
+    return merge_arrow(dt, table, effect.merge_source(), app, version)
+
+
+def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: int) -> dict:
+    """`merge` of an effect part of which is staged (staging.Spill): the merge's source streams from the
+    staged partitions, one in memory at a time, into one Delta commit."""
+    kept = spill.kept | {i for _, _, keep in effect.rows.values() for i in keep}
+    first = NetEffect(table)
+    schema = first.merge_source(kept).schema
+
+    def batches():
+        for part in spill.partitions(effect):
+            yield from part.merge_source(kept).to_batches()
+
+    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version)
+
+
+def merge_arrow(dt, table: Table, source, app: str, version: int) -> dict:
+    """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version)."""
     from deltalake import CommitProperties, Transaction
 
-    source = effect.merge_source()
-    predicate, updates, inserts = merge_clauses(table, source)
+    predicate, updates, inserts = merge_clauses(table, source.schema)
     props = CommitProperties(app_transactions=[Transaction(app, version)])
     return (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
                      commit_properties=props)

@@ -17,6 +17,7 @@ from ..workflow.create import _check_no_leftovers, _check_source_role, _check_ta
 from .state import (
     COPYING,
     ERROR,
+    HOUSEKEEPING_DEFAULTS,
     INIT,
     RUNNING,
     STOPPED,
@@ -79,6 +80,21 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     return [t.qualified for t in described], lines
 
 
+def housekeeping_options(given: dict) -> dict:
+    """`movetables create`'s --optimize-every, --vacuum-every, --vacuum-retention (durations, or None for the
+    default) as the workflow's options, in seconds."""
+    from ..sizes import parse_duration
+
+    out = {}
+    for key, default in HOUSEKEEPING_DEFAULTS.items():
+        text = given.get(key)
+        try:
+            out[key] = default if text is None else parse_duration(text)
+        except UsageError as exc:
+            raise UsageError(f"--{key.replace('_', '-')}: {exc}") from None
+    return out
+
+
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list) -> str:
     from ..spark.runner import SparkRunner
     from ..spark.session import start_in_background
@@ -104,7 +120,9 @@ def status(name: str, target: str) -> dict:
     out = {"workflow": name, "kind": wf.kind, "target": f"delta:{root}", "state": wf.state, "message": wf.message,
            "position": format_lsn(wf.position) if wf.position is not None else None,
            "running": store.is_running(name), "transaction_time": wf.transaction_time,
-           "consistent_point": wf.first_point, "tables": []}
+           "consistent_point": wf.first_point, "tables": [],
+           "housekeeping": {k: wf.options.get(k, v) for k, v in HOUSEKEEPING_DEFAULTS.items()}
+           | {f"last_{job}": at for job, at in wf.housekeeping.items()}}
     lag_bytes = source_error = None
     try:
         with connect(wf.source_url, role="source", autocommit=True, connect_timeout=5) as src:

@@ -7,13 +7,17 @@ Copying  -> the first table not done: one cycle (snapshot, plan, Spark tasks wri
             were copied at later snapshots: the replay brings them to the same point again (each change's net
             effect is the row's whole last state, so applying it twice converges), and no point is written
             before the stream has passed every cycle's snapshot.
-Running  -> play tasks until stopped.
+Running  -> play tasks until stopped; between them, the driver runs the housekeeping that is due (optimize,
+            vacuum: on the workflow's schedule), so it never runs beside the workflow's own merges.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
@@ -27,6 +31,7 @@ from .player import LakePlayTask, play
 from .state import (
     COPYING,
     ERROR,
+    HOUSEKEEPING_DEFAULTS,
     INIT,
     RUNNING,
     STOPPED,
@@ -173,10 +178,57 @@ class LakeEngine:
 
     def replicate_step(self, wf: LakeWorkflow) -> None:
         opts = wf.options
+        until_due = self.housekeeping(wf)
+        if self.stop.is_set():
+            return
         task = LakePlayTask(self.target, wf.name, wf.position,
-                            max_seconds=float(opts.get("slice_seconds", float("inf"))),
-                            batch_changes=int(opts.get("batch_changes", 20_000)))
+                            max_seconds=min(float(opts.get("slice_seconds", math.inf)), until_due),
+                            batch_changes=int(opts.get("batch_changes", 20_000)),
+                            stage_rows=int(opts.get("stage_rows", 50_000)))
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
+
+    def housekeeping(self, wf: LakeWorkflow) -> float:
+        """Run the housekeeping that is due (no play task runs now); seconds until the next is due. Each job
+        first comes due one interval after replication starts. A failure is logged and tried again at the next
+        interval: replication goes on."""
+        wait = math.inf
+        for job in ("optimize", "vacuum"):
+            every = float(wf.options.get(f"{job}_every", HOUSEKEEPING_DEFAULTS[f"{job}_every"]))
+            if every <= 0:
+                continue
+            if not wf.first_point:  # nothing to keep house for before readers have a point: look again later
+                wait = min(wait, every)
+                continue
+            last = wf.housekeeping.get(job)
+            now = time.time()
+            if last is None or now - last >= every:
+                if last is not None:
+                    self._housekeep(job, wf)
+                last = time.time()
+                with self.store.update(wf.name) as w:
+                    w.housekeeping[job] = last
+            wait = min(wait, last + every - time.time())
+        return max(wait, 0.0)
+
+    def _housekeep(self, job: str, wf: LakeWorkflow) -> None:
+        from . import housekeeping
+
+        try:
+            if job == "optimize":
+                report = housekeeping.optimize(str(self.root), wf.name)
+                log.info("optimize %s: %s", wf.name, ", ".join(
+                    f"{t['table']} {t['files_before']} -> {t['files_after']} files" for t in report["tables"]))
+            else:
+                retention = float(wf.options.get("vacuum_retention", HOUSEKEEPING_DEFAULTS["vacuum_retention"]))
+                # allow_short: between play tasks this driver is the tables' only writer (it holds the run lock).
+                report = housekeeping.vacuum(str(self.root), wf.name, timedelta(seconds=retention),
+                                             allow_short=True)
+                log.info("vacuum %s (retention %s): %d points dropped, %s", wf.name, timedelta(seconds=retention),
+                         report["points_dropped"],
+                         ", ".join(f"{t['table']} {t['files_removed']} files removed" for t in report["tables"]))
+        except Exception as exc:  # noqa: BLE001 - housekeeping must not stop replication
+            text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
+            log.warning("%s of %s failed, will try again at its next interval: %s", job, wf.name, text)
 
     def _record(self, state: str | None, message: str) -> None:
         try:

@@ -1,12 +1,13 @@
 """Replaying the slot into Delta tables (the lake's vplayer). Runs inside a Spark task.
 
 Per batch (read up to a transaction boundary, as workflow/player.py does): the net effect per key of each
-table's changes, then, per touched table, one MERGE carrying the app transaction (sluicegate:W, version =
-the batch's end position); then the point (points.py); then the stream's position in the state document;
-then the slot is confirmed up to it. Each table skips the transactions it already has: those committing
-before its threshold, the larger of its app transaction version (a batch a kill interrupted after this
-table's commit) and the snapshot position of its first copy cycle (the copy brought them). A kill anywhere
-resumes from the state's position and applies each transaction to each table once.
+table's changes (staged to files when a batch outgrows memory: staging.py), then, per touched table, one
+MERGE carrying the app transaction (sluicegate:W, version = the batch's end position); then the point
+(points.py); then the stream's position in the state document; then the slot is confirmed up to it. Each
+table skips the transactions it already has: those committing before its threshold, the larger of its app
+transaction version (a batch a kill interrupted after this table's commit) and the snapshot position of its
+first copy cycle (the copy brought them). A kill anywhere resumes from the state's position and applies
+each transaction to each table once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..postgres.replication import ChangeStream
 from ..workflow.faults import fault_point
 from ..workflow.player import wait_flushed
 from ..workflow.schema_changes import builtin_type_name, classify
-from . import apply, points
+from . import apply, points, staging
 from .state import RUNNING, STOPPED, LakeWorkflow, Store, app_id, lake_path, table_path
 
 
@@ -36,6 +37,7 @@ class LakePlayTask:
     position: int
     max_seconds: float = float("inf")
     batch_changes: int = 20_000
+    stage_rows: int = 50_000  # changes a batch holds in memory before it stages them to files (staging.py)
     batch_seconds: float = 0.2
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
@@ -59,6 +61,7 @@ class _Tables:
         from deltalake import DeltaTable
 
         self.app = app_id(wf.name)
+        self.root, self.workflow = root, wf.name
         self.specs: dict[str, Table] = {}
         self.dts = {}
         self.threshold: dict[str, int] = {}
@@ -87,6 +90,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, wf.slot, task.position)  # died between the state and the confirm
         tables = _Tables(root, wf)
+        staging.clear(root, wf.name)  # a killed task's staged batch: it is read again from the slot
         framing = Framing()
         last_write = 0.0
         try:
@@ -108,6 +112,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 flushed, _source_now = capture.wal_flush_position(src_ctl)
                 batch = _read_batch(task, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
+                if batch.spills:
+                    staging.clear(root, wf.name)
                 now = time.monotonic()
                 if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
                     copied_to = max((t.copied_to or 0) for t in current.tables)
@@ -146,11 +152,22 @@ class _Batch:
     limited: bool = False
     commit_time: datetime | None = None
     reshaped: dict = None
+    spills: dict = None  # "schema.table" -> staging.Spill of a table whose effect was staged
+    in_memory: int = 0  # changes folded since the last staging
+
+
+def _stage(root, workflow: str, batch: _Batch) -> None:
+    for q, effect in batch.effects.items():
+        spill = batch.spills.get(q)
+        if spill is None:
+            spill = batch.spills[q] = staging.Spill(staging.staging_dir(root, workflow) / q)
+        spill.write(effect)
+    batch.in_memory = 0
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,
                 flushed: int) -> _Batch:
-    batch = _Batch(position, {}, reshaped={})
+    batch = _Batch(position, {}, reshaped={}, spills={})
     effects = batch.effects
     commit_lsn = 0
     last_end = None
@@ -181,6 +198,9 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
             else:
                 effect.delete(old)
             batch.rows += 1
+            batch.in_memory += 1
+            if batch.in_memory >= task.stage_rows:
+                _stage(tables.root, tables.workflow, batch)
         elif isinstance(ev, Begin):
             if stop_at is not None and ev.final_lsn >= stop_at:
                 reached_stop = True  # commits after the vdiff's snapshot: not part of this play
@@ -196,6 +216,8 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 q = f"{rel.schema}.{rel.name}"
                 if q in tables.specs and commit_lsn >= max(tables.threshold[q], position):
                     effects.setdefault(q, apply.NetEffect(tables.specs[q])).truncate()
+                    if q in batch.spills:
+                        batch.spills[q].discard()
     batch.limited = not reached_stop and stream.ended_by != "reached"
     sent = stream.sent_upto
     if reached_stop or (stop_at is not None and sent >= stop_at):
@@ -251,12 +273,16 @@ def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
             continue
         dt = tables.dts[q]
         spec = tables.specs[q]
+        spill = batch.spills.get(q)
+        staged = spill is not None and spill.generations > 0
         if effect.truncated:
-            if effect.rows:
+            if effect.rows or staged:
                 apply.truncate(dt, tables.app)
             else:
                 apply.truncate(dt, tables.app, batch.position)
-        if effect.rows:
+        if staged:
+            apply.merge_staged(dt, spec, effect, spill, tables.app, batch.position)
+        elif effect.rows:
             apply.merge(dt, spec, effect, tables.app, batch.position)
         tables.threshold[q] = batch.position
         merged.append(q)

@@ -23,6 +23,8 @@ from ..errors import UsageError
 from ..postgres.catalog import Table
 
 INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
+# Housekeeping `workflow run` does between batches: seconds between runs (0: never), vacuum's retention.
+HOUSEKEEPING_DEFAULTS = {"optimize_every": 3600.0, "vacuum_every": 86400.0, "vacuum_retention": 7 * 86400.0}
 PREFIX = "delta:"
 
 
@@ -93,6 +95,7 @@ class LakeWorkflow:
     transaction_time: str | None = None  # source commit time of the last applied transaction (ISO)
     caught_up_at: float | None = None  # when the stream last had nothing left to read
     first_point: bool = False  # the copy's point is written: readers have a consistent point
+    housekeeping: dict = field(default_factory=dict)  # "optimize"/"vacuum" -> when the driver last ran it
 
     def table(self, qualified: str) -> TableState:
         for t in self.tables:
