@@ -31,12 +31,12 @@ def start_driver(pair, workflow: str, log: Path, fault: str | None = None, fault
     )
 
 
-# The four run in CI; the rest with SLUICEGATE_ALL_TESTS=1.
+# CI runs a kill in the copy and one in replication; the rest with SLUICEGATE_ALL_TESTS=1.
 POINTS = [
     "copy.before_progress",      # copy: rows committed on the target, lastpk not yet advanced
     pytest.param("copy.before_index_build", marks=pytest.mark.slow),  # first cycle recorded, indexes not built
-    "caught_up.mid_batch",       # catchup: inside a replay batch, target transaction open
-    "position.mid_batch",        # fast-forward to a new snapshot, mid-batch
+    pytest.param("caught_up.mid_batch", marks=pytest.mark.slow),  # catchup: inside a replay batch
+    pytest.param("position.mid_batch", marks=pytest.mark.slow),  # fast-forward to a new snapshot, mid-batch
     "slice.mid_batch",           # replicate, mid-batch
     pytest.param("copy.before_commit", marks=pytest.mark.slow),  # a copy task's COPY sent, not committed
     pytest.param("replicate.before_commit", marks=pytest.mark.slow),  # data + position written, not committed
