@@ -83,6 +83,7 @@ class LakeBench(Bench):
         self.lake_log = self.tmp / "workflow-run-delta.log"
         self.lake_memory = MemorySampler()
         self.out["burst_updates"] = args.burst_updates
+        self.out["stage_rows"] = args.stage_rows
 
     def setup(self) -> None:
         log(f"starting servers in {self.tmp}")
@@ -112,7 +113,8 @@ class LakeBench(Bench):
     # -- 1. copy ----------------------------------------------------------------------------------------
     def copy_delta(self) -> dict:
         t0 = time.monotonic()
-        lake.create(LWF, self.source.url(DB), self.target_lake, TABLES, None, [], {})
+        options = {"stage_rows": self.args.stage_rows} if self.args.stage_rows else {}
+        lake.create(LWF, self.source.url(DB), self.target_lake, TABLES, None, [], options)
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", LWF, "--target",
                self.target_lake, "--no-progress"]
@@ -303,6 +305,8 @@ def main() -> int:
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma-separated, any of: {', '.join(sorted(SKIPPABLE))}")
     parser.add_argument("--delta-first", action="store_true", help="copy into Delta first, then PostgreSQL")
+    parser.add_argument("--stage-rows", type=int, help="the Delta workflow's stage_rows (changes a batch holds in "
+                        "memory before staging them to Parquet; default: its own)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds any one wait may take")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
