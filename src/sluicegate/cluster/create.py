@@ -33,6 +33,7 @@ from ..workflow.create import (
     _check_table_rights,
     _workflows_reading,
     check_not_the_source,
+    check_source_tables,
 )
 from . import schema_safety
 from .model import KIND, Cluster, slot_name
@@ -73,12 +74,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
         try:
-            capture.check_source(src)
-            superuser = _check_source_role(src)
-            described = catalog.exclude_tables(catalog.resolve_tables(src, tables), exclude)
-            if not superuser:
-                _check_table_rights(src, described)
-            replication.check_replication_access(source_url)
+            described = check_source_tables(src, source_url, tables, exclude)
             for sink in sinks:
                 _check_no_leftovers(src, name, slot_name(name, sink))
             _check_slots_available(src, len(sinks))

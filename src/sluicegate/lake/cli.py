@@ -10,10 +10,10 @@ import psycopg
 
 from ..errors import SluicegateError, UsageError
 from ..position import format_lsn
-from ..postgres import capture, catalog, replication
+from ..postgres import capture
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as pg_state
-from ..workflow.create import _check_no_leftovers, _check_source_role, _check_table_rights
+from ..workflow.create import _check_no_leftovers, check_source_tables
 from .state import (
     COPYING,
     ERROR,
@@ -47,12 +47,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
                          f"`sluicegate workflow delete {name} --target {target}`")
     with connect(source_url, role="source", autocommit=True) as src:
         try:
-            capture.check_source(src)
-            superuser = _check_source_role(src)
-            described = catalog.exclude_tables(catalog.resolve_tables(src, tables), exclude)
-            if not superuser:
-                _check_table_rights(src, described)
-            replication.check_replication_access(source_url)
+            described = check_source_tables(src, source_url, tables, exclude)
             _check_no_leftovers(src, name)
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None

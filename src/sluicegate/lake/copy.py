@@ -46,6 +46,23 @@ def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str
             for r in plan.tasks(source_url, "", table, snapshot)]
 
 
+def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable):
+    """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
+    converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read."""
+    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
+    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident, where)
+    with connect(source_url, role="source") as src:
+        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        src.read_only = True
+        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        with src.cursor(name="sg_lake_read") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(select)
+            while chunk := cur.fetchmany(FETCH_ROWS):
+                yield record_batch(table, chunk)
+        src.rollback()
+
+
 def copy_range(task: LakeCopyTask) -> list[dict]:
     """Runs in a Spark task: the range's rows as Parquet files in the table's directory; their add actions
     (as dicts) for the driver to commit."""
@@ -54,31 +71,20 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     table = Table.from_json(task.table)
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
                                         task.pages))
-    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
-    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident, where)
     schema = arrow_schema(table)
     name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
     path = os.path.join(task.directory, name)
     rows = 0
     writer = None
-    with connect(task.source_url, role="source") as src:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        src.read_only = True
-        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
-        with src.cursor(name="sg_lake_copy") as cur:
-            cur.itersize = FETCH_ROWS
-            cur.execute(select)
-            try:
-                while chunk := cur.fetchmany(FETCH_ROWS):
-                    batch = record_batch(table, chunk)
-                    if writer is None:
-                        writer = pq.ParquetWriter(path, schema)
-                    writer.write_batch(batch)
-                    rows += len(chunk)
-            finally:
-                if writer is not None:
-                    writer.close()
-        src.rollback()
+    try:
+        for batch in snapshot_batches(task.source_url, task.snapshot, table, where):
+            if writer is None:
+                writer = pq.ParquetWriter(path, schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
     fault_point("lake.copy.task_written")
     if writer is None:
         return []

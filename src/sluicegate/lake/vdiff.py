@@ -35,7 +35,6 @@ log = logging.getLogger("sluicegate")
 
 SIDE_S, SIDE_T = "_sg_source", "_sg_target"
 MIN_RANGE_ROWS, MAX_RANGE_ROWS = 50_000, 1_000_000
-FETCH_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -51,27 +50,11 @@ class SourceRange:
 
 def read_range(task: SourceRange):
     """Runs in a Spark task: the range's rows in the snapshot as Arrow batches of the Delta table's schema."""
-    import psycopg
-    from psycopg import sql
-
     from ..postgres import keyrange
-    from ..postgres.connect import connect
-    from .types import record_batch
+    from .copy import snapshot_batches
 
     table = Table.from_json(task.table)
-    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
-    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident,
-                                                          keyrange.in_range(table, task.lo, task.hi))
-    with connect(task.source_url, role="source") as src:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        src.read_only = True
-        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
-        with src.cursor(name="sg_lake_vdiff") as cur:
-            cur.itersize = FETCH_ROWS
-            cur.execute(select)
-            while chunk := cur.fetchmany(FETCH_ROWS):
-                yield record_batch(table, chunk)
-        src.rollback()
+    yield from snapshot_batches(task.source_url, task.snapshot, table, keyrange.in_range(table, task.lo, task.hi))
 
 
 def _read_tasks(batches):

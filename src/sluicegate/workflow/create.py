@@ -252,6 +252,19 @@ def source_password_note(source_url: str) -> str | None:
         return None  # something else (the server is going away): run says what
 
 
+def check_source_tables(src: psycopg.Connection, source_url: str, tables: list[str] | None,
+                        exclude: list[str] | None) -> list[Table]:
+    """A create's source checks for tables moved whole (Replicate, a Delta target): logical decoding, the
+    user's rights on the tables, replication access; the tables named (all, less `exclude`), described."""
+    capture.check_source(src)
+    superuser = _check_source_role(src)
+    described = catalog.exclude_tables(catalog.resolve_tables(src, tables), exclude)
+    if not superuser:
+        _check_table_rights(src, described)
+    replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
+    return described
+
+
 def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str, definition=None) -> bool:
     """Create the target table (in full, given the source's TableDefinition), or check an existing one is
     compatible and empty (a workflow fills it). True if created."""
