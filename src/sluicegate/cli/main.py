@@ -744,7 +744,7 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
 
 def _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, conf) -> int:
     from ..lake import vdiff as lake_vdiff
-    from ..lake.state import Store, lake_path
+    from ..lake.state import open_store
     from ..spark.runner import SparkRunner
     from ..spark.session import get_spark
     from ..vdiff import report as rep
@@ -752,7 +752,7 @@ def _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark
     if resume:
         raise UsageError("a vdiff of a Delta target runs whole: --resume is for PostgreSQL targets")
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
-    lake_vdiff.check_comparable(Store(lake_path(target)), name)  # before Spark starts
+    lake_vdiff.check_comparable(open_store(target), name)  # before Spark starts
     stop = threading.Event()
     runners = [SparkRunner(get_spark(spark_master, conf))]
     _stop_on_signals(stop, runners)

@@ -1,10 +1,11 @@
-"""The Delta target behind `movetables create` and `workflow run|status|stop|start|delete --target delta:PATH`."""
+"""The Delta target behind `movetables create` and `workflow run|status|stop|start|delete --target delta:PATH`
+(PATH a local directory or a URI delta-rs supports: location.py)."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 
@@ -14,6 +15,7 @@ from ..postgres import capture
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as pg_state
 from ..workflow.create import _check_no_leftovers, check_source_tables
+from . import location
 from .state import (
     COPYING,
     ERROR,
@@ -22,11 +24,9 @@ from .state import (
     RUNNING,
     STOPPED,
     LakeWorkflow,
-    Store,
     TableState,
     app_id,
-    lake_path,
-    table_path,
+    open_store,
 )
 from .types import arrow_schema
 
@@ -40,10 +40,10 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     pg_state.check_name(name)
     if rules:
         raise UsageError("a Delta target moves tables as they are: --rule is for PostgreSQL targets")
-    root = lake_path(target)
-    store = Store(root)
+    loc = location.parse(target)
+    store = open_store(loc)
     if store.exists(name):
-        raise UsageError(f"workflow {name!r} already exists under {root}: pick another name, or "
+        raise UsageError(f"workflow {name!r} already exists under {loc.uri}: pick another name, or "
                          f"`sluicegate workflow delete {name} --target {target}`")
     with connect(source_url, role="source", autocommit=True) as src:
         try:
@@ -56,23 +56,36 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
                              f"a Delta target merges changes by key; add one on the source")
         arrow_schema(t)  # every column has a mapping (types.py): fails here, not at the first row
-        path = table_path(root, t.schema, t.name)
-        if DeltaTable.is_deltatable(str(path)) and DeltaTable(str(path)).file_uris():
+        path = loc.table(t.schema, t.name)
+        if _is_delta(path) and DeltaTable(path).file_uris():
             raise UsageError(f"Delta table {path} already has rows: MoveTables fills empty tables; "
                              f"remove it or name another target")
     lines = []
     for t in described:
-        path = table_path(root, t.schema, t.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        DeltaTable.create(str(path), arrow_schema(t), mode="overwrite" if DeltaTable.is_deltatable(str(path))
-                          else "error", name=t.qualified)
+        path = loc.table(t.schema, t.name)
+        if loc.local:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(path, arrow_schema(t), mode="overwrite" if _is_delta(path) else "error",
+                          name=t.qualified)
         lines.append(f"Delta table {path}")
     slot = pg_state.object_name("sg", name)
     wf = LakeWorkflow(name=name, source_url=source_url, slot=slot, publication=slot,
                       tables=[TableState(t.to_json()) for t in described], options=dict(options))
     store.create(wf)
-    lines.append(f"state {store.dir(name) / 'state.json'} (a JSON document replaced atomically)")
+    lines.append(f"state {store.describe(name)}")
     return [t.qualified for t in described], lines
+
+
+def _is_delta(uri: str) -> bool:
+    """A Delta table is at `uri`; a store delta-rs cannot reach (no bucket, no credentials) is a UsageError."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    try:
+        return DeltaTable.is_deltatable(uri)
+    except (DeltaError, OSError) as exc:
+        raise UsageError(f"target {uri}: delta-rs cannot reach it ({str(exc).splitlines()[0][:200]}); check the "
+                         f"bucket and the credentials in the environment (AWS_*, AZURE_*, GOOGLE_*)") from None
 
 
 def housekeeping_options(given: dict) -> dict:
@@ -95,7 +108,7 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
     from ..spark.session import start_in_background
     from .engine import LakeEngine
 
-    store = Store(lake_path(target))
+    store = open_store(target)
     store.load(name)  # a typo fails before Spark starts
     spark = start_in_background(spark_master, conf=conf, session=False, light_jvm=True)
     runners.append(SparkRunner(spark))
@@ -108,11 +121,11 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
 def status(name: str, target: str) -> dict:
     from deltalake import DeltaTable
 
-    root = lake_path(target)
-    store = Store(root)
+    loc = location.parse(target)
+    store = open_store(loc)
     wf = store.load(name)
     app = app_id(name)
-    out = {"workflow": name, "kind": wf.kind, "target": f"delta:{root}", "state": wf.state, "message": wf.message,
+    out = {"workflow": name, "kind": wf.kind, "target": loc.target, "state": wf.state, "message": wf.message,
            "position": format_lsn(wf.position) if wf.position is not None else None,
            "running": store.is_running(name), "transaction_time": wf.transaction_time,
            "consistent_point": wf.first_point, "tables": [],
@@ -136,10 +149,10 @@ def status(name: str, target: str) -> dict:
         out["source_error"] = source_error
     for t in wf.tables:
         spec = t.spec
-        path = table_path(root, spec.schema, spec.name)
+        path = loc.table(spec.schema, spec.name)
         version = applied = None
-        if DeltaTable.is_deltatable(str(path)):
-            dt = DeltaTable(str(path))
+        if DeltaTable.is_deltatable(path):
+            dt = DeltaTable(path)
             version, applied = dt.version(), dt.transaction_version(app)
         out["tables"].append({"table": t.qualified, "path": str(path), "rows_copied": t.rows_copied,
                               "copied": t.done, "delta_version": version,
@@ -165,7 +178,7 @@ def format_status(s: dict) -> list[str]:
 
 
 def set_state(name: str, target: str, verb: str) -> str:
-    store = Store(lake_path(target))
+    store = open_store(target)
     with store.update(name) as w:
         if verb == "stop":
             w.state = STOPPED
@@ -184,8 +197,10 @@ def set_state(name: str, target: str, verb: str) -> str:
 
 def delete(name: str, target: str, drop_tables: bool = False) -> list[str]:
     """The source's slot and publication, then the state; the Delta tables too when asked."""
-    root = lake_path(target)
-    store = Store(root)
+    from pyarrow.fs import FileType
+
+    loc = location.parse(target)
+    store = open_store(loc)
     wf = store.load(name)
     if store.is_running(name):
         raise UsageError(f"workflow {name} is being run: `sluicegate workflow stop {name} --target {target}`, "
@@ -195,9 +210,10 @@ def delete(name: str, target: str, drop_tables: bool = False) -> list[str]:
     if drop_tables:
         for t in wf.tables:
             spec = t.spec
-            path = table_path(root, spec.schema, spec.name)
-            if path.exists():
-                shutil.rmtree(path)
+            path = loc.table(spec.schema, spec.name)
+            fs, on_fs = location.filesystem(path)
+            if fs.get_file_info(on_fs).type != FileType.NotFound:
+                fs.delete_dir(on_fs)
                 dropped.append(f"Delta table {path}")
     store.delete(name)
     return dropped

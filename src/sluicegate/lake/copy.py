@@ -2,7 +2,8 @@
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
 snapshot, reads its range as text (`col::text`, the same text the stream carries; lake/types.py converts
-both) and writes Parquet files into the table's directory, not committing anything. The driver then adds
+both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
+in the task from the URI and the environment), not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
 table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
 the table (only files no log entry references, which `lake vacuum` removes), and a cycle committed just
@@ -12,7 +13,7 @@ before a kill is found again by its app transaction and its state taken from tha
 from __future__ import annotations
 
 import json
-import os
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class LakeCopyTask:
     lo: list | None
     hi: list | None
     pages: tuple | None
-    directory: str  # the Delta table's directory
+    directory: str  # the Delta table's directory or URI
     cycle: int
 
 
@@ -68,18 +69,21 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     (as dicts) for the driver to commit."""
     import pyarrow.parquet as pq
 
+    from .location import filesystem
+
     table = Table.from_json(task.table)
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
                                         task.pages))
     schema = arrow_schema(table)
     name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
-    path = os.path.join(task.directory, name)
+    fs, directory = filesystem(task.directory)
+    path = f"{directory.rstrip('/')}/{name}"
     rows = 0
     writer = None
     try:
         for batch in snapshot_batches(task.source_url, task.snapshot, table, where):
             if writer is None:
-                writer = pq.ParquetWriter(path, schema)
+                writer = pq.ParquetWriter(path, schema, filesystem=fs)
             writer.write_batch(batch)
             rows += batch.num_rows
     finally:
@@ -88,8 +92,9 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     fault_point("lake.copy.task_written")
     if writer is None:
         return []
-    st = os.stat(path)
-    return [{"path": name, "size": st.st_size, "mtime": int(st.st_mtime * 1000), "rows": rows}]
+    info = fs.get_file_info(path)
+    mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+    return [{"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows}]
 
 
 def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:

@@ -18,7 +18,6 @@ import math
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
@@ -27,6 +26,7 @@ from ..postgres.snapshot import take_snapshot
 from ..workflow import copier
 from ..workflow.faults import fault_point
 from . import copy as lake_copy
+from . import location
 from .player import LakePlayTask, play
 from .state import (
     COPYING,
@@ -36,10 +36,8 @@ from .state import (
     RUNNING,
     STOPPED,
     LakeWorkflow,
-    Store,
     copy_app_id,
-    lake_path,
-    table_path,
+    open_store,
 )
 
 log = logging.getLogger("sluicegate")
@@ -49,8 +47,9 @@ class LakeEngine:
     def __init__(self, target: str, workflow: str, runner, *, stop: threading.Event | None = None,
                  max_backoff: float = 30.0):
         self.target = target
-        self.root: Path = lake_path(target)
-        self.store = Store(self.root)
+        self.location = location.parse(target)
+        self.root: str = self.location.uri
+        self.store = open_store(self.location)
         self.workflow = workflow
         self.runner = runner
         self.stop = stop or threading.Event()
@@ -58,7 +57,7 @@ class LakeEngine:
         self.tag = f"sluicegate-lake-{workflow}"
 
     def run(self) -> str:
-        lock = self.store.hold_run_lock(self.workflow)
+        lock = self.store.hold_run_lock(self.workflow, on_lost=self.stop.set)
         done = threading.Event()
         threading.Thread(target=self._cancel_on_stop, args=(done,), daemon=True, name="sg-lake-stop").start()
         try:
@@ -130,7 +129,7 @@ class LakeEngine:
             self._start_running(wf)
             return
         table = current.spec
-        dt = DeltaTable(str(table_path(self.root, table.schema, table.name)))
+        dt = DeltaTable(self._dir(table))
         cycle = current.cycles + 1
         copy_app = copy_app_id(wf.name)
         outcome = lake_copy.committed_cycle(dt, copy_app, cycle)
@@ -163,7 +162,7 @@ class LakeEngine:
         log.info("copied %s rows of %s (done=%s)", outcome["rows"], table.qualified, outcome["done"])
 
     def _dir(self, table) -> str:
-        return str(table_path(self.root, table.schema, table.name))
+        return self.location.table(table.schema, table.name)
 
     def _start_running(self, wf: LakeWorkflow) -> None:
         """Every table is copied: the stream replays from the earliest first-cycle snapshot (nothing before
@@ -215,13 +214,13 @@ class LakeEngine:
 
         try:
             if job == "optimize":
-                report = housekeeping.optimize(str(self.root), wf.name)
+                report = housekeeping.optimize(self.root, wf.name)
                 log.info("optimize %s: %s", wf.name, ", ".join(
                     f"{t['table']} {t['files_before']} -> {t['files_after']} files" for t in report["tables"]))
             else:
                 retention = float(wf.options.get("vacuum_retention", HOUSEKEEPING_DEFAULTS["vacuum_retention"]))
                 # allow_short: between play tasks this driver is the tables' only writer (it holds the run lock).
-                report = housekeeping.vacuum(str(self.root), wf.name, timedelta(seconds=retention),
+                report = housekeeping.vacuum(self.root, wf.name, timedelta(seconds=retention),
                                              allow_short=True)
                 log.info("vacuum %s (retention %s): %d points dropped, %s", wf.name, timedelta(seconds=retention),
                          report["points_dropped"],

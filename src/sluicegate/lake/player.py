@@ -26,8 +26,8 @@ from ..postgres.replication import ChangeStream
 from ..workflow.faults import fault_point
 from ..workflow.player import wait_flushed
 from ..workflow.schema_changes import builtin_type_name, classify
-from . import apply, points, staging
-from .state import RUNNING, STOPPED, LakeWorkflow, Store, app_id, lake_path, table_path
+from . import apply, location, points, staging
+from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class LakePlayResult:
 class _Tables:
     """The workflow's Delta tables, opened once per task, with each one's skip threshold and version."""
 
-    def __init__(self, root, wf: LakeWorkflow):
+    def __init__(self, root: str, wf: LakeWorkflow):
         from deltalake import DeltaTable
 
         self.app = app_id(wf.name)
@@ -68,7 +68,7 @@ class _Tables:
         for t in wf.tables:
             spec = t.spec
             self.specs[t.qualified] = spec
-            dt = DeltaTable(str(table_path(root, spec.schema, spec.name)))
+            dt = DeltaTable(location.parse(root).table(spec.schema, spec.name))
             self.dts[t.qualified] = dt
             have = dt.transaction_version(self.app)
             self.threshold[t.qualified] = max(have or 0, t.copy_from or 0)
@@ -78,8 +78,8 @@ class _Tables:
 
 
 def play(task: LakePlayTask) -> LakePlayResult:
-    root = lake_path(task.target)
-    store = Store(root)
+    root = location.parse(task.target).uri
+    store = open_store(task.target)
     wf = store.load(task.workflow)
     result = LakePlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds

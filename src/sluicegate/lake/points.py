@@ -26,8 +26,9 @@ SCHEMA = pa.schema([
 ])
 
 
-def points_path(root: str | Path) -> Path:
-    return Path(root) / "_sluicegate" / "points"
+def points_path(root: str | Path) -> str:
+    """The points table's path or URI under the lake root (a path or a URI)."""
+    return f"{str(root).rstrip('/')}/_sluicegate/points"
 
 
 def record(path: str | Path, workflow: str, position: int, committed_at: datetime | None,
@@ -37,15 +38,15 @@ def record(path: str | Path, workflow: str, position: int, committed_at: datetim
 
     where = points_path(path)
     app = app_id(workflow)
-    if DeltaTable.is_deltatable(str(where)):
-        done = DeltaTable(str(where)).transaction_version(app)
+    if DeltaTable.is_deltatable(where):
+        done = DeltaTable(where).transaction_version(app)
         if done is not None and done >= position:
             return False
     row = pa.table({
         "workflow": [workflow], "position": [position], "position_text": [format_lsn(position)],
         "committed_at": [committed_at], "versions": [json.dumps(dict(sorted(versions.items())))],
     }, schema=SCHEMA)
-    write_deltalake(str(where), row, mode="append",
+    write_deltalake(where, row, mode="append",
                     commit_properties=CommitProperties(app_transactions=[Transaction(app, position)]))
     return True
 
@@ -55,13 +56,16 @@ def read(path: str | Path, workflow: str | None = None) -> list[dict]:
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
+    from .location import filesystem
+
     where = points_path(path)
-    if not DeltaTable.is_deltatable(str(where)):
+    if not DeltaTable.is_deltatable(where):
         return []
-    files = DeltaTable(str(where)).file_uris()
+    files = DeltaTable(where).file_uris()
     if not files:
         return []
-    rows = ds.dataset(files, schema=SCHEMA).to_table().to_pylist()
+    fs, _ = filesystem(files[0])
+    rows = ds.dataset([filesystem(f)[1] for f in files], schema=SCHEMA, filesystem=fs).to_table().to_pylist()
     rows = [r for r in rows if workflow is None or r["workflow"] == workflow]
     for r in rows:
         r["versions"] = json.loads(r["versions"])

@@ -34,10 +34,11 @@ class Point:
 
 
 def lake_path(path: str) -> str:
-    """PATH of a `delta:PATH` target (or PATH itself), without a trailing slash."""
-    path = str(path)
-    path = path.removeprefix("delta:")
-    return path.rstrip("/") or "/"
+    """PATH of a `delta:PATH` target (or PATH itself): a local absolute path or a URI, without a trailing
+    slash."""
+    from .location import parse
+
+    return parse(path).uri
 
 
 def table_uri(path: str, table: str) -> str:
@@ -83,12 +84,9 @@ def _arrow_schema(dt):
 
 def _filesystem(uris: list[str]):
     """(pyarrow filesystem, paths on it) for a version's file URIs: local paths as they are."""
-    import pyarrow.fs as pafs
+    from .location import filesystem_paths
 
-    if not uris or uris[0].startswith("/"):
-        return pafs.LocalFileSystem(), uris
-    fs, _ = pafs.FileSystem.from_uri(uris[0])
-    return fs, [pafs.FileSystem.from_uri(u)[1] for u in uris]
+    return filesystem_paths(uris)
 
 
 def _missing(uris: list[str]) -> list[str]:
@@ -248,8 +246,37 @@ def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, st
         # The version's schema, not the files': a column added later is null in older files, not dropped.
         schema = from_arrow_schema(_arrow_schema(dt))
         files = dt.file_uris()
-        if files:
+        if not files:
+            out[name] = spark.createDataFrame([], schema)
+        elif files[0].startswith("/"):
             out[name] = spark.read.schema(schema).parquet(*map(_spark_path, files))
         else:
-            out[name] = spark.createDataFrame([], schema)
+            out[name] = _object_store_frame(spark, files, _arrow_schema(dt), schema)
     return out
+
+
+def _object_store_frame(spark, files: list[str], arrow_schema, schema):
+    """A DataFrame of Parquet files on an object store, read by Spark tasks through pyarrow (each rebuilds the
+    filesystem from the URI and the environment): Spark's own reader would need the store's Hadoop connector
+    (hadoop-aws for s3a://...), which a plain PySpark install lacks."""
+    sc = spark.sparkContext
+    rdd = sc.parallelize([(f,) for f in files], max(1, min(len(files), 4 * sc.defaultParallelism)))
+    return spark.createDataFrame(rdd, "file string").mapInArrow(_FileReader(arrow_schema), schema)
+
+
+class _FileReader:
+    """mapInArrow's function: each input row names one Parquet file; out come its rows in the version's schema
+    (a column added later is null in older files)."""
+
+    def __init__(self, arrow_schema):
+        self.schema = arrow_schema
+
+    def __call__(self, batches):
+        import pyarrow.dataset as ds
+
+        from .location import filesystem
+
+        for batch in batches:
+            for uri in batch.column(0).to_pylist():
+                fs, path = filesystem(uri)
+                yield from ds.dataset([path], schema=self.schema, format="parquet", filesystem=fs).to_batches()

@@ -8,11 +8,16 @@ At commit, the partitions are folded one at a time (a later generation's state o
 later one kept from "before" takes the earlier generation's value) and streamed to delta-rs as the MERGE's
 source: one commit per table, with memory bounded by a partition, not by the transaction. Staged files are
 the batch's alone: a new batch (or a restart after kill -9) removes what a previous one left.
+
+A lake on an object store (a URI root) stages in the task's local temporary directory instead: the task that
+writes a batch's staged files is the one that reads them back, within that batch, so they need no store.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import tempfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +32,10 @@ PARTITIONS = 32
 OP, KEEP = "_op", "_keep"
 
 
-def staging_dir(root: Path, workflow: str) -> Path:
+def staging_dir(root: Path | str, workflow: str) -> Path:
+    if "://" in str(root):
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"sluicegate-staging-{digest}" / workflow
     return Path(root) / "_sluicegate" / "staging" / workflow
 
 

@@ -4,7 +4,11 @@ Written whole to a temporary file in the same directory, fsynced, then `os.repla
 reader (or a restart after kill -9) sees the old document or the new one, never a mix. Read-modify-write
 goes under an flock on a sibling lock file, so `workflow stop` and a running driver never lose each other's
 change. A second flock (run.lock), held for the driver's life, keeps one driver per workflow; the kernel
-drops it when the driver dies. Local paths only (os.replace and flock are what make it atomic).
+drops it when the driver dies. That is `Store`, for local paths (os.replace and flock make it atomic).
+
+On an object store (`delta:s3://...`, any URI delta-rs supports) there is no rename and no flock: `DeltaStore`
+keeps each workflow's document as a one-row Delta table, PATH/_sluicegate/workflows/<W>, and one driver per
+workflow holds a lease in that row instead of the flock (see DeltaStore).
 """
 
 from __future__ import annotations
@@ -12,15 +16,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import socket
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import RetryableError, UsageError
 from ..postgres.catalog import Table
+from . import location
+
+log = logging.getLogger("sluicegate")
 
 INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
 # Housekeeping `workflow run` does between batches: seconds between runs (0: never), vacuum's retention.
@@ -165,8 +176,12 @@ class Store:
         with contextlib.suppress(OSError):
             d.rmdir()
 
-    def hold_run_lock(self, name: str):
-        """The driver's lock, held until the returned file is closed (or the process dies)."""
+    def describe(self, name: str) -> str:
+        return f"{self.dir(name) / 'state.json'} (a JSON document replaced atomically)"
+
+    def hold_run_lock(self, name: str, on_lost=None):
+        """The driver's lock, held until the returned file is closed (or the process dies). (`on_lost`: for
+        DeltaStore's lease; the kernel's lock cannot be lost.)"""
         self.dir(name).mkdir(parents=True, exist_ok=True)
         f = open(self.dir(name) / "run.lock", "a+")  # noqa: SIM115 - held for the driver's life
         try:
@@ -217,3 +232,278 @@ class Store:
             os.fsync(dir_fd)  # the rename itself survives a crash
         finally:
             os.close(dir_fd)
+
+
+def open_store(target) -> Store | DeltaStore:
+    """The state store of a `delta:PATH` target (or a Location): files for a local path, Delta for a URI."""
+    loc = target if isinstance(target, location.Location) else location.parse(target)
+    return Store(Path(loc.uri)) if loc.local else DeltaStore(loc)
+
+
+_DOC_SCHEMA = None
+
+
+def _doc_schema():
+    global _DOC_SCHEMA
+    if _DOC_SCHEMA is None:
+        import pyarrow as pa
+
+        _DOC_SCHEMA = pa.schema([pa.field("doc", pa.string()), pa.field("lease", pa.string())])
+    return _DOC_SCHEMA
+
+
+LEASE_SECONDS = 30.0  # a driver renews its lease every third of this; a killed one's lease lapses after it
+MAINTAIN_EVERY = 50  # versions between checkpoint + log cleanup + vacuum of a state table
+
+
+def _merge(base, mine, theirs):
+    """Three-way merge of JSON values: what `mine` changed from `base`, applied over `theirs`."""
+    if mine == base:
+        return theirs
+    if isinstance(base, dict) and isinstance(mine, dict) and isinstance(theirs, dict):
+        out = dict(theirs)
+        for k in set(base) | set(mine):
+            if k not in mine:
+                out.pop(k, None)
+            else:
+                out[k] = _merge(base.get(k), mine[k], theirs.get(k))
+        return out
+    if (isinstance(base, list) and isinstance(mine, list) and isinstance(theirs, list)
+            and len(base) == len(mine) == len(theirs)):
+        return [_merge(b, m, t) for b, m, t in zip(base, mine, theirs)]
+    return mine
+
+
+class _Read:
+    def __init__(self, dt, doc: dict | None, lease: dict | None):
+        self.dt, self.doc, self.lease = dt, doc, lease
+
+
+class DeltaStore:
+    """Workflow documents on any store delta-rs supports: PATH/_sluicegate/workflows/<W>, a Delta table of one
+    row (doc: the state JSON, lease: the running driver's lease JSON).
+
+    Every change is one overwrite commit of that row, made at the version it read and never rebased
+    (max_commit_retries=0): the store's put-if-absent of the log entry makes it atomic, and a concurrent change
+    (`workflow stop` while the driver writes) fails the commit instead of being lost. `update` then reads the
+    new version and applies the caller's changes to it again (a three-way merge of the JSON: the fields the
+    caller changed, over the fresh document), so each change lands once, in commit order.
+
+    One driver per workflow: a lease (driver id, host, pid, expiry) that a thread of the driver renews. Taking
+    it is such a commit too, so of two drivers started at once, one commits and the other, reading again,
+    finds the lease held. A lease lapses when not renewed (killed driver), at once when its holder is a dead
+    process of this host. A driver that finds its lease taken stops (its data commits are idempotent by app
+    transaction anyway). Every MAINTAIN_EVERY versions the table is checkpointed and its old log entries and
+    removed files deleted, so it stays small however long the workflow runs.
+    """
+
+    def __init__(self, loc: location.Location):
+        self.location = loc
+        self.root = loc.uri
+        self.base = loc.join("_sluicegate", "workflows")
+
+    def dir(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def describe(self, name: str) -> str:
+        return f"{self.dir(name)} (a one-row Delta table: each change is a commit)"
+
+    # --- reading and committing the row -------------------------------------------------------------------
+
+    def _read(self, name: str) -> _Read | None:
+        import pyarrow.dataset as ds
+
+        from .read import _open
+
+        for attempt in range(5):
+            dt = _open(self.dir(name))
+            if dt is None:
+                return None
+            try:
+                fs, paths = location.filesystem(dt.file_uris()[0]) if dt.file_uris() else (None, None)
+                if fs is None:
+                    return _Read(dt, None, None)
+                row = ds.dataset([paths], schema=_doc_schema(), filesystem=fs).to_table().to_pylist()
+            except (FileNotFoundError, OSError):
+                # the version's file was removed by a newer version and vacuumed since: read the newer one
+                if attempt == 4:
+                    raise
+                continue
+            if not row:
+                return _Read(dt, None, None)
+            doc, lease = row[0]["doc"], row[0]["lease"]
+            return _Read(dt, json.loads(doc) if doc else None, json.loads(lease) if lease else None)
+        return None
+
+    def _commit(self, name: str, read: _Read | None, doc: dict, lease: dict | None) -> bool:
+        """The row as (doc, lease) at the version `read` saw; False when another commit came first."""
+        import pyarrow as pa
+        from deltalake import CommitProperties, write_deltalake
+        from deltalake.exceptions import CommitFailedError, DeltaError
+
+        row = pa.table({"doc": [json.dumps(doc, sort_keys=True, default=str)],
+                        "lease": [json.dumps(lease) if lease else None]}, schema=_doc_schema())
+        try:
+            if read is None:
+                write_deltalake(self.dir(name), row, mode="error", name=f"sluicegate state {name}",
+                                configuration={"delta.logRetentionDuration": "interval 1 minute"})
+            else:
+                write_deltalake(read.dt, row, mode="overwrite",
+                                commit_properties=CommitProperties(max_commit_retries=0))
+        except CommitFailedError:
+            return False
+        except DeltaError as exc:
+            if read is None and "already exists" in str(exc):
+                return False
+            raise
+        if read is not None and (read.dt.version() + 1) % MAINTAIN_EVERY == 0:
+            self._maintain(name)
+        return True
+
+    def _maintain(self, name: str) -> None:
+        from .read import _open
+
+        try:
+            dt = _open(self.dir(name))
+            dt.create_checkpoint()
+            dt.cleanup_metadata()
+            # Only files a newer version removed (not full=True: a concurrent writer's file not yet committed
+            # is no version's and must stay); a reader of an old version then reads again.
+            dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+        except Exception as exc:  # noqa: BLE001 - the next maintenance tries again
+            log.debug("maintenance of state %s: %s", self.dir(name), exc)
+
+    def _not_found(self, name: str) -> UsageError:
+        known = ", ".join(self.names()) or "none"
+        return UsageError(f"workflow {name!r} not found under {self.root} (workflows there: {known})")
+
+    # --- the Store interface ------------------------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        r = self._read(name)
+        return r is not None and r.doc is not None
+
+    def names(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        fs, path = location.filesystem(self.base)
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except OSError:
+            return []
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and self.exists(i.base_name))
+
+    def load(self, name: str) -> LakeWorkflow:
+        r = self._read(name)
+        if r is None or r.doc is None:
+            raise self._not_found(name)
+        return LakeWorkflow.from_json(r.doc)
+
+    def create(self, wf: LakeWorkflow) -> None:
+        wf.created_at = wf.updated_at = time.time()
+        r = self._read(wf.name)
+        if (r is not None and r.doc is not None) or not self._commit(wf.name, r, wf.to_json(), None):
+            raise UsageError(f"workflow {wf.name!r} already exists under {self.root}: pick another name, "
+                             f"or `sluicegate workflow delete {wf.name} --target delta:{self.root}`")
+
+    @contextlib.contextmanager
+    def update(self, name: str) -> Iterator[LakeWorkflow]:
+        """Read, let the caller change, commit; on a concurrent commit, the caller's changes again over the
+        newer document (not on an exception)."""
+        r = self._read(name)
+        if r is None or r.doc is None:
+            raise self._not_found(name)
+        base = json.loads(json.dumps(r.doc))
+        wf = LakeWorkflow.from_json(r.doc)
+        yield wf
+        wf.updated_at = time.time()
+        mine = json.loads(json.dumps(wf.to_json(), default=str))
+        for attempt in range(100):
+            if self._commit(name, r, _merge(base, mine, r.doc) if attempt else mine, r.lease):
+                return
+            r = self._read(name)
+            if r is None or r.doc is None:
+                raise self._not_found(name)
+            time.sleep(min(0.05 * attempt, 0.5))  # others commit meanwhile: let the store settle
+        raise RetryableError(f"state of workflow {name} under {self.root}: 100 concurrent commits in a row; "
+                             f"will retry")
+
+    def delete(self, name: str) -> None:
+        fs, path = location.filesystem(self.dir(name))
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(path)
+
+    def _lease_holder(self, lease: dict | None, now: float) -> dict | None:
+        """The lease if it binds now: unexpired, and not held by a dead process of this host."""
+        if not lease or lease.get("expires", 0) <= now:
+            return None
+        if lease.get("host") == socket.gethostname():
+            from ..procs import pid_alive
+
+            if not pid_alive(int(lease.get("pid", 0))):
+                return None
+        return lease
+
+    def is_running(self, name: str) -> bool:
+        r = self._read(name)
+        return r is not None and self._lease_holder(r.lease, time.time()) is not None
+
+    def hold_run_lock(self, name: str, on_lost=None) -> _Lease:
+        """Take the workflow's lease (or fail saying who holds it); renewed until the returned lease is closed.
+        `on_lost()` runs if another driver takes it meanwhile (after ours lapsed)."""
+        lease = {"id": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+        while True:
+            r = self._read(name)
+            if r is None or r.doc is None:
+                raise self._not_found(name)
+            held = self._lease_holder(r.lease, time.time())
+            if held is not None:
+                raise UsageError(f"workflow {name!r} is already being run by another `sluicegate workflow run` "
+                                 f"(pid {held.get('pid')} on {held.get('host')}; its lease lapses in "
+                                 f"{max(0, held['expires'] - time.time()):.0f}s unless renewed)")
+            lease["expires"] = time.time() + LEASE_SECONDS
+            if self._commit(name, r, r.doc, lease):
+                return _Lease(self, name, lease, on_lost)
+
+    def _renew(self, name: str, lease: dict, release: bool = False) -> bool:
+        """Extend (or drop) our lease; False when it is not ours any more."""
+        while True:
+            r = self._read(name)
+            if r is None or r.doc is None or not r.lease or r.lease.get("id") != lease["id"]:
+                return False
+            new = None if release else dict(lease, expires=time.time() + LEASE_SECONDS)
+            if self._commit(name, r, r.doc, new):
+                if new:
+                    lease.update(new)
+                return True
+
+
+class _Lease:
+    """A held lease: a thread renews it; close() drops it."""
+
+    def __init__(self, store: DeltaStore, name: str, lease: dict, on_lost):
+        self.store, self.name, self.lease, self.on_lost = store, name, lease, on_lost
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._keep, daemon=True, name=f"sg-lease-{name}")
+        self.thread.start()
+
+    def _keep(self) -> None:
+        while not self.done.wait(LEASE_SECONDS / 3):
+            try:
+                ours = self.store._renew(self.name, self.lease)
+            except Exception as exc:  # noqa: BLE001 - the store may be unreachable a while: try again
+                log.warning("could not renew the lease of workflow %s: %s", self.name, exc)
+                ours = time.time() < self.lease["expires"]
+            if not ours:
+                log.error("workflow %s: another driver took its lease; this one stops", self.name)
+                if self.on_lost:
+                    self.on_lost()
+                return
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        try:
+            self.store._renew(self.name, self.lease, release=True)
+        except Exception as exc:  # noqa: BLE001 - it lapses by itself
+            log.warning("could not release the lease of workflow %s: %s", self.name, exc)

@@ -28,8 +28,9 @@ from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ..position import format_lsn
 from ..postgres.catalog import Table
 from ..postgres.snapshot import take_snapshot
+from . import location
 from .player import LakePlayTask, play
-from .state import COPYING, ERROR, INIT, Store, lake_path
+from .state import COPYING, ERROR, INIT, open_store
 
 log = logging.getLogger("sluicegate")
 
@@ -65,7 +66,7 @@ def _read_tasks(batches):
             yield from read_range(SourceRange(**d))
 
 
-def check_comparable(store: Store, name: str, *, driver: bool = True) -> None:
+def check_comparable(store, name: str, *, driver: bool = True) -> None:
     """`driver`: also refuse when a driver holds the run lock (not once the vdiff holds it)."""
     wf = store.load(name)
     if wf.state in (INIT, COPYING) or any(not t.done for t in wf.tables):
@@ -99,8 +100,8 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
         range_rows: int | None = None, stop: threading.Event | None = None) -> dict:
     """Compare, return the report (vdiff/report.py's shape: workflow, state, source_position, equal,
     differences, and per table rows_compared, missing, extra, mismatched, samples)."""
-    root = lake_path(target)
-    store = Store(root)
+    root = location.parse(target).uri
+    store = open_store(target)
     check_comparable(store, name)
     lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
     try:

@@ -1,0 +1,100 @@
+"""Where a Delta target lives: `delta:PATH`, PATH a local directory or a URI delta-rs supports.
+
+One parse for every module: the root as delta-rs takes it (a local absolute path, or `scheme://...`), and a
+pyarrow filesystem for the files sluicegate writes and reads itself (copy files, consistent reads). `file://`
+is local. Credentials are never part of the location: delta-rs and pyarrow read them from the environment
+(AWS_*, AZURE_*, GOOGLE_*), on the driver and on every Spark executor, so nothing stored or printed holds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+PREFIX = "delta:"
+# Schemes delta-rs 1.x opens (object_store) and pyarrow can read and write too.
+REMOTE = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "az": "Azure", "abfs": "Azure", "abfss": "Azure",
+          "azure": "Azure", "adl": "Azure"}
+WAY_OUT = "use a local directory, s3://, gs:// or abfss:// (credentials in the AWS_*/GOOGLE_*/AZURE_* environment)"
+
+
+@dataclass(frozen=True)
+class Location:
+    uri: str  # a local absolute path (no scheme), or scheme://bucket/path without a trailing slash
+
+    @property
+    def local(self) -> bool:
+        return "://" not in self.uri
+
+    @property
+    def scheme(self) -> str:
+        return "" if self.local else self.uri.split("://", 1)[0].lower()
+
+    @property
+    def target(self) -> str:
+        return PREFIX + self.uri
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.uri.rstrip("/"), *(p.strip("/") for p in parts if p.strip("/"))])
+
+    def table(self, schema: str, name: str) -> str:
+        """The URI of the Delta table of schema.name: ROOT/<schema>/<name>."""
+        return self.join(schema, name)
+
+    def filesystem(self):
+        """(pyarrow filesystem, the root's path on it). Executors call this too: it needs only the URI and the
+        environment."""
+        return filesystem(self.uri)
+
+
+def filesystem(uri: str):
+    """(pyarrow filesystem, path on it) of a local path or a URI."""
+    import pyarrow.fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), uri
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary by scheme (ArrowInvalid, NotImplemented)
+        scheme = uri.split("://", 1)[0]
+        raise UsageError(f"target {uri}: pyarrow cannot open {scheme}:// here ({str(exc).splitlines()[0]}); "
+                         f"{WAY_OUT}") from None
+
+
+def parse(target: str | Path) -> Location:
+    """`delta:PATH`, PATH, `file://PATH` or `scheme://...` as a Location."""
+    raw = str(target).removeprefix(PREFIX).strip()
+    if raw.startswith("file://"):
+        raw = raw.removeprefix("file://")
+    if not raw:
+        raise UsageError("target delta: names no directory: delta:/path/to/lake or delta:s3://bucket/lake")
+    if "://" not in raw:
+        return Location(str(Path(raw).expanduser().resolve()))
+    scheme, _, rest = raw.partition("://")
+    scheme = scheme.lower()
+    if scheme == "memory":
+        raise UsageError(f"target {target}: memory:// lives in one process, and a workflow's driver, tasks and "
+                         f"commands are several; {WAY_OUT}")
+    if scheme not in REMOTE:
+        raise UsageError(f"target {target}: scheme {scheme}:// is not one sluicegate writes a Delta target to; "
+                         f"{WAY_OUT}")
+    rest = rest.rstrip("/")
+    if not rest:
+        raise UsageError(f"target {target} names no bucket: delta:{scheme}://bucket/lake")
+    return Location(f"{scheme}://{rest}")
+
+
+def filesystem_paths(uris: list[str]):
+    """(pyarrow filesystem, paths on it) of file URIs (or local paths) of one store."""
+    if not uris:
+        import pyarrow.fs as pafs
+
+        return pafs.LocalFileSystem(), []
+    fs, first = filesystem(uris[0])
+    if "://" not in uris[0]:
+        return fs, list(uris)
+    if uris[0].split("://", 1)[0].lower() in ("s3", "s3a", "gs", "gcs"):
+        return fs, [u.split("://", 1)[1] for u in uris]  # bucket/key: what from_uri gives, without a client each
+    return fs, [first, *(filesystem(u)[1] for u in uris[1:])]
