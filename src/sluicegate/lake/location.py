@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import RetryableError, UsageError
 
 PREFIX = "delta:"
 # Schemes delta-rs 1.x opens (object_store) and pyarrow can read and write too.
@@ -57,10 +57,15 @@ def filesystem(uri: str):
         return pafs.LocalFileSystem(), uri
     try:
         return pafs.FileSystem.from_uri(uri)
-    except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary by scheme (ArrowInvalid, NotImplemented)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary by scheme and cause
+        import pyarrow as pa
+
         scheme = uri.split("://", 1)[0]
-        raise UsageError(f"target {uri}: pyarrow cannot open {scheme}:// here ({str(exc).splitlines()[0]}); "
-                         f"{WAY_OUT}") from None
+        why = str(exc).splitlines()[0][:300]
+        if isinstance(exc, pa.ArrowNotImplementedError) or "nrecognized filesystem" in why:
+            raise UsageError(f"target {uri}: pyarrow cannot open {scheme}:// here ({why}); {WAY_OUT}") from None
+        raise RetryableError(f"{uri}: cannot reach the store ({why}); check its address and the credentials in "
+                             f"the environment") from None
 
 
 def parse(target: str | Path) -> Location:

@@ -40,12 +40,12 @@ PREFIX = "delta:"
 
 
 def lake_path(target: str) -> Path:
-    """`delta:PATH` -> PATH (a local directory)."""
+    """`delta:PATH` -> PATH (a local directory). A URI target goes through location.parse and open_store."""
     raw = target.removeprefix(PREFIX)
     raw = raw.removeprefix("file://")
     if "://" in raw:
-        raise UsageError(f"target {target}: the Delta target keeps its state with local-file atomicity; "
-                         f"name a local directory (delta:/path/to/lake)")
+        raise UsageError(f"target {target} is a URI, and this path needs a local directory (delta:/path/to/lake); "
+                         f"URIs go through lake.location.parse and lake.state.open_store")
     if not raw:
         raise UsageError("target delta: names no directory: delta:/path/to/lake")
     return Path(raw).expanduser().resolve()
@@ -274,6 +274,29 @@ def _merge(base, mine, theirs):
     return mine
 
 
+def _changed(base, new, path=()) -> set[tuple]:
+    """The paths of the leaves (dict keys, list items of same-length lists) where `new` differs from `base`."""
+    if base == new:
+        return set()
+    if isinstance(base, dict) and isinstance(new, dict):
+        out = set()
+        for k in set(base) | set(new):
+            out |= _changed(base.get(k), new.get(k), (*path, k)) if k in base and k in new else {(*path, k)}
+        return out
+    if isinstance(base, list) and isinstance(new, list) and len(base) == len(new):
+        return set().union(*(_changed(b, n, (*path, i)) for i, (b, n) in enumerate(zip(base, new))))
+    return {path}
+
+
+def _overlap(a: set[tuple], b: set[tuple]) -> tuple | None:
+    """A path of `a` that is, contains or lies in one of `b`."""
+    for p in a:
+        for q in b:
+            if p[:len(q)] == q or q[:len(p)] == p:
+                return p
+    return None
+
+
 class _Read:
     def __init__(self, dt, doc: dict | None, lease: dict | None):
         self.dt, self.doc, self.lease = dt, doc, lease
@@ -287,7 +310,9 @@ class DeltaStore:
     (max_commit_retries=0): the store's put-if-absent of the log entry makes it atomic, and a concurrent change
     (`workflow stop` while the driver writes) fails the commit instead of being lost. `update` then reads the
     new version and applies the caller's changes to it again (a three-way merge of the JSON: the fields the
-    caller changed, over the fresh document), so each change lands once, in commit order.
+    caller changed, over the fresh document), so each change lands once, in commit order. When the other
+    commit changed one of the same fields, the caller's change was computed from a stale value: that is a
+    RetryableError (the driver's loop steps again; a command says to run it again), never a lost update.
 
     One driver per workflow: a lease (driver id, host, pid, expiry) that a thread of the driver renews. Taking
     it is such a commit too, so of two drivers started at once, one commits and the other, reading again,
@@ -416,14 +441,22 @@ class DeltaStore:
         base = json.loads(json.dumps(r.doc))
         wf = LakeWorkflow.from_json(r.doc)
         yield wf
-        wf.updated_at = time.time()
+        wf.updated_at = base["updated_at"] = time.time()  # (not a change that can collide)
         mine = json.loads(json.dumps(wf.to_json(), default=str))
+        changed = _changed(base, mine)
         for attempt in range(100):
+            if not changed:
+                return
             if self._commit(name, r, _merge(base, mine, r.doc) if attempt else mine, r.lease):
                 return
             r = self._read(name)
             if r is None or r.doc is None:
                 raise self._not_found(name)
+            theirs = _changed(base, r.doc) - {("updated_at",)}
+            clash = _overlap(changed, theirs)
+            if clash:
+                raise RetryableError(f"workflow {name}: its state field {'.'.join(map(str, clash))} changed "
+                                     f"under this update (another command or driver wrote it); run it again")
             time.sleep(min(0.05 * attempt, 0.5))  # others commit meanwhile: let the store settle
         raise RetryableError(f"state of workflow {name} under {self.root}: 100 concurrent commits in a row; "
                              f"will retry")
