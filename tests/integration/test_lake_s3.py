@@ -98,7 +98,9 @@ def test_movetables_into_s3_survives_kill_9(s3, pair, spark, tmp_path):
     make_source(pair, 3000)
     root = f"s3://{BUCKET}/k9{os.getpid()}"
     target = f"delta:{root}"
-    lake.create("s3k", pair.source, target, None, None, [], {"cycle_rows": 1000, "chunk_rows": 400})
+    # stage_rows: batches stage their net effect (in the task's local temporary directory for a URI lake)
+    lake.create("s3k", pair.source, target, None, None, [], {"cycle_rows": 1000, "chunk_rows": 400,
+                                                              "stage_rows": 40})
     store = open_store(target)
     assert isinstance(store, DeltaStore)
     writer = Writer(pair.source, 3000, pause=0.005)
@@ -129,6 +131,15 @@ def test_movetables_into_s3_survives_kill_9(s3, pair, spark, tmp_path):
     assert wf.state == "Running" and not store.is_running("s3k")
     assert_equal(pair, root, wf)
     assert slot_confirmed(pair, wf.slot) <= wf.position
+
+    # vdiff plays the stream to its own point on S3 (writes since the driver stopped) and compares there.
+    pair.src("UPDATE items SET qty = qty + 100 WHERE id % 11 = 0")
+    diff = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "vdiff", "s3k", "--target", target,
+                           "--spark-master", "local[2]", "--json"], capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert diff.returncode == 0, diff.stderr[-2000:]
+    report = json.loads(diff.stdout)
+    assert report["equal"] and report["tables"]["public.items"]["rows_compared"] > 2000
 
 
 def test_s3_target_commands_two_drivers_and_readers(s3, pair, spark, tmp_path):

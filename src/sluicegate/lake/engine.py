@@ -57,14 +57,25 @@ class LakeEngine:
         self.tag = f"sluicegate-lake-{workflow}"
 
     def run(self) -> str:
-        lock = self.store.hold_run_lock(self.workflow, on_lost=self.stop.set)
+        lost = threading.Event()
+
+        def on_lost() -> None:  # fencing: another driver holds the workflow's lease now (lake/state.py)
+            lost.set()
+            self.stop.set()
+
+        lock = self.store.hold_run_lock(self.workflow, on_lost=on_lost)
         done = threading.Event()
         threading.Thread(target=self._cancel_on_stop, args=(done,), daemon=True, name="sg-lake-stop").start()
         try:
-            return self._loop()
+            final = self._loop()
         finally:
             done.set()
             lock.close()
+        if lost.is_set():
+            raise TerminalError(f"workflow {self.workflow}: another driver took its lease (this one could not "
+                                f"renew it in time), so this one stopped; `sluicegate workflow status "
+                                f"{self.workflow} --target {self.target}` shows which runs it")
+        return final
 
     def _cancel_on_stop(self, done: threading.Event) -> None:
         while not done.is_set():

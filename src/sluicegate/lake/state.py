@@ -297,6 +297,17 @@ def _overlap(a: set[tuple], b: set[tuple]) -> tuple | None:
     return None
 
 
+def _why(exc: Exception) -> str:
+    """delta-rs's error in one line: its first line and its innermost cause."""
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m|↳", "", ln).strip() for ln in str(exc).splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"
+
+
 class _Read:
     def __init__(self, dt, doc: dict | None, lease: dict | None):
         self.dt, self.doc, self.lease = dt, doc, lease
@@ -341,7 +352,12 @@ class DeltaStore:
         from .read import _open
 
         for attempt in range(5):
-            dt = _open(self.dir(name))
+            try:
+                dt = _open(self.dir(name))
+            except OSError as exc:  # delta-rs: no such bucket, no credentials, store unreachable
+                raise RetryableError(f"state of workflow {name} at {self.dir(name)}: cannot read it "
+                                     f"({_why(exc)}); check the store's address and the credentials in the "
+                                     f"environment (AWS_*, AZURE_*, GOOGLE_*)") from None
             if dt is None:
                 return None
             try:
