@@ -110,11 +110,16 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
 
     store = open_store(target)
     store.load(name)  # a typo fails before Spark starts
-    if store.is_running(name):  # so does a second driver (the lock taken after decides a race)
-        raise UsageError(f"workflow {name!r} is already being run by another `sluicegate workflow run`")
-    spark = start_in_background(spark_master, conf=conf, session=False, light_jvm=True)
-    runners.append(SparkRunner(spark))
-    final = LakeEngine(target, name, runners[0], stop=stop).run()
+    engine = LakeEngine(target, name, None, stop=stop)
+    engine.hold()  # so does a second driver
+    try:
+        spark = start_in_background(spark_master, conf=conf, session=False, light_jvm=True)
+        runners.append(SparkRunner(spark))
+    except BaseException:
+        engine.lock.close()
+        raise
+    engine.runner = runners[0]
+    final = engine.run()
     if final == ERROR:
         raise SluicegateError(f"workflow {name} stopped in Error: {store.load(name).message}")
     return final

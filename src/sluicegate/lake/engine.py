@@ -55,15 +55,23 @@ class LakeEngine:
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
         self.tag = f"sluicegate-lake-{workflow}"
+        self.lock = None
+        self.lost = threading.Event()
 
-    def run(self) -> str:
-        lost = threading.Event()
+    def hold(self) -> None:
+        """Take the workflow's run lock (a lease on an object store); `run` does if the caller did not (the CLI
+        does before Spark starts, so a second driver exits at once)."""
 
         def on_lost() -> None:  # fencing: another driver holds the workflow's lease now (lake/state.py)
-            lost.set()
+            self.lost.set()
             self.stop.set()
 
-        lock = self.store.hold_run_lock(self.workflow, on_lost=on_lost)
+        self.lock = self.store.hold_run_lock(self.workflow, on_lost=on_lost)
+
+    def run(self) -> str:
+        if self.lock is None:
+            self.hold()
+        lock, lost = self.lock, self.lost
         done = threading.Event()
         threading.Thread(target=self._cancel_on_stop, args=(done,), daemon=True, name="sg-lake-stop").start()
         try:
@@ -71,6 +79,7 @@ class LakeEngine:
         finally:
             done.set()
             lock.close()
+            self.lock = None
         if lost.is_set():
             raise TerminalError(f"workflow {self.workflow}: another driver took its lease (this one could not "
                                 f"renew it in time), so this one stopped; `sluicegate workflow status "
