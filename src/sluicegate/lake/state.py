@@ -253,7 +253,9 @@ def _doc_schema():
 
 
 LEASE_SECONDS = 30.0  # a driver renews its lease every third of this; a killed one's lease lapses after it
-MAINTAIN_EVERY = 50  # versions between checkpoint + log cleanup + vacuum of a state table
+# Versions between checkpoint + log cleanup + vacuum of a state table: a read loads the log entries since the
+# last checkpoint, one request each on an object store.
+MAINTAIN_EVERY = 20
 
 
 def _merge(base, mine, theirs):
@@ -408,9 +410,11 @@ class DeltaStore:
             dt = _open(self.dir(name))
             dt.create_checkpoint()
             dt.cleanup_metadata()
-            # Only files a newer version removed (not full=True: a concurrent writer's file not yet committed
-            # is no version's and must stay); a reader of an old version then reads again.
+            # Files a newer version removed (a reader of an old version then reads again); not full=True at
+            # once: a concurrent writer's file not yet committed is no version's and must stay.
             dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+            # Files of commits that lost a race (no version's), once surely no writer's any more.
+            dt.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False, full=True)
         except Exception as exc:  # noqa: BLE001 - the next maintenance tries again
             log.debug("maintenance of state %s: %s", self.dir(name), exc)
 
