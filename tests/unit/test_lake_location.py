@@ -186,3 +186,17 @@ def test_driver_whose_lease_is_taken_is_told(store, monkeypatch):
     finally:
         held.close()
     assert store._read("w").lease["id"] == "other"  # closing did not drop the other's lease
+
+
+def test_engine_whose_lease_is_taken_stops_with_an_error(store, tmp_path, monkeypatch):
+    from sluicegate.errors import TerminalError
+    from sluicegate.lake.engine import LakeEngine
+
+    monkeypatch.setattr(state, "LEASE_SECONDS", 0.6)
+    engine = LakeEngine(f"delta:{tmp_path}", "w", None)
+    engine.store = store  # the object-store state, on a local directory
+    engine.hold()
+    _lease(store, host="elsewhere")
+    assert engine.stop.wait(10)
+    with pytest.raises(TerminalError, match="another driver took its lease"):
+        engine.run()
