@@ -1,0 +1,143 @@
+"""Replicate into a PostgreSQL sink and a Delta sink (delta:PATH) at once: live writes, kill -9 of the Delta
+sink's consumer, safe time, a slot dropped behind it and `replicate bootstrap`; and the refusals of create."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import pytest
+
+from sluicegate.lake.state import Store
+from sluicegate.position import parse_lsn
+
+from ..conftest import wait_for
+from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, load_items, run, status
+from .helpers import Writer
+from .test_lake_movetables import by_key, delta_rows, source_rows
+
+pytestmark = pytest.mark.spark
+
+
+def lake_caught_up(c, root: Path) -> bool:
+    wf = Store(root).load(c.workflow)
+    flushed = parse_lsn(c.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    return wf.state == "Running" and wf.position is not None and wf.position >= flushed
+
+
+def assert_lake_equal(c, root: Path) -> None:
+    src, dst = by_key(source_rows(c.source, "public.items")), by_key(delta_rows(root, "public.items"))
+    assert src == dst, f"source {len(src)} rows, Delta sink {len(dst)}"
+
+
+class SafeTimes(threading.Thread):
+    """The Delta sink's safe time, from its state document, every half second."""
+
+    def __init__(self, root: Path, workflow: str):
+        super().__init__(daemon=True)
+        self.store, self.workflow, self.samples, self.stop_event = Store(root), workflow, [], threading.Event()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            safe = self.store.load(self.workflow).safe_time
+            if safe is not None:
+                self.samples.append(safe)
+            self.stop_event.wait(0.5)
+
+
+def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
+    c = rc
+    load_items(c, rows=3000)
+    root = tmp_path / "lake"
+    lake = f"delta:{root}"
+    out = create(c, sinks=[c.sinks[0], lake])
+    assert out.returncode == 0, out.stderr
+    assert "sink s2 (delta:" in out.stdout and "public.items: copy — new setup, Delta table created" in out.stdout
+    writer = Writer(c.source, 3000, seed=27, pause=0.005)
+    writer.start()
+    pg = Consumer(c.workflow, c.sinks[0], tmp_path / "pg.log").start()
+    dl = Consumer(c.workflow, lake, tmp_path / "delta.log").start()
+    times = SafeTimes(root, c.workflow)
+    times.start()
+    try:
+        wait_for(lambda: Store(root).load(c.workflow).state == "Running", 180, what="Delta sink running",
+                 describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
+        wait_for(lambda: Store(root).load(c.workflow).safe_time is not None, 60, what="a safe time")
+        dl.kill()  # kill -9 of the Delta sink's consumer while it replicates
+        before = writer.commits
+        wait_for(lambda: writer.commits > before + 30, 60, what="writes")
+        dl = Consumer(c.workflow, lake, tmp_path / "delta2.log").start()
+        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink resumed",
+                 describe=lambda: (tmp_path / "delta2.log").read_text()[-2000:])
+        assert "sink s2: resume from checkpoint" in (tmp_path / "delta2.log").read_text()
+        writer.stop_event.set()
+        writer.join()
+        assert writer.error is None, writer.error
+        wait_for(lambda: lake_caught_up(c, root), 120, what="Delta sink caught up")
+        wait_for(lambda: caught_up(c, c.sinks[0]), 120, what="PostgreSQL sink caught up")
+        assert_equal(c, c.sinks[0], "public.items", ["id"])
+        assert_lake_equal(c, root)
+        # An idle source: the Delta sink's safe time keeps moving
+        idle = Store(root).load(c.workflow).safe_time
+        wait_for(lambda: Store(root).load(c.workflow).safe_time > idle, 30, what="safe time moving, source idle")
+        st = status(c.workflow, lake)
+        assert st["kind"] == "Replicate" and st["sink"] == "s2" and st["safe_time"].endswith("Z")
+        assert st["safe_time_lag_seconds"] < 30
+        assert [s["sink"] for s in st["sinks"]] == ["s1", "s2"] and all(s["exists"] for s in st["sinks"])
+        times.stop_event.set()
+
+        # The Delta sink's slot dropped behind its stopped consumer: its next run ends in Error, with the command
+        dl.kill()
+        slot = Store(root).load(c.workflow).slot
+        c.src("SELECT pg_drop_replication_slot(%s)", (slot,))
+        c.src("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")  # changes the Delta sink must not miss
+        out = cli("workflow", "run", c.workflow, "--target", lake, "--no-progress", "--spark-master", "local[1]")
+        command = f"sluicegate replicate bootstrap {c.workflow} --sink {lake}"
+        assert out.returncode != 0 and command in out.stderr, out.stderr[-2000:]
+        assert Store(root).load(c.workflow).state == "Error"
+        out = cli("replicate", "bootstrap", c.workflow, "--sink", lake)
+        assert out.returncode == 0 and "table public.items: copy (re-bootstrap:" in out.stdout, out.stderr
+        dl = Consumer(c.workflow, lake, tmp_path / "delta3.log").start()
+        c.src("DELETE FROM items WHERE id % 10 = 1")
+        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink re-bootstrapped",
+                 describe=lambda: (tmp_path / "delta3.log").read_text()[-2000:])
+        assert_lake_equal(c, root)
+        assert pg.running(), "the PostgreSQL sink's consumer stopped"
+        wait_for(lambda: caught_up(c, c.sinks[0]), 120, what="PostgreSQL sink caught up")
+        assert_equal(c, c.sinks[0], "public.items", ["id"])
+        dl.kill()
+        out = cli("vdiff", c.workflow, "--target", lake, "--spark-master", "local[1]")
+        assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        times.stop_event.set()
+        writer.stop_event.set()
+        pg.kill()
+        dl.kill()
+    assert len(times.samples) > 3
+    assert all(a <= b for a, b in itertools.pairwise(times.samples)), "safe time went backwards"
+
+
+def test_delta_sink_refusals_create_nothing(rc, tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    c = rc
+    load_items(c, rows=10)
+    root = tmp_path / "lake"
+    write_deltalake(str(root / "public" / "items"), pa.table({"id": [1], "qty": [1], "note": ["x"]}))
+    out = create(c, sinks=[c.sinks[0], f"delta:{root}"])
+    assert out.returncode != 0
+    assert "sink tables already hold rows: sink s2 (delta:" in out.stderr and "public.items" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # nothing anywhere: no state on either sink, no slot or publication on the source
+    assert not Store(root).exists(c.workflow)
+    assert run(c.sinks[0], "SELECT to_regclass('public.items'), to_regclass('sluicegate.workflows')")[0] == (None, None)
+    assert c.src("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sg%%'")[0][0] == 0
+    out = create(c, sinks=[f"delta:{root}", f"delta:{root}/"])
+    assert out.returncode != 0 and "same Delta directory" in out.stderr, out.stderr
+    out = create(c, "--bidirectional", sinks=[f"delta:{tmp_path / 'other'}"])
+    assert out.returncode != 0 and "--bidirectional" in out.stderr, out.stderr
+    out = cli("replicate", "create", "--workflow", c.workflow, "--source-shard", f"-={c.source}",
+              "--sink", f"delta:{root}")
+    assert out.returncode != 0 and "Delta sink" in out.stderr, out.stderr
