@@ -68,7 +68,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         before = writer.commits
         wait_for(lambda: writer.commits > before + 30, 60, what="writes")
         dl = Consumer(c.workflow, lake, tmp_path / "delta2.log").start()
-        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink resumed",
+        mark = parse_lsn(c.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])  # under writes: it passes this
+        wait_for(lambda: (Store(root).load(c.workflow).position or 0) >= mark, 180, what="Delta sink resumed",
                  describe=lambda: (tmp_path / "delta2.log").read_text()[-2000:])
         assert "sink s2: resume from checkpoint" in (tmp_path / "delta2.log").read_text()
         writer.stop_event.set()
@@ -90,7 +91,13 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         # The Delta sink's slot dropped behind its stopped consumer: its next run ends in Error, with the command
         dl.kill()
         slot = Store(root).load(c.workflow).slot
-        c.src("SELECT pg_drop_replication_slot(%s)", (slot,))
+        def dropped():  # the killed consumer's walsender may not have noticed yet
+            c.src("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s "
+                  "AND active_pid IS NOT NULL", (slot,))
+            c.src("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return True
+
+        wait_for(dropped, 30, what="the Delta sink's slot dropped")
         c.src("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")  # changes the Delta sink must not miss
         out = cli("workflow", "run", c.workflow, "--target", lake, "--no-progress", "--spark-master", "local[1]")
         command = f"sluicegate replicate bootstrap {c.workflow} --sink {lake}"
