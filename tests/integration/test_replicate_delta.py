@@ -148,3 +148,66 @@ def test_delta_sink_refusals_create_nothing(rc, tmp_path):
     out = cli("replicate", "create", "--workflow", c.workflow, "--source-shard", f"-={c.source}",
               "--sink", f"delta:{root}")
     assert out.returncode != 0 and "Delta sink" in out.stderr, out.stderr
+
+
+def test_delete_delta_sink_leaves_the_other_sinks_list(rc, tmp_path):
+    c = rc
+    load_items(c, rows=10)
+    root = tmp_path / "lake"
+    out = create(c, sinks=[c.sinks[0], f"delta:{root}"])
+    assert out.returncode == 0, out.stderr
+    sinks = run(c.sinks[0], "SELECT options->'cluster'->'sinks' FROM sluicegate.workflows WHERE name = %s",
+                (c.workflow,))[0][0]
+    assert list(sinks) == ["s1", "s2"] and sinks["s2"] == f"delta:{root}"
+    out = cli("replicate", "add-tables", c.workflow, "--tables", "items", "--target", c.sinks[0])
+    assert out.returncode != 0 and "has a Delta sink s2" in out.stderr, out.stderr
+    out = cli("workflow", "delete", c.workflow, "--target", f"delta:{root}")
+    assert out.returncode == 0, out.stderr
+    assert not Store(root).exists(c.workflow)
+    sinks = run(c.sinks[0], "SELECT options->'cluster'->'sinks' FROM sluicegate.workflows WHERE name = %s",
+                (c.workflow,))[0][0]
+    assert list(sinks) == ["s1"]
+
+
+@pytest.mark.slow
+def test_postgres_sinks_governor_releases_the_delta_sinks_slot(rc, tmp_path):
+    """--max-retained-wal: the Delta sink's consumer stopped, WAL written on the source; the PostgreSQL sink's
+    consumer releases the Delta sink's slot and puts it in Error; `replicate bootstrap` brings it back."""
+    c = rc
+    load_items(c, rows=2000)
+    c.src("CREATE TABLE filler (id bigint, pad text)")
+    root = tmp_path / "lake"
+    lake = f"delta:{root}"
+    out = create(c, "--tables", "items", "--max-retained-wal", "4MB", sinks=[c.sinks[0], lake])
+    assert out.returncode == 0, out.stderr
+    pg = Consumer(c.workflow, c.sinks[0], tmp_path / "pg.log").start()
+    dl = Consumer(c.workflow, lake, tmp_path / "delta.log").start()
+    try:
+        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink running",
+                 describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
+        # the Delta sink's governor dates the WAL from samples in its state document
+        wait_for(lambda: Store(root).load(c.workflow).wal_samples, 60, what="WAL samples in the Delta state")
+        dl.kill()
+        c.src("INSERT INTO filler SELECT g, repeat('x', 200) FROM generate_series(1, 60000) g")
+        c.src("UPDATE items SET qty = qty + 1")
+        wait_for(lambda: Store(root).load(c.workflow).state == "Error", 180, what="the Delta sink released",
+                 describe=lambda: (tmp_path / "pg.log").read_text()[-2000:])
+        message = Store(root).load(c.workflow).message
+        assert "retention governor released" in message and "--max-retained-wal" in message, message
+        assert f"sluicegate replicate bootstrap {c.workflow} --sink {lake}" in message, message
+        st = status(c.workflow, lake)
+        mine = next(s for s in st["sinks"] if s["sink"] == "s2")
+        assert not mine["exists"] and mine["released"], st
+        assert any("replicate bootstrap" in w for w in st["warnings"]), st
+        assert pg.running()
+        out = cli("replicate", "bootstrap", c.workflow, "--sink", lake)
+        assert out.returncode == 0 and "copy (re-bootstrap:" in out.stdout, out.stdout + out.stderr
+        dl = Consumer(c.workflow, lake, tmp_path / "delta2.log").start()
+        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink back",
+                 describe=lambda: (tmp_path / "delta2.log").read_text()[-2000:])
+        assert_lake_equal(c, root)
+        wait_for(lambda: caught_up(c, c.sinks[0]), 120, what="PostgreSQL sink caught up")
+        assert_equal(c, c.sinks[0], "public.items", ["id"])
+    finally:
+        pg.kill()
+        dl.kill()

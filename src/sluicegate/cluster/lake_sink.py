@@ -41,7 +41,7 @@ from ..postgres.connect import connect, describe
 from ..sizes import format_size
 from .model import KIND, Cluster, slot_name
 
-ALIVE_SECONDS = 120.0  # a state document written this recently: its consumer is there (another host's)
+ALIVE_SECONDS = 30.0  # a state document written this recently (a running one writes it each second)
 
 
 def split_sinks(sinks: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
