@@ -159,6 +159,8 @@ def test_delete_delta_sink_leaves_the_other_sinks_list(rc, tmp_path):
     sinks = run(c.sinks[0], "SELECT options->'cluster'->'sinks' FROM sluicegate.workflows WHERE name = %s",
                 (c.workflow,))[0][0]
     assert list(sinks) == ["s1", "s2"] and sinks["s2"] == f"delta:{root}"
+    out = create(c, sinks=[f"delta:{root}"])  # a Delta-only workflow, but PATH already holds one of that name
+    assert out.returncode != 0 and f"sink s1 (delta:{root}) already holds workflow" in out.stderr, out.stderr
     out = cli("replicate", "add-tables", c.workflow, "--tables", "items", "--target", c.sinks[0])
     assert out.returncode != 0 and "has a Delta sink s2" in out.stderr, out.stderr
     out = cli("workflow", "delete", c.workflow, "--target", f"delta:{root}")

@@ -14,6 +14,9 @@ the slot, but that sink is not gone.
 The age of the WAL a slot holds is measured from samples of the source's WAL position (lsn, source clock)
 the governor keeps in its sink's state: the oldest WAL a slot holds (its restart_lsn) was written before the
 first sample past it. That errs on the young side by at most one sample interval: a cap is never applied early.
+
+A Delta sink (lake_sink.py) keeps its samples in its state document, and its liveness is its run lock or a
+state document written lately; released, its state goes to Error when its directory is reachable.
 """
 
 from __future__ import annotations
