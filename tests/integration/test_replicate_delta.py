@@ -13,7 +13,7 @@ from sluicegate.lake.state import Store
 from sluicegate.position import parse_lsn
 
 from ..conftest import wait_for
-from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, load_items, run, status
+from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, load_items, run, status, stream
 from .helpers import Writer
 from .test_lake_movetables import by_key, delta_rows, source_rows
 
@@ -145,6 +145,16 @@ def test_delta_sink_refusals_create_nothing(rc, tmp_path):
     assert out.returncode != 0 and "same Delta directory" in out.stderr, out.stderr
     out = create(c, "--bidirectional", sinks=[f"delta:{tmp_path / 'other'}"])
     assert out.returncode != 0 and "--bidirectional" in out.stderr, out.stderr
+    # an emptied table that still carries an earlier workflow rp's changes past the source's position
+    from deltalake import CommitProperties, Transaction
+
+    stale = tmp_path / "stale"
+    write_deltalake(str(stale / "public" / "items"), pa.table({"id": [1], "qty": [1], "note": ["x"]}).slice(0, 0),
+                    commit_properties=CommitProperties(app_transactions=[Transaction(f"sluicegate:{c.workflow}",
+                                                                                     1 << 60)]))
+    out = create(c, "--overwrite", sinks=[f"delta:{stale}"])
+    assert out.returncode != 0 and "changes would be skipped" in out.stderr, out.stderr
+    assert not Store(stale).exists(c.workflow)
     out = cli("replicate", "create", "--workflow", c.workflow, "--source-shard", f"-={c.source}",
               "--sink", f"delta:{root}")
     assert out.returncode != 0 and "Delta sink" in out.stderr, out.stderr
@@ -210,6 +220,26 @@ def test_postgres_sinks_governor_releases_the_delta_sinks_slot(rc, tmp_path):
         assert_lake_equal(c, root)
         wait_for(lambda: caught_up(c, c.sinks[0]), 120, what="PostgreSQL sink caught up")
         assert_equal(c, c.sinks[0], "public.items", ["id"])
+
+        # A healthy slot, --tables: that table re-copied (its first cycle replaces the rows), then replicated
+        dl.kill()
+        cycles = Store(root).load(c.workflow).tables[0].cycles
+        out = cli("replicate", "bootstrap", c.workflow, "--sink", lake, "--tables", "items")
+        assert out.returncode == 0 and "public.items: copy (re-bootstrap asked for)" in out.stdout, out.stdout
+        c.src("UPDATE items SET qty = qty + 1 WHERE id % 3 = 0")
+        dl = Consumer(c.workflow, lake, tmp_path / "delta3.log").start()
+        wait_for(lambda: lake_caught_up(c, root), 180, what="Delta sink re-copied",
+                 describe=lambda: (tmp_path / "delta3.log").read_text()[-2000:])
+        assert Store(root).load(c.workflow).tables[0].cycles > cycles
+        assert_lake_equal(c, root)
+
+        # The Delta sink's consumer governs the PostgreSQL sink's slot: stopped, past the cap, released
+        pg.kill()
+        c.src("INSERT INTO filler SELECT g, repeat('y', 200) FROM generate_series(1, 60000) g")
+        wait_for(lambda: stream(c.sinks[0])["state"] == "Error", 180, what="the PostgreSQL sink released",
+                 describe=lambda: (tmp_path / "delta3.log").read_text()[-2000:])
+        assert "retention governor released" in stream(c.sinks[0])["message"]
+        assert Store(root).load(c.workflow).state == "Running"
     finally:
         pg.kill()
         dl.kill()

@@ -85,6 +85,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _check_no_leftovers(src, name, slot_name(name, sink))
             _check_slots_available(src, len(sinks) + len(delta))
             identity = identify(src).to_json()
+            source_lsn = capture.wal_insert_position(src)
             # One way, a sink table is made like its source table (postgres/table_definition.py); both ways,
             # the last-writer-wins applier takes sink tables of columns and key only.
             definitions = None if bidirectional else _definitions(src, described)
@@ -99,7 +100,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite, definitions)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
-        decisions += lake_sink.check_sinks(name, delta, described, overwrite)
+        decisions += lake_sink.check_sinks(name, delta, described, overwrite, source_lsn)
         decisions.sort(key=lambda d: order.index(d.sink))
         refuse_rows(decisions)
         if notes is not None and definitions:

@@ -30,6 +30,7 @@ from ..lake.state import (
     LakeWorkflow,
     Store,
     TableState,
+    app_id,
     is_lake,
     lake_path,
     table_path,
@@ -54,9 +55,11 @@ def sink_url(target: str) -> str:
     return f"delta:{lake_path(target)}"
 
 
-def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwrite: bool) -> list:
+def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwrite: bool,
+                source_lsn: int | None = None) -> list:
     """The bootstrap decision of each Delta sink's tables (create.Decision); raises UsageError on what is
-    refused outright. Nothing is written."""
+    refused outright. Nothing is written. `source_lsn`: the source's WAL position now, which every change
+    the new workflow applies comes after."""
     from deltalake import DeltaTable
 
     from ..lake.types import arrow_schema
@@ -88,6 +91,15 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
                                  f"table out")
         for t in described:
             path = str(table_path(root, t.schema, t.name))
+            if DeltaTable.is_deltatable(path) and source_lsn is not None:
+                # An earlier workflow of this name committed changes up to this position: the player skips
+                # what a table already has by that version, so a new one must start past it.
+                have = DeltaTable(path).transaction_version(app_id(name))
+                if have is not None and have > source_lsn:
+                    raise UsageError(f"sink {sink}: Delta table {path} holds changes of an earlier workflow "
+                                     f"{name!r} up to {format_lsn(have)}, past the source's position "
+                                     f"{format_lsn(source_lsn)}: changes would be skipped; remove the table "
+                                     f"or pick another workflow name")
             if not DeltaTable.is_deltatable(path):
                 out.append(Decision(sink, url, t.qualified, "copy", CREATED.replace("sink table", "Delta table")))
             elif not _has_rows(DeltaTable(path)):
