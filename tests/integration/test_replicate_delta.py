@@ -86,6 +86,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         assert st["kind"] == "Replicate" and st["sink"] == "s2" and st["safe_time"].endswith("Z")
         assert st["safe_time_lag_seconds"] < 30
         assert [s["sink"] for s in st["sinks"]] == ["s1", "s2"] and all(s["exists"] for s in st["sinks"])
+        text = cli("workflow", "status", c.workflow, "--target", lake)
+        assert text.returncode == 0 and "sink s2: safe time 20" in text.stdout, text.stdout + text.stderr
         times.stop_event.set()
 
         # The Delta sink's slot dropped behind its stopped consumer: its next run ends in Error, with the command
