@@ -36,7 +36,8 @@ class SafeTimes(threading.Thread):
 
     def __init__(self, root: Path, workflow: str):
         super().__init__(daemon=True)
-        self.store, self.workflow, self.samples, self.stop_event = Store(root), workflow, [], threading.Event()
+        self.store, self.workflow, self.samples = Store(root), workflow, []
+        self.stop_event = threading.Event()
 
     def run(self):
         while not self.stop_event.is_set():
@@ -53,7 +54,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
     lake = f"delta:{root}"
     out = create(c, sinks=[c.sinks[0], lake])
     assert out.returncode == 0, out.stderr
-    assert "sink s2 (delta:" in out.stdout and "public.items: copy — new setup, Delta table created" in out.stdout
+    assert "sink s2 (delta:" in out.stdout
+    assert "public.items: copy — new setup, Delta table created" in out.stdout
     writer = Writer(c.source, 3000, seed=27, pause=0.005)
     writer.start()
     pg = Consumer(c.workflow, c.sinks[0], tmp_path / "pg.log").start()
@@ -68,7 +70,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         before = writer.commits
         wait_for(lambda: writer.commits > before + 30, 60, what="writes")
         dl = Consumer(c.workflow, lake, tmp_path / "delta2.log").start()
-        mark = parse_lsn(c.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])  # under writes: it passes this
+        # under writes it never reaches the latest flush position: it passes this one
+        mark = parse_lsn(c.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
         wait_for(lambda: (Store(root).load(c.workflow).position or 0) >= mark, 180, what="Delta sink resumed",
                  describe=lambda: (tmp_path / "delta2.log").read_text()[-2000:])
         assert "sink s2: resume from checkpoint" in (tmp_path / "delta2.log").read_text()
@@ -81,7 +84,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         assert_lake_equal(c, root)
         # An idle source: the Delta sink's safe time keeps moving
         idle = Store(root).load(c.workflow).safe_time
-        wait_for(lambda: Store(root).load(c.workflow).safe_time > idle, 30, what="safe time moving, source idle")
+        wait_for(lambda: Store(root).load(c.workflow).safe_time > idle, 30,
+                 what="safe time moving, source idle")
         st = status(c.workflow, lake)
         assert st["kind"] == "Replicate" and st["sink"] == "s2" and st["safe_time"].endswith("Z")
         assert st["safe_time_lag_seconds"] < 30
@@ -90,7 +94,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
         assert text.returncode == 0 and "sink s2: safe time 20" in text.stdout, text.stdout + text.stderr
         times.stop_event.set()
 
-        # The Delta sink's slot dropped behind its stopped consumer: its next run ends in Error, with the command
+        # The Delta sink's slot dropped behind its stopped consumer: its next run ends in Error, with the
+        # bootstrap command
         dl.kill()
         slot = Store(root).load(c.workflow).slot
         def dropped():  # the killed consumer's walsender may not have noticed yet
@@ -101,7 +106,8 @@ def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
 
         wait_for(dropped, 30, what="the Delta sink's slot dropped")
         c.src("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")  # changes the Delta sink must not miss
-        out = cli("workflow", "run", c.workflow, "--target", lake, "--no-progress", "--spark-master", "local[1]")
+        out = cli("workflow", "run", c.workflow, "--target", lake, "--no-progress",
+                  "--spark-master", "local[1]")
         command = f"sluicegate replicate bootstrap {c.workflow} --sink {lake}"
         assert out.returncode != 0 and command in out.stderr, out.stderr[-2000:]
         assert Store(root).load(c.workflow).state == "Error"
@@ -137,11 +143,13 @@ def test_delta_sink_refusals_create_nothing(rc, tmp_path):
     write_deltalake(str(root / "public" / "items"), pa.table({"id": [1], "qty": [1], "note": ["x"]}))
     out = create(c, sinks=[c.sinks[0], f"delta:{root}"])
     assert out.returncode != 0
-    assert "sink tables already hold rows: sink s2 (delta:" in out.stderr and "public.items" in out.stderr, out.stderr
+    assert "sink tables already hold rows: sink s2 (delta:" in out.stderr, out.stderr
+    assert "public.items" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     # nothing anywhere: no state on either sink, no slot or publication on the source
     assert not Store(root).exists(c.workflow)
-    assert run(c.sinks[0], "SELECT to_regclass('public.items'), to_regclass('sluicegate.workflows')")[0] == (None, None)
+    made = run(c.sinks[0], "SELECT to_regclass('public.items'), to_regclass('sluicegate.workflows')")
+    assert made[0] == (None, None)
     assert c.src("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sg%%'")[0][0] == 0
     out = create(c, sinks=[f"delta:{root}", f"delta:{root}/"])
     assert out.returncode != 0 and "same Delta directory" in out.stderr, out.stderr
@@ -151,9 +159,9 @@ def test_delta_sink_refusals_create_nothing(rc, tmp_path):
     from deltalake import CommitProperties, Transaction
 
     stale = tmp_path / "stale"
-    write_deltalake(str(stale / "public" / "items"), pa.table({"id": [1], "qty": [1], "note": ["x"]}).slice(0, 0),
-                    commit_properties=CommitProperties(app_transactions=[Transaction(f"sluicegate:{c.workflow}",
-                                                                                     1 << 60)]))
+    later = CommitProperties(app_transactions=[Transaction(f"sluicegate:{c.workflow}", 1 << 60)])
+    empty = pa.table({"id": [1], "qty": [1], "note": ["x"]}).slice(0, 0)
+    write_deltalake(str(stale / "public" / "items"), empty, commit_properties=later)
     out = create(c, "--overwrite", sinks=[f"delta:{stale}"])
     assert out.returncode != 0 and "changes would be skipped" in out.stderr, out.stderr
     assert not Store(stale).exists(c.workflow)

@@ -635,7 +635,8 @@ def workflow_delete(name, target, drop_tables):
 
             missed = forget_sink(Cluster.of(wf))
             if missed:
-                click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one", err=True)
+                click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one",
+                           err=True)
         return
     from ..workflow.create import delete_workflow
     from ..workflow.reshard import load_all

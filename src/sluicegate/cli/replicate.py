@@ -106,8 +106,8 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
     if source_shards:
         lake = [u for u in sinks if u.startswith("delta:")]
         if lake:
-            raise UsageError(f"a keyspace source (--source-shard) replicates into PostgreSQL sinks only, not the "
-                             f"Delta sink {lake[0]}: use --source, or a PostgreSQL sink")
+            raise UsageError(f"a keyspace source (--source-shard) replicates into PostgreSQL sinks only, "
+                             f"not the Delta sink {lake[0]}: use --source, or a PostgreSQL sink")
         if bidirectional:
             raise UsageError("--bidirectional pairs two databases: a keyspace source (--source-shard) "
                              "replicates one way only; use --source")

@@ -74,8 +74,9 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
     order = list(sinks)
     sinks, delta = lake_sink.split_sinks(sinks)  # Delta sinks (delta:PATH): lake_sink.py
     if delta and bidirectional:
-        raise UsageError(f"--bidirectional replicates back from the sink: a Delta sink ({next(iter(delta.values()))}) "
-                         f"cannot be a source; use a PostgreSQL sink, or leave out --bidirectional")
+        lake = next(iter(delta.values()))
+        raise UsageError(f"--bidirectional replicates back from the sink: a Delta sink ({lake}) cannot be a "
+                         f"source; use a PostgreSQL sink, or leave out --bidirectional")
     delta = {s: lake_sink.sink_url(u) for s, u in delta.items()}
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
@@ -113,7 +114,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _prepare_peer(peer, name, source_url, described)
             except psycopg.Error as exc:
                 raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
-        stored = {s: strip_password(u) for s, u in sorted({**sinks, **delta}.items(), key=lambda i: order.index(i[0]))}
+        every = {**sinks, **delta}
+        stored = {s: strip_password(every[s]) for s in order}
         for sink, conn in conns.items():
             cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
                               bidirectional, dict(CLUSTER_IDS) if bidirectional else {},

@@ -47,7 +47,8 @@ ALIVE_SECONDS = 30.0  # a state document written this recently (a running one wr
 
 def split_sinks(sinks: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(PostgreSQL sinks, Delta sinks), each name -> URL, in the order given."""
-    return ({s: u for s, u in sinks.items() if not is_lake(u)}, {s: u for s, u in sinks.items() if is_lake(u)})
+    lake = {s: u for s, u in sinks.items() if is_lake(u)}
+    return {s: u for s, u in sinks.items() if s not in lake}, lake
 
 
 def sink_url(target: str) -> str:
@@ -68,7 +69,8 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
     for t in described:
         if not t.key:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
-                             f"a Delta sink merges changes by key; add one on the source or leave the table out")
+                             f"a Delta sink merges changes by key; add one on the source or leave the table "
+                             f"out")
         arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
     seen: dict = {}
     out = []
@@ -86,9 +88,9 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
         for other in store.names():
             taken = mine & {t.qualified for t in store.load(other).tables}
             if taken:
-                raise UsageError(f"sink {sink} ({url}) is already the target of workflow {other!r}, which writes "
-                                 f"{min(taken)}: one workflow per sink table; delete {other!r} or leave the "
-                                 f"table out")
+                raise UsageError(f"sink {sink} ({url}) is already the target of workflow {other!r}, "
+                                 f"which writes {min(taken)}: one workflow per sink table; delete "
+                                 f"{other!r} or leave the table out")
         for t in described:
             path = str(table_path(root, t.schema, t.name))
             if DeltaTable.is_deltatable(path) and source_lsn is not None:
@@ -101,7 +103,8 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
                                      f"{format_lsn(source_lsn)}: changes would be skipped; remove the table "
                                      f"or pick another workflow name")
             if not DeltaTable.is_deltatable(path):
-                out.append(Decision(sink, url, t.qualified, "copy", CREATED.replace("sink table", "Delta table")))
+                out.append(Decision(sink, url, t.qualified, "copy",
+                                    CREATED.replace("sink table", "Delta table")))
             elif not _has_rows(DeltaTable(path)):
                 out.append(Decision(sink, url, t.qualified, "copy", "new setup, Delta table empty"))
             elif overwrite:
@@ -167,8 +170,8 @@ def at_start(target: str, name: str) -> list[str]:
                     w.state, w.message = ERROR, str(exc)
             return [f"{here}: cannot resume: {exc}"]
         held, _ = capture.retained_wal(src, wf.slot)
-    line = (f"{here}: resume from checkpoint {format_lsn(wf.position)}: slot {wf.slot} present, WAL kept from "
-            f"{format_lsn(info.restart_lsn)} ({format_size(held or 0)})")
+    line = (f"{here}: resume from checkpoint {format_lsn(wf.position)}: slot {wf.slot} present, WAL kept "
+            f"from {format_lsn(info.restart_lsn)} ({format_size(held or 0)})")
     pending = [t.qualified for t in wf.tables if not t.done]
     if pending:
         line += f"; copying {', '.join(pending)} (bootstrap in progress)"
@@ -233,7 +236,7 @@ def forget(url: str, workflow: str, sink: str) -> None:
 
 
 def status(wf: LakeWorkflow, store: Store) -> dict:
-    """What a PostgreSQL sink's status adds for Replicate (status.py): safe time, the caps, every sink's slot."""
+    """What a PostgreSQL sink's status adds for Replicate (status.py): safe time, caps, every sink's slot."""
     from . import governor
     from .safetime import lake_safe_time_fields
 
@@ -243,8 +246,9 @@ def status(wf: LakeWorkflow, store: Store) -> dict:
         with connect(cluster.source_url, role="source", autocommit=True, connect_timeout=3) as src:
             source_now = src.execute("SELECT clock_timestamp()").fetchone()[0]
             holds = governor.holds(src, LakeSamples(store, wf.name), cluster)
-            published = {r[0] for r in src.execute("SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",
-                                                    ([cluster.slot(s) for s in cluster.sinks],))}
+            published = {r[0] for r in src.execute(
+                "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",
+                ([cluster.slot(s) for s in cluster.sinks],))}
     except (SluicegateError, psycopg.Error) as exc:
         warnings.append(f"source {describe(cluster.source_url)}: {str(exc).splitlines()[0]}")
     sinks = []
@@ -256,8 +260,8 @@ def status(wf: LakeWorkflow, store: Store) -> dict:
             entry["not_yet_run"] = not hold.exists and hold.slot not in published
             if not hold.exists and (hold.released or not entry["not_yet_run"]):
                 why = f" ({hold.released})" if hold.released else ""
-                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the source{why}; "
-                                f"`{cluster.bootstrap_command(sink)}` brings it back")
+                warnings.append(f"sink {sink}: its replication slot {hold.slot} is gone from the "
+                                f"source{why}; `{cluster.bootstrap_command(sink)}` brings it back")
         sinks.append(entry)
     caps = {"max_retained_wal": format_size(cluster.max_retained_wal) if cluster.max_retained_wal else None,
             "max_retention_age_seconds": cluster.max_retention_age}
@@ -266,16 +270,17 @@ def status(wf: LakeWorkflow, store: Store) -> dict:
 
 
 def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]:
-    """`replicate bootstrap` of a Delta sink (bootstrap.py for a PostgreSQL one): a slot that cannot supply the
-    checkpoint is made again and every table re-copied; with a healthy slot, only the tables named."""
+    """`replicate bootstrap` of a Delta sink (bootstrap.py for a PostgreSQL one): a slot that cannot supply
+    the checkpoint is made again and every table re-copied; with a healthy slot, only the tables named."""
     from .bootstrap import _resolve
 
     store = Store(lake_path(target))
     wf = store.load(workflow)
     cluster = Cluster.of(wf)
     if store.is_running(workflow):
-        raise UsageError(f"workflow {workflow} is being run on sink {cluster.sink} ({target}): stop its consumer "
-                         f"(`sluicegate workflow stop {workflow} --target {target}`) and bootstrap again")
+        raise UsageError(f"workflow {workflow} is being run on sink {cluster.sink} ({target}): stop its "
+                         f"consumer (`sluicegate workflow stop {workflow} --target {target}`) and bootstrap "
+                         f"again")
     here = f"sink {cluster.sink} ({target})"
     names = {t.qualified for t in wf.tables}
     chosen = _resolve(tables, names) if tables else None
@@ -301,8 +306,8 @@ def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]
                              f"changes to all of them")
             return lines
     if not chosen:
-        return [(f"{here}: nothing to bootstrap: every table resumes from checkpoint (the slot can supply them); "
-                f"name tables with --tables to re-copy them anyway")]
+        return [(f"{here}: nothing to bootstrap: every table resumes from checkpoint (the slot can supply "
+                 f"them); name tables with --tables to re-copy them anyway")]
     with store.update(workflow) as w:
         _reset(w, set(chosen))
         w.state, w.message = COPYING, ""

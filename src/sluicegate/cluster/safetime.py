@@ -40,7 +40,8 @@ def safe_time_fields(wf: st.Workflow, conn, source_now: datetime | None) -> dict
             "safe_time_lag_seconds": round(max(0.0, (source_now - safe).total_seconds()), 3)}
 
 
-def advance_safe_time(previous: str | None, commit_time: datetime | None, source_now: datetime | None) -> str | None:
+def advance_safe_time(previous: str | None, commit_time: datetime | None,
+                      source_now: datetime | None) -> str | None:
     """A Delta sink's safe time after a batch (kept in its state document as ISO 8601 UTC): the latest of the
     previous one, the batch's last applied commit time, and the source's clock when the batch reached the
     flush position read at that clock (None when it did not). Never earlier than `previous`."""
@@ -66,4 +67,5 @@ def lake_safe_time_fields(safe_time: str | None, source_now: datetime | None) ->
     if safe is None:
         return {"safe_time": None, "safe_time_lag_seconds": None}
     now = source_now or datetime.now(timezone.utc)
-    return {"safe_time": format_time(safe), "safe_time_lag_seconds": round(max(0.0, (now - safe).total_seconds()), 3)}
+    lag = round(max(0.0, (now - safe).total_seconds()), 3)
+    return {"safe_time": format_time(safe), "safe_time_lag_seconds": lag}

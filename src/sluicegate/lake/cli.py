@@ -169,11 +169,12 @@ def format_status(s: dict) -> list[str]:
     if s.get("source_error"):
         lines.append(f"  source: {s['source_error']}")
     if "safe_time" in s:  # a Replicate sink
+        lag = s["safe_time_lag_seconds"]
         lines.append(f"  sink {s['sink']}: safe time {s['safe_time'] or '-'}"
-                     + (f" ({s['safe_time_lag_seconds']}s behind)" if s["safe_time_lag_seconds"] is not None else ""))
+                     + (f" ({lag}s behind)" if lag is not None else ""))
         for h in s["sinks"]:
-            held = (f", holds {h['retained_wal_bytes']} bytes of WAL" if h.get("retained_wal_bytes") is not None
-                    else "")
+            held = h.get("retained_wal_bytes")
+            held = f", holds {held} bytes of WAL" if held is not None else ""
             lines.append(f"  sink {h['sink']} ({h['url']}): slot {h['slot']}"
                          + (" present" if h.get("exists") else " absent") + held)
         lines += [f"  warning: {w}" for w in s["warnings"]]

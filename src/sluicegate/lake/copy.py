@@ -106,7 +106,8 @@ def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:
     return None
 
 
-def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict, mode: str = "append") -> None:
+def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict,
+                 mode: str = "append") -> None:
     """Every file of the cycle in one commit, with the copy's app transaction and the cycle's outcome;
     `mode` "overwrite" removes the table's other files in that commit."""
     from deltalake import CommitProperties, Transaction
