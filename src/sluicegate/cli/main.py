@@ -624,9 +624,19 @@ def workflow_delete(name, target, drop_tables):
     """
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
+        from ..lake.state import open_store
 
+        wf = open_store(target).load(name)
         dropped = lake.delete(name, target, drop_tables)
         click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+        if wf.kind == "Replicate":  # the other sinks stop governing and showing this one
+            from ..cluster.forget import forget_sink
+            from ..cluster.model import Cluster
+
+            missed = forget_sink(Cluster.of(wf))
+            if missed:
+                click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one",
+                           err=True)
         return
     from ..workflow.create import delete_workflow
     from ..workflow.reshard import load_all

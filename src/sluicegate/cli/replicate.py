@@ -104,6 +104,10 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
     if shard_keys and not source_shards:
         raise UsageError("--shard-key names a keyspace's sharding columns: it goes with --source-shard")
     if source_shards:
+        lake = [u for u in sinks if u.startswith("delta:")]
+        if lake:
+            raise UsageError(f"a keyspace source (--source-shard) replicates into PostgreSQL sinks only, "
+                             f"not the Delta sink {lake[0]}: use --source, or a PostgreSQL sink")
         if bidirectional:
             raise UsageError("--bidirectional pairs two databases: a keyspace source (--source-shard) "
                              "replicates one way only; use --source")
@@ -164,6 +168,8 @@ def replicate_bootstrap(name, sink, tables):
     """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
     from ..cluster.bootstrap import bootstrap
 
+    if sink.startswith("delta:"):  # a Delta sink (cluster/lake_sink.py)
+        from ..cluster.lake_sink import bootstrap
     for line in bootstrap(name, sink, _names(tables, "--tables")):
         click.echo(line)
     click.echo(f"run the sink's consumer: sluicegate workflow run {shlex.quote(name)} --target "

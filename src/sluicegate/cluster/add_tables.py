@@ -26,8 +26,18 @@ from .model import Cluster
 
 
 def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False) -> list[Decision]:
-    with connect(any_sink_url, role="target") as conn:
-        cluster = Cluster.of(st.load_workflow(conn, workflow))
+    from ..lake.state import is_lake, open_store
+
+    if is_lake(any_sink_url):
+        cluster = Cluster.of(open_store(any_sink_url).load(workflow))
+    else:
+        with connect(any_sink_url, role="target") as conn:
+            cluster = Cluster.of(st.load_workflow(conn, workflow))
+    lake = [(s, u) for s, u in cluster.sinks.items() if is_lake(u)]
+    if lake:  # a Delta sink's tables are fixed at create (cluster/lake_sink.py)
+        sink, url = lake[0]
+        raise UsageError(f"workflow {workflow!r} has a Delta sink {sink} ({url}), and add-tables does not "
+                         f"support Delta sinks yet: create another Replicate workflow for the new tables")
     if cluster.source_shards:  # its tables need a key-range rule per shard, which this does not make yet
         raise UsageError(f"workflow {workflow!r} replicates a keyspace (--source-shard): add-tables does not "
                          f"support it yet; create another Replicate workflow for the new tables")

@@ -35,7 +35,7 @@ from ..workflow.create import (
     check_not_the_source,
     check_source_tables,
 )
-from . import schema_safety
+from . import lake_sink, schema_safety
 from .model import KIND, Cluster, slot_name
 
 CLUSTER_IDS = {"a": 1, "b": 2}  # a bidirectional pair's fixed ids: --source is a, --sink is b
@@ -71,14 +71,22 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         raise UsageError(f"--bidirectional replicates between two clusters (--source and one --sink), "
                          f"{len(sink_urls) + 1} were given: name exactly one --sink")
     sinks = {"b": sink_urls[0]} if bidirectional else {f"s{i}": url for i, url in enumerate(sink_urls, 1)}
+    order = list(sinks)
+    sinks, delta = lake_sink.split_sinks(sinks)  # Delta sinks (delta:PATH): lake_sink.py
+    if delta and bidirectional:
+        lake = next(iter(delta.values()))
+        raise UsageError(f"--bidirectional replicates back from the sink: a Delta sink ({lake}) cannot be a "
+                         f"source; use a PostgreSQL sink, or leave out --bidirectional")
+    delta = {s: lake_sink.sink_url(u) for s, u in delta.items()}
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
         try:
             described = check_source_tables(src, source_url, tables, exclude)
-            for sink in sinks:
+            for sink in [*sinks, *delta]:
                 _check_no_leftovers(src, name, slot_name(name, sink))
-            _check_slots_available(src, len(sinks))
+            _check_slots_available(src, len(sinks) + len(delta))
             identity = identify(src).to_json()
+            source_lsn = capture.wal_insert_position(src)
             # One way, a sink table is made like its source table (postgres/table_definition.py); both ways,
             # the last-writer-wins applier takes sink tables of columns and key only.
             definitions = None if bidirectional else _definitions(src, described)
@@ -93,6 +101,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite, definitions)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
+        decisions += lake_sink.check_sinks(name, delta, described, overwrite, source_lsn)
+        decisions.sort(key=lambda d: order.index(d.sink))
         refuse_rows(decisions)
         if notes is not None and definitions:
             made = {d.table for d in decisions if d.reason == CREATED}
@@ -104,7 +114,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _prepare_peer(peer, name, source_url, described)
             except psycopg.Error as exc:
                 raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
-        stored = {s: strip_password(u) for s, u in sinks.items()}
+        every = {**sinks, **delta}
+        stored = {s: strip_password(every[s]) for s in order}
         for sink, conn in conns.items():
             cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
                               bidirectional, dict(CLUSTER_IDS) if bidirectional else {},
@@ -134,7 +145,10 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
             decisions += [Decision("a", source_url, t.qualified, "replicate",
                                    "the copy's source: nothing copied, the sink's changes replicate back")
                           for t in described]
-        for conn in conns.values():  # every check passed on every sink: now commit them all
+        # every check passed on every sink: the Delta sinks' tables and state, then the others' commits
+        lake_sink.create_sinks(name, source_url, delta, stored, described, options, max_retained_wal,
+                               max_retention_age)
+        for conn in conns.values():
             conn.commit()
         if peer is not None:
             peer.commit()

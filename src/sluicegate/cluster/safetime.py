@@ -14,7 +14,7 @@ takes to write and flush one commit record).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from ..workflow import state as st
 
@@ -38,3 +38,34 @@ def safe_time_fields(wf: st.Workflow, conn, source_now: datetime | None) -> dict
         return {"safe_time": None, "safe_time_lag_seconds": None}
     return {"safe_time": safe.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
             "safe_time_lag_seconds": round(max(0.0, (source_now - safe).total_seconds()), 3)}
+
+
+def advance_safe_time(previous: str | None, commit_time: datetime | None,
+                      source_now: datetime | None) -> str | None:
+    """A Delta sink's safe time after a batch (kept in its state document as ISO 8601 UTC): the latest of the
+    previous one, the batch's last applied commit time, and the source's clock when the batch reached the
+    flush position read at that clock (None when it did not). Never earlier than `previous`."""
+    times = [t for t in (parse_time(previous), commit_time, source_now) if t is not None]
+    return format_time(max(times)) if times else None
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def format_time(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def lake_safe_time_fields(safe_time: str | None, source_now: datetime | None) -> dict:
+    """`safe_time` and `safe_time_lag_seconds` of a Delta sink (by the source's clock when known, else this
+    machine's)."""
+    safe = parse_time(safe_time)
+    if safe is None:
+        return {"safe_time": None, "safe_time_lag_seconds": None}
+    now = source_now or datetime.now(timezone.utc)
+    lag = round(max(0.0, (now - safe).total_seconds()), 3)
+    return {"safe_time": format_time(safe), "safe_time_lag_seconds": lag}

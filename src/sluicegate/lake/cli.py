@@ -104,6 +104,7 @@ def housekeeping_options(given: dict) -> dict:
 
 
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list) -> str:
+    from ..cluster.lake_sink import start_consumer
     from ..spark.runner import SparkRunner
     from ..spark.session import start_in_background
     from .engine import LakeEngine
@@ -112,14 +113,20 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
     store.load(name)  # a typo fails before Spark starts
     engine = LakeEngine(target, name, None, stop=stop)
     engine.hold()  # so does a second driver
+    governor = None
     try:
         spark = start_in_background(spark_master, conf=conf, session=False, light_jvm=True)
         runners.append(SparkRunner(spark))
+        governor = start_consumer(target, name, stop)  # a Replicate sink: its bootstrap decision, the governor
     except BaseException:
         engine.lock.close()
         raise
     engine.runner = runners[0]
-    final = engine.run()
+    try:
+        final = engine.run()
+    finally:
+        if governor is not None:
+            governor.stop_soon()
     if final == ERROR:
         raise SluicegateError(f"workflow {name} stopped in Error: {store.load(name).message}")
     return final
@@ -164,6 +171,10 @@ def status(name: str, target: str) -> dict:
         out["tables"].append({"table": t.qualified, "path": str(path), "rows_copied": t.rows_copied,
                               "copied": t.done, "delta_version": version,
                               "applied_position": format_lsn(applied) if applied else None})
+    if wf.kind == "Replicate":  # safe time, the caps, every sink's slot (cluster/lake_sink.py)
+        from ..cluster.lake_sink import status as cluster_status
+
+        out |= cluster_status(wf, store)
     return out
 
 
@@ -178,6 +189,16 @@ def format_status(s: dict) -> list[str]:
              f"  position {s['position'] or '-'}" + (f"; {', '.join(lag)}" if lag else "")]
     if s.get("source_error"):
         lines.append(f"  source: {s['source_error']}")
+    if "safe_time" in s:  # a Replicate sink
+        lag = s["safe_time_lag_seconds"]
+        lines.append(f"  sink {s['sink']}: safe time {s['safe_time'] or '-'}"
+                     + (f" ({lag}s behind)" if lag is not None else ""))
+        for h in s["sinks"]:
+            held = h.get("retained_wal_bytes")
+            held = f", holds {held} bytes of WAL" if held is not None else ""
+            lines.append(f"  sink {h['sink']} ({h['url']}): slot {h['slot']}"
+                         + (" present" if h.get("exists") else " absent") + held)
+        lines += [f"  warning: {w}" for w in s["warnings"]]
     for t in s["tables"]:
         lines.append(f"  {t['table']}: {t['rows_copied']} rows copied{'' if t['copied'] else ' (copying)'}, "
                      f"Delta version {t['delta_version']}, applied up to {t['applied_position'] or '-'}")

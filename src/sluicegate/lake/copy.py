@@ -111,8 +111,10 @@ def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:
     return None
 
 
-def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict) -> None:
-    """Every file of the cycle in one commit, with the copy's app transaction and the cycle's outcome."""
+def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict,
+                 mode: str = "append") -> None:
+    """Every file of the cycle in one commit, with the copy's app transaction and the cycle's outcome;
+    `mode` "overwrite" removes the table's other files in that commit."""
     from deltalake import CommitProperties, Transaction
     from deltalake.transaction import AddAction
 
@@ -120,4 +122,4 @@ def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: di
                for f in files]
     props = CommitProperties(app_transactions=[Transaction(copy_app, outcome["cycle"])],
                              custom_metadata={CYCLE_KEY: json.dumps(outcome)})
-    dt.create_write_transaction(actions, "append", arrow_schema(table), commit_properties=props)
+    dt.create_write_transaction(actions, mode, arrow_schema(table), commit_properties=props)

@@ -167,7 +167,10 @@ class LakeEngine:
                            "rows": sum(f["rows"] for f in files), "position": snap.position}
                 if self.stop.is_set():
                     return
-                lake_copy.commit_cycle(dt, table, files, copy_app, outcome)
+                # A copy's first cycle replaces whatever the table holds: a Replicate sink's rows under
+                # --overwrite, or a re-bootstrap's stale ones (cluster/lake_sink.py)
+                lake_copy.commit_cycle(dt, table, files, copy_app, outcome,
+                                       mode="overwrite" if current.lastpk is None else "append")
         fault_point("lake.copy.before_progress")
         with self.store.update(wf.name) as w:
             t = w.table(current.qualified)

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from ..cluster.model import way_out as cluster_way_out
+from ..cluster.safetime import advance_safe_time
 from ..errors import RetryableError, TerminalError
 from ..postgres import capture
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
@@ -84,7 +86,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
     result = LakePlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds
     with connect(wf.source_url, role="source", autocommit=True) as src_ctl:
-        way_out = capture.rebootstrap(wf.name)
+        way_out = cluster_way_out(wf) or capture.rebootstrap(wf.name)  # a Replicate sink's: its bootstrap
         info = capture.check_slot(src_ctl, wf.slot, task.position, way_out)
         capture.release_slot(src_ctl, wf.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
@@ -109,7 +111,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if current.state not in playable or current.position != result.position:
                     result.interrupted = f"stream is {current.state} at {current.position}"
                     return result
-                flushed, _source_now = capture.wal_flush_position(src_ctl)
+                flushed, source_now = capture.wal_flush_position(src_ctl)
                 batch = _read_batch(task, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
                 if batch.spills:
@@ -131,6 +133,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                             w.transaction_time = batch.commit_time.isoformat()
                         if not batch.limited:
                             w.caught_up_at = time.time()
+                        w.safe_time = advance_safe_time(w.safe_time, batch.commit_time,
+                                                        None if batch.limited else source_now)
                         for q in merged:
                             w.table(q).applied = batch.position
                         for q, spec in batch.reshaped.items():
