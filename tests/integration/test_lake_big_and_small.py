@@ -224,12 +224,20 @@ def test_housekeeping_on_a_schedule(pair, spark, tmp_path):
     bad = sluicegate("movetables", "create", "--workflow", "hk", "--source", pair.source, "--target", target,
                      "--vacuum-every", "soon")
     assert bad.returncode == 1 and "--vacuum-every" in bad.stderr
+    # Made with a schedule under which nothing would run during the test (optimize hourly, vacuum never); the
+    # test changes it with `lake schedule` while the driver runs, whose play task then ends and replans.
     made = sluicegate("movetables", "create", "--workflow", "hk", "--source", pair.source, "--target", target,
-                      "--optimize-every", "2s", "--vacuum-every", "3s", "--vacuum-retention", "0s")
+                      "--optimize-every", "1h", "--vacuum-every", "0", "--vacuum-retention", "0s")
     assert made.returncode == 0, made.stderr
     store = Store(root)
-    assert {k: store.load("hk").options[k] for k in ("optimize_every", "vacuum_every", "vacuum_retention")} == {
-        "optimize_every": 2.0, "vacuum_every": 3.0, "vacuum_retention": 0.0}
+    schedule_keys = ("optimize_every", "vacuum_every", "vacuum_retention")
+    assert {k: store.load("hk").options[k] for k in schedule_keys} == {
+        "optimize_every": 3600.0, "vacuum_every": 0.0, "vacuum_retention": 0.0}
+    shown = sluicegate("lake", "schedule", "hk", "--target", target)
+    assert shown.returncode == 0 and "optimize-every: 1:00:00" in shown.stdout and "vacuum-every: never" in \
+        shown.stdout, shown.stdout + shown.stderr
+    bad = sluicegate("lake", "schedule", "hk", "--target", target, "--optimize-every", "often")
+    assert bad.returncode == 1 and "--optimize-every" in bad.stderr and "Traceback" not in bad.stderr
     log = tmp_path / "driver.log"
     writer = Writer(pair.source, 2000, pause=0.01)
     driver = start_verbose_driver(target, "hk", log)
@@ -238,6 +246,10 @@ def test_housekeeping_on_a_schedule(pair, spark, tmp_path):
                  describe=lambda: log.read_text()[-2000:])
         writer.start()
         started = time.time()
+        changed = sluicegate("lake", "schedule", "hk", "--target", target, "--optimize-every", "2s",
+                             "--vacuum-every", "3s", "--json")
+        assert changed.returncode == 0, changed.stderr
+        assert json.loads(changed.stdout) == {"optimize_every": 2.0, "vacuum_every": 3.0, "vacuum_retention": 0.0}
 
         def ran_twice():
             text = log.read_text()

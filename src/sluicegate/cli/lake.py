@@ -40,7 +40,7 @@ def lake_group() -> None:
     """Housekeeping of a Delta Lake target: compact small files, vacuum unneeded ones.
 
     `workflow run` runs them on the schedule given at create (--optimize-every, --vacuum-every,
-    --vacuum-retention); these commands run them now.
+    --vacuum-retention), which `lake schedule` shows and changes; `lake optimize|vacuum` run them now.
     """
 
 
@@ -108,3 +108,32 @@ def lake_vacuum(name, target, retention, dry_run, allow_short_retention, as_json
     for t in report["tables"]:
         kept = f" (kept versions {', '.join(map(str, t['kept_versions']))})" if t["kept_versions"] else ""
         click.echo(f"{t['table']}: {verb} {t['files_removed']} files{kept}")
+
+
+@lake_group.command("schedule")
+@click.argument("name")
+@LAKE_TARGET
+@click.option("--optimize-every", default=None, metavar="DURATION",
+              help="Compact the tables this often while `workflow run` runs (e.g. 30m; 0: never).")
+@click.option("--vacuum-every", default=None, metavar="DURATION",
+              help="Vacuum this often while `workflow run` runs (e.g. 12h; 0: never).")
+@click.option("--vacuum-retention", default=None, metavar="DURATION",
+              help="What the scheduled vacuum keeps (e.g. 7d).")
+@JSON
+@_friendly
+def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, as_json):
+    """Show the workflow's housekeeping schedule, or change it (the options given; the others stay).
+
+    A running `workflow run` follows the new schedule from its next batch: no restart needed.
+    """
+    from ..lake.cli import schedule
+
+    _path(target)
+    now = schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
+                                  "vacuum_retention": vacuum_retention})
+    if as_json:
+        click.echo(json.dumps(now, indent=2))
+        return
+    for key, seconds in now.items():
+        shown = "never" if seconds <= 0 and key != "vacuum_retention" else str(timedelta(seconds=seconds))
+        click.echo(f"{key.replace('_', '-')}: {shown}")

@@ -103,6 +103,23 @@ def housekeeping_options(given: dict) -> dict:
     return out
 
 
+def schedule(name: str, target: str, given: dict) -> dict:
+    """The workflow's housekeeping schedule (seconds), after setting the options given (durations; None:
+    unchanged). A running driver follows the change at its next batch."""
+    changes = {k: v for k, v in housekeeping_options(given).items() if given.get(k) is not None}
+    for key, seconds in changes.items():
+        if key == "vacuum_retention" and seconds <= 0:
+            raise UsageError("--vacuum-retention must be above zero: vacuum keeps what readers of that long need")
+    store = open_store(target)
+    if changes:
+        with store.update(name) as w:
+            w.options.update(changes)
+        wf = w
+    else:
+        wf = store.load(name)
+    return {k: float(wf.options.get(k, v)) for k, v in HOUSEKEEPING_DEFAULTS.items()}
+
+
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list) -> str:
     from ..cluster.lake_sink import start_consumer
     from ..spark.runner import SparkRunner

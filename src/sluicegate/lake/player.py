@@ -111,6 +111,9 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if current.state not in playable or current.position != result.position:
                     result.interrupted = f"stream is {current.state} at {current.position}"
                     return result
+                if current.options != wf.options:  # e.g. `lake schedule`: the driver plans again
+                    result.interrupted = "the workflow's options changed"
+                    return result
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 batch = _read_batch(task, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
