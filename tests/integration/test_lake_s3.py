@@ -207,3 +207,38 @@ def test_s3_target_commands_two_drivers_and_readers(s3, pair, spark, tmp_path):
     gone = sluicegate("workflow", "delete", "s3c", "--target", target, "--drop-tables")
     assert gone.returncode == 0, gone.stderr
     assert not store.exists("s3c") and "Delta table" in gone.stdout
+
+
+def test_replicate_into_an_s3_sink(s3, pair, spark, tmp_path):
+    """A Replicate workflow whose sink is a Delta target on S3: its decision at create, its consumer, safe time
+    and slot in status, delete."""
+    make_source(pair)
+    root = f"s3://{BUCKET}/rep{os.getpid()}"
+    target = f"delta:{root}"
+    made = sluicegate("replicate", "create", "--workflow", "rs3", "--source", pair.source, "--sink", target)
+    assert made.returncode == 0, made.stderr
+    assert f"sink s1 ({target}), table public.items: copy — new setup, Delta table created" in made.stdout
+    store = open_store(target)
+    assert isinstance(store, DeltaStore) and store.load("rs3").kind == "Replicate"
+    log = tmp_path / "rep.log"
+    driver = start_driver(target, "rs3", log)
+    try:
+        wait_for(lambda: store.load("rs3").first_point, timeout=120, what="the first consistent point",
+                 describe=lambda: log.read_text()[-2000:])
+        pair.src("UPDATE items SET qty = 9 WHERE id % 5 = 0")
+        pair.src("DELETE FROM prices WHERE id < 10")
+        caught_up(pair, store, "rs3", log)
+        assert "sink s1: new setup: bootstrap by a copy of 2 table(s)" in log.read_text()
+        s = json.loads(sluicegate("workflow", "status", "rs3", "--target", target, "--json").stdout)
+        assert s["kind"] == "Replicate" and s["sink"] == "s1" and s["safe_time"].endswith("Z")
+        assert [(h["sink"], h["exists"]) for h in s["sinks"]] == [("s1", True)]
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+    finally:
+        reap_group(driver)
+    assert_equal(pair, root, store.load("rs3"))
+    slot = store.load("rs3").slot
+    gone = sluicegate("workflow", "delete", "rs3", "--target", target, "--drop-tables")
+    assert gone.returncode == 0, gone.stderr
+    assert not store.exists("rs3")
+    assert not pair.src("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
