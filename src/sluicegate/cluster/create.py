@@ -311,16 +311,25 @@ def decide_tables(conn: psycopg.Connection, name: str, sink: str, url: str, desc
                          f"writes {table}: one workflow per sink table; delete {workflow!r} or leave the table out")
     out = []
     for t in described:
-        if catalog.prepare_target(conn, t, (definitions or {}).get(t.qualified)):
-            out.append(Decision(sink, url, t.qualified, "copy", CREATED))
-        elif not conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]:
-            out.append(Decision(sink, url, t.qualified, "copy", "new setup, sink table empty"))
-        elif overwrite:
-            out.append(Decision(sink, url, t.qualified, "copy",
-                                "new setup, sink rows will be replaced by the copy (--overwrite)"))
-        else:
-            out.append(Decision(sink, url, t.qualified, "refuse", "new setup, sink table holds rows"))
+        created = catalog.prepare_target(conn, t, (definitions or {}).get(t.qualified))
+        empty = created or not conn.execute(
+            sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t.ident)).fetchone()[0]
+        out.append(new_table_decision(sink, url, t.qualified, created, empty, overwrite))
     return out
+
+
+def new_table_decision(sink: str, url: str, table: str, created: bool, empty: bool, overwrite: bool,
+                       noun: str = "sink table") -> Decision:
+    """The chart for a new setup's table: copy into one made now or empty, into one with rows only under
+    --overwrite; else refuse. `noun`: what the sink's table is called in the reason."""
+    if created:
+        return Decision(sink, url, table, "copy", CREATED.replace("sink table", noun))
+    if empty:
+        return Decision(sink, url, table, "copy", f"new setup, {noun} empty")
+    if overwrite:
+        return Decision(sink, url, table, "copy", f"new setup, {noun} rows will be replaced by the copy "
+                                                  f"(--overwrite)")
+    return Decision(sink, url, table, "refuse", f"new setup, {noun} holds rows")
 
 
 def _check_slots_available(src: psycopg.Connection, wanted: int) -> None:

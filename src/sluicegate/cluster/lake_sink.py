@@ -70,7 +70,7 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
     from deltalake import DeltaTable
 
     from ..lake.types import arrow_schema
-    from .create import CREATED, Decision
+    from .create import new_table_decision
 
     for t in described:
         if not t.key:
@@ -108,16 +108,9 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
                                      f"{name!r} up to {format_lsn(have)}, past the source's position "
                                      f"{format_lsn(source_lsn)}: changes would be skipped; remove the table "
                                      f"or pick another workflow name")
-            if not DeltaTable.is_deltatable(path):
-                out.append(Decision(sink, url, t.qualified, "copy",
-                                    CREATED.replace("sink table", "Delta table")))
-            elif not _has_rows(DeltaTable(path)):
-                out.append(Decision(sink, url, t.qualified, "copy", "new setup, Delta table empty"))
-            elif overwrite:
-                out.append(Decision(sink, url, t.qualified, "copy",
-                                    "new setup, Delta table rows will be replaced by the copy (--overwrite)"))
-            else:
-                out.append(Decision(sink, url, t.qualified, "refuse", "new setup, Delta table holds rows"))
+            created = not DeltaTable.is_deltatable(path)  # (made by create_sinks, once every check passed)
+            empty = created or not _has_rows(DeltaTable(path))
+            out.append(new_table_decision(sink, url, t.qualified, created, empty, overwrite, "Delta table"))
     return out
 
 
