@@ -109,8 +109,12 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def merge_clauses(table: Table, source: pa.Table | pa.Schema) -> tuple[str, dict[str, str], dict[str, str]]:
-    """(predicate, updates, inserts) of the MERGE of `source` (merge_source's, or its schema) into the table."""
+def merge_clauses(table: Table, source: pa.Table | pa.Schema,
+                  fills: dict[str, str] | None = None) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(predicate, updates, inserts) of the MERGE of `source` (merge_source's, or its schema) into the table.
+    `fills`: columns being filled in this MERGE (column -> SQL value): a row keeping its own value of one
+    has none yet, so it takes the fill."""
+    fills = fills or {}
     predicate = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in table.key)
     names = set(source.names if isinstance(source, pa.Schema) else source.column_names)
     updates, inserts = {}, {}
@@ -118,22 +122,26 @@ def merge_clauses(table: Table, source: pa.Table | pa.Schema) -> tuple[str, dict
         col = quote(c.name)
         inserts[col] = f"s.{col}"
         if _flag(i) in names:
-            updates[col] = f"CASE WHEN s.{quote(_flag(i))} THEN t.{col} ELSE s.{col} END"
+            own = fills.get(c.name, f"t.{col}")
+            updates[col] = f"CASE WHEN s.{quote(_flag(i))} THEN {own} ELSE s.{col} END"
         else:
             updates[col] = f"s.{col}"
     return predicate, updates, inserts
 
 
-def merge(dt, table: Table, effect: NetEffect, app: str, version: int) -> dict:
+def merge(dt, table: Table, effect: NetEffect, app: str, version: int, fills: dict[str, str] | None = None) -> dict:
     """One Delta commit: the batch's deletes, updates and inserts, carrying (app, version). Columns the
-    source added since the table was made are added to it (merge_schema)."""
-    return merge_arrow(dt, table, effect.merge_source(), app, version)
+    source added since the table was made are added to it (merge_schema); `fills` (column -> SQL value, the
+    columns already added by `add_columns`) set every row the batch does not touch to what the source's
+    older rows hold, in the same commit."""
+    return merge_arrow(dt, table, effect.merge_source(), app, version, fills)
 
 
-def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: int) -> dict:
+def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: int,
+                 fills: dict[str, str] | None = None) -> dict:
     """`merge` of an effect part of which is staged (staging.Spill): the merge's source streams from the
     staged partitions, one in memory at a time, into one Delta commit."""
-    kept = spill.kept | {i for _, _, keep in effect.rows.values() for i in keep}
+    kept = spill.kept | spill.pad_keep | {i for _, _, keep in effect.rows.values() for i in keep}
     first = NetEffect(table)
     schema = first.merge_source(kept).schema
 
@@ -141,21 +149,50 @@ def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: 
         for part in spill.partitions(effect):
             yield from part.merge_source(kept).to_batches()
 
-    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version)
+    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version, fills)
 
 
-def merge_arrow(dt, table: Table, source, app: str, version: int) -> dict:
+def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None) -> dict:
     """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version)."""
     from deltalake import CommitProperties, Transaction
 
-    predicate, updates, inserts = merge_clauses(table, source.schema)
+    predicate, updates, inserts = merge_clauses(table, source.schema, fills)
     props = CommitProperties(app_transactions=[Transaction(app, version)])
-    return (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
-                     commit_properties=props)
-            .when_matched_delete(predicate=f"s.{OP} = 'D'")
-            .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
-            .when_not_matched_insert(updates=inserts, predicate=f"s.{OP} = 'U'")
-            .execute())
+    builder = (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
+                        commit_properties=props)
+               .when_matched_delete(predicate=f"s.{OP} = 'D'")
+               .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
+               .when_not_matched_insert(updates=inserts, predicate=f"s.{OP} = 'U'"))
+    fills = {quote(c): v for c, v in (fills or {}).items() if v != "NULL"}
+    if fills:
+        builder = builder.when_not_matched_by_source_update(updates=fills)
+    return builder.execute()
+
+
+ADDED_BY = "sluicegate.added_by"  # field metadata of a Delta column Sluicegate added: the workflow's name
+
+
+def add_columns(dt, table: Table, names: list[str], workflow: str) -> None:
+    """Columns `names` of `table` added to the Delta table (nullable) unless it has them: one commit. A MERGE's
+    schema evolution adds columns too, but then sets nothing in them (delta-rs drops a not-matched-by-source
+    update of a column it adds), so columns to fill are added first. Each carries `ADDED_BY`: a column the
+    Delta table already has without it was added by hand."""
+    from deltalake.schema import Field
+
+    have = {f.name for f in dt.schema().fields}
+    schema = arrow_schema(table)
+    fields = [Field.from_arrow(pa.field(n, schema.field(n).type, nullable=True, metadata={ADDED_BY: workflow}))
+              for n in names if n not in have]
+    if fields:
+        dt.alter.add_columns(fields)
+
+
+def added_by(dt, name: str) -> str | None:
+    """Who added the Delta table's column `name`: a workflow's name, "" (by hand) or None (no such column)."""
+    for f in dt.schema().fields:
+        if f.name == name:
+            return (f.metadata or {}).get(ADDED_BY, "")
+    return None
 
 
 def truncate(dt, app: str, version: int | None = None) -> None:

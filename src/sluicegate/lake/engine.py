@@ -17,16 +17,21 @@ import logging
 import math
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
 from ..postgres import capture
+from ..postgres.catalog import Column, Table
 from ..postgres.connect import connect, first_line
+from ..postgres.pgoutput import Column as RelColumn
+from ..postgres.pgoutput import Relation
 from ..postgres.snapshot import take_snapshot
 from ..workflow import copier
 from ..workflow.faults import fault_point
+from ..workflow.schema_changes import classify, source_columns
+from . import apply, location
 from . import copy as lake_copy
-from . import location
 from .player import LakePlayTask, play
 from .state import (
     COPYING,
@@ -157,6 +162,8 @@ class LakeEngine:
             cycle_rows = int(wf.options.get("cycle_rows", 10_000_000))
             chunk_rows = int(wf.options.get("chunk_rows", 1_000_000))
             with take_snapshot(wf.source_url, table, stop=self.stop) as snap:
+                if current.cycles == 0:
+                    table = self._adopt_added_columns(wf, table, dt, snap.conn)
                 plan = copier.plan_cycle(snap.conn, table, current.lastpk, cycle_rows, chunk_rows,
                                          slots=self.runner.parallelism(), by_pages=True)
                 tasks = lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(table), cycle)
@@ -183,6 +190,33 @@ class LakeEngine:
             t.copy_from = outcome["position"] if t.copy_from is None else t.copy_from
             t.copied_to = outcome["position"]
         log.info("copied %s rows of %s (done=%s)", outcome["rows"], table.qualified, outcome["done"])
+
+    def _adopt_added_columns(self, wf: LakeWorkflow, table: Table, dt, conn) -> Table:
+        """At a table's first copy cycle, the source's columns as of its snapshot (`conn`): columns added
+        since `movetables create` join the Delta table and the state's description, so the copy reads them
+        (no older row to fill: the copy brings every row); any other change stops in Error, as the stream's."""
+        oid = conn.execute("SELECT to_regclass(%s)::oid", (table.ident.as_string(conn),)).fetchone()[0]
+        if oid is None:
+            raise TerminalError(f"source table {table.qualified} is gone: re-create the workflow")
+        source = source_columns(conn, oid)
+        rel = Relation(oid, table.schema, table.name, "f",
+                       tuple(RelColumn(0, c.name, c.type_oid, c.typmod) for c in source.values()))
+        change = classify(rel, table)
+        if change.unchanged:
+            return table
+        if change.incompatible:
+            raise TerminalError(f"table {table.qualified} changed on the source since `movetables create`: "
+                                f"{'; '.join(change.describe())}; a Delta target follows added columns only: "
+                                f"re-create the workflow (`sluicegate workflow delete {wf.name}`, then "
+                                f"`movetables create`)")
+        added = tuple(Column(c.name, source[c.name].type_sql, c.type_oid, False, None, c.typmod)
+                      for c in change.added)
+        table = replace(table, columns=table.columns + added)
+        apply.add_columns(dt, table, [c.name for c in added], wf.name)
+        with self.store.update(wf.name) as w:
+            w.table(table.qualified).table = table.to_json()
+        log.info("columns %s added to %s before its copy", ", ".join(c.name for c in added), table.qualified)
+        return table
 
     def _dir(self, table) -> str:
         return self.location.table(table.schema, table.name)

@@ -27,9 +27,17 @@ from ..postgres.pgoutput import Begin, Commit
 from ..postgres.replication import ChangeStream
 from ..workflow.faults import fault_point
 from ..workflow.player import wait_flushed
-from ..workflow.schema_changes import builtin_type_name, classify
+from ..workflow.schema_changes import (
+    SchemaStop,
+    builtin_type_name,
+    by_hand_way_out,
+    classify,
+    older_rows_text,
+    source_columns,
+)
 from . import apply, location, points, staging
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
+from .types import sql_literal
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,14 @@ class LakePlayResult:
 class _Tables:
     """The workflow's Delta tables, opened once per task, with each one's skip threshold and version."""
 
-    def __init__(self, root: str, wf: LakeWorkflow):
+    def __init__(self, root: str, wf: LakeWorkflow, src=None):
         from deltalake import DeltaTable
 
         self.app = app_id(wf.name)
-        self.root, self.workflow = root, wf.name
+        self.root, self.workflow, self.src = root, wf.name, src  # src: the source's control connection
+        # "schema.table" -> {column: text}: columns added in this batch, to set at the table's MERGE in its
+        # rows the batch does not touch (the source's older rows hold that value: `_follow`)
+        self.fills: dict[str, dict[str, str | None]] = {}
         self.specs: dict[str, Table] = {}
         self.dts = {}
         self.threshold: dict[str, int] = {}
@@ -91,7 +102,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
         capture.release_slot(src_ctl, wf.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, wf.slot, task.position)  # died between the state and the confirm
-        tables = _Tables(root, wf)
+        tables = _Tables(root, wf, src_ctl)
         staging.clear(root, wf.name)  # a killed task's staged batch: it is read again from the slot
         framing = Framing()
         last_write = 0.0
@@ -189,11 +200,13 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
             spec = tables.specs.get(q)
             if spec is None:
                 continue
+            if commit_lsn < tables.threshold[q] or commit_lsn < position:  # this table has it already
+                if seen_rels.get(rel.oid) is not rel and _adopt(tables, q, spec, rel, batch):
+                    seen_rels[rel.oid] = rel
+                continue
             if seen_rels.get(rel.oid) is not rel:
                 spec = _follow(tables, q, spec, rel, batch, effects)
                 seen_rels[rel.oid] = rel
-            if commit_lsn < tables.threshold[q] or commit_lsn < position:
-                continue  # this table has it already
             effect = effects.get(q)
             if effect is None:
                 effect = effects[q] = apply.NetEffect(spec)
@@ -236,9 +249,28 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
     return batch
 
 
+def _adopt(tables: _Tables, q: str, spec: Table, rel, batch: _Batch) -> bool:
+    """A Relation met on a change the table already has: columns it adds are in the Delta table already (the
+    batch that brought the table past them added and filled them), so they join the description, no more.
+    One lacking known columns predates a column the copy adopted (engine.py): False, nothing to do."""
+    change = classify(rel, spec)
+    if change.unchanged:
+        return True
+    if not change.only_added:
+        return False
+    spec = replace(spec, columns=spec.columns + tuple(
+        Column(c.name, builtin_type_name(c.type_oid, c.typmod), c.type_oid, False, None, c.typmod)
+        for c in change.added))
+    tables.specs[q] = batch.reshaped[q] = spec
+    return True
+
+
 def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch, effects: dict) -> Table:
-    """A table's Relation message: columns the source added join the table (the merge adds them to Delta);
-    any other change stops the stream."""
+    """A table's Relation message: columns the source added join the table, any other change stops the
+    stream. Rows older than an added column hold, on the source, the value PostgreSQL recorded for them
+    (its "fast default"; or NULL, or the immutable default it wrote): so do the rows this batch staged
+    under the old shape, and, at the table's MERGE, the rows of the Delta table (`tables.fills`). A column the
+    Delta table has already, not added by Sluicegate, was added by hand: its rows keep their values."""
     change = classify(rel, spec)
     if change.unchanged:
         return spec
@@ -246,19 +278,47 @@ def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch, effects: d
         raise TerminalError(f"table {q} changed on the source: {'; '.join(change.describe())}; a Delta target "
                             f"follows added columns only: re-create the workflow "
                             f"(`sluicegate workflow delete {q.split('.')[0]}…`) to copy the table again")
-    added = tuple(Column(c.name, builtin_type_name(c.type_oid, c.typmod), c.type_oid, False, None, c.typmod)
-                  for c in change.added)
-    spec = replace(spec, columns=spec.columns + added)
+    source = source_columns(tables.src, rel.oid)
+    path = location.parse(tables.root).table(spec.schema, spec.name)
+    way_out = by_hand_way_out(f"Delta table {path}", tables.workflow)
+    dt = tables.dts[q]
+    added, pads, keep = [], {}, set()
+    for i, c in enumerate(change.added, start=len(spec.columns)):
+        col = source.get(c.name)
+        if col is None or (col.type_oid, col.typmod) != (c.type_oid, c.typmod):
+            now = "is gone" if col is None else f"is {col.type_sql} now"
+            raise SchemaStop(f"column {c.name} was added to source table {q} and changed again since (it {now} "
+                             f"on the source); {way_out}")
+        added.append(Column(c.name, col.type_sql, c.type_oid, False, None, c.typmod))
+        if apply.added_by(dt, c.name) == "":
+            keep.add(i)
+        else:
+            pads[i] = older_rows_text(tables.src, q, col, way_out)  # SchemaStop when the source cannot say
+    spec = replace(spec, columns=spec.columns + tuple(added))
     tables.specs[q] = spec
     batch.reshaped[q] = spec
-    if q in effects:  # rows staged under the old shape get NULL for the new columns
-        old = effects[q]
-        n = len(added)
-        fresh = apply.NetEffect(spec)
-        fresh.changes, fresh.truncated = old.changes, old.truncated
-        fresh.rows = {k: (op, None if v is None else v + (None,) * n, keep) for k, (op, v, keep) in old.rows.items()}
-        effects[q] = fresh
+    tables.fills.setdefault(q, {}).update((spec.columns[i].name, v) for i, v in pads.items())
+    if q in effects:  # rows staged under the old shape predate the columns
+        effects[q] = _padded(effects[q], spec, pads, keep)
+    if q in batch.spills:
+        batch.spills[q].pads.update(pads)
+        batch.spills[q].pad_keep.update(keep)
     return spec
+
+
+def _padded(old: apply.NetEffect, spec: Table, pads: dict[int, str | None], keep: set[int]) -> apply.NetEffect:
+    """`old`'s rows widened to `spec`: each new column holds its value in `pads`; those in `keep`, the
+    Delta table's own (upserts only)."""
+    fresh = apply.NetEffect(spec)
+    fresh.changes, fresh.truncated = old.changes, old.truncated
+    width = len(old.table.columns)
+    tail = tuple(pads.get(i) for i in range(width, len(spec.columns)))
+    for k, (op, v, kept) in old.rows.items():
+        if v is None:
+            fresh.rows[k] = (op, v, kept)
+        else:
+            fresh.rows[k] = (op, v + tail, kept | frozenset(keep) if op == "U" else kept)
+    return fresh
 
 
 def _in_order(rel, spec: Table, values: tuple | None) -> tuple | None:
@@ -287,10 +347,17 @@ def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
                 apply.truncate(dt, tables.app)
             else:
                 apply.truncate(dt, tables.app, batch.position)
+        fills = tables.fills.pop(q, None)
+        literals = None
+        if fills and (staged or effect.rows):
+            columns = {c.name: c for c in spec.columns}
+            literals = {n: sql_literal(columns[n], v) for n, v in fills.items()}
+            apply.add_columns(dt, spec, list(fills), tables.workflow)  # a column's first commit: unfilled
+            fault_point("lake.replicate.columns_added")
         if staged:
-            apply.merge_staged(dt, spec, effect, spill, tables.app, batch.position)
+            apply.merge_staged(dt, spec, effect, spill, tables.app, batch.position, literals)
         elif effect.rows:
-            apply.merge(dt, spec, effect, tables.app, batch.position)
+            apply.merge(dt, spec, effect, tables.app, batch.position, literals)
         tables.threshold[q] = batch.position
         merged.append(q)
         fault_point("lake.replicate.between_tables")

@@ -59,6 +59,10 @@ class Spill:
         self.dir = directory
         self.generations = 0
         self.kept: set[int] = set()  # columns some staged row keeps from the table
+        # Columns added after a generation was staged: what its rows hold in them (player.py `_follow`:
+        # they predate the column on the source), and those whose value is the Delta table's own.
+        self.pads: dict[int, str | None] = {}
+        self.pad_keep: set[int] = set()
 
     def write(self, effect: NetEffect) -> None:
         """Stage the effect's rows as the next generation, then empty it."""
@@ -103,24 +107,28 @@ class Spill:
             for g in range(self.generations):
                 path = self.dir / f"p{p:03d}-g{g:06d}.parquet"
                 if path.exists():
-                    _fold_file(part, table, path, n)
+                    _fold_file(part, table, path, n, self.pads, self.pad_keep)
             for key, row in memory.get(p, {}).items():
                 _fold(part.rows, key, row)
             if part.rows:
                 yield part
 
 
-def _fold_file(part: NetEffect, table: Table, path: Path, n: int) -> None:
+def _fold_file(part: NetEffect, table: Table, path: Path, n: int, pads: dict[int, str | None] | None = None,
+               pad_keep: set[int] | None = None) -> None:
     data = pq.read_table(path)
     staged_n = data.num_columns - 2
+    pads = pads or {}
     columns = [data.column(f"c{i}").to_pylist() for i in range(staged_n)]
-    columns += [[None] * data.num_rows for _ in range(n - staged_n)]  # columns added since: NULL
+    columns += [[pads.get(i)] * data.num_rows for i in range(staged_n, n)]  # columns added since
+    added_keep = frozenset(i for i in (pad_keep or ()) if i >= staged_n)
     ops, keeps = data.column(OP).to_pylist(), data.column(KEEP).to_pylist()
     for j in range(data.num_rows):
         values = tuple(c[j] for c in columns)
         key = tuple(values[i] for i in table.key_indices)
         op = ops[j]
-        _fold(part.rows, key, (op, values if op == "U" else None, frozenset(keeps[j])))
+        keep = frozenset(keeps[j]) | added_keep if op == "U" else frozenset(keeps[j])
+        _fold(part.rows, key, (op, values if op == "U" else None, keep))
 
 
 def _fold(rows: dict, key: tuple, row: tuple) -> None:

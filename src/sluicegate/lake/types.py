@@ -8,6 +8,7 @@ PostgreSQL's text, which loses nothing; so is `time` (Delta has no time-of-day t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
@@ -134,3 +135,42 @@ def record_batch(table: Table, rows: list[tuple]) -> pa.RecordBatch:
     columns = list(zip(*rows)) if rows else [() for _ in table.columns]
     return pa.RecordBatch.from_arrays([convert_column(c, list(v)) for c, v in zip(table.columns, columns)],
                                       schema=schema)
+
+
+def _sql_type(dtype: pa.DataType) -> str:
+    """The type's name in delta-rs's (DataFusion's) SQL."""
+    if pa.types.is_decimal(dtype):
+        return f"DECIMAL({dtype.precision},{dtype.scale})"
+    if pa.types.is_timestamp(dtype):
+        return "TIMESTAMP WITH TIME ZONE" if dtype.tz else "TIMESTAMP"
+    return {pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
+            pa.float64(): "DOUBLE", pa.date32(): "DATE"}[dtype]
+
+
+def sql_literal(column: Column, text: str | None) -> str:
+    """PostgreSQL's text of a value of `column` as a delta-rs SQL expression of the column's Arrow type (the
+    same value `converter` gives), for MERGE clauses."""
+    if text is None:
+        return "NULL"
+    value = convert_column(column, [text])[0].as_py()
+    dtype = arrow_type(column)
+    if pa.types.is_boolean(dtype):
+        return "TRUE" if value else "FALSE"
+    if pa.types.is_binary(dtype):
+        return f"decode('{value.hex()}', 'hex')"
+    if pa.types.is_string(dtype):
+        return "'" + value.replace("'", "''") + "'"
+    if pa.types.is_floating(dtype):
+        if math.isnan(value):
+            shown = "NaN"
+        elif math.isinf(value):
+            shown = "Infinity" if value > 0 else "-Infinity"
+        else:
+            shown = repr(value)
+    elif pa.types.is_decimal(dtype):
+        shown = format(value, "f")
+    elif pa.types.is_timestamp(dtype) or pa.types.is_date(dtype):
+        shown = value.isoformat()
+    else:
+        shown = str(value)
+    return f"CAST('{shown}' AS {_sql_type(dtype)})"

@@ -170,6 +170,59 @@ class _SourceColumn:
     missing: str | None  # that value's text
 
 
+def source_columns(src: psycopg.Connection, rel_oid: int) -> dict[str, _SourceColumn]:
+    """The table's columns in the source's catalog (as of `src`'s snapshot), in attnum order."""
+    return {c.name: c for c in (_SourceColumn(*r) for r in src.execute(_SOURCE_COLUMNS, (rel_oid,)).fetchall())}
+
+
+def by_hand_way_out(target: str, workflow: str) -> str:
+    return (f"add it to {target} by hand with the source's values, then "
+            f"`sluicegate workflow start {workflow}`; or re-create the workflow")
+
+
+def older_rows_default(src: psycopg.Connection, qualified: str, col: _SourceColumn,
+                       way_out: str) -> sql.Composable | None:
+    """The expression giving what rows older than column `col` of source table `qualified` hold there
+    (None: NULL), or SchemaStop when the source does not say it (`way_out` ends the message)."""
+    if col.has_missing:  # the value the source gave every older row, kept as it was computed then
+        return sql.SQL("NULL") if col.missing is None else \
+            sql.SQL("{}::{}").format(sql.Literal(col.missing), sql.SQL(col.type_sql))
+    if col.default is None:
+        return None  # older rows hold NULL
+    # No value recorded: the source wrote one into each row, computing the default for each (a volatile
+    # default rewrote the table), or a later rewrite dropped the record. Only an immutable default then
+    # says what the rows hold. Its calls are read from the expression's node tree (functions and the
+    # functions behind operators); special nodes whose value is not fixed count as not immutable.
+    calls = src.execute(
+        r"""SELECT p.proname, p.provolatile FROM regexp_matches(%s, ':(?:funcid|opfuncid) (\d+)', 'g') m
+            JOIN pg_proc p ON p.oid = m[1]::oid""", (col.default_tree,)).fetchall()
+    tree = col.default_tree or ""
+    volatile = sorted({name for name, v in calls if v == "v"})
+    if "NEXTVALUEEXPR" in tree:  # an identity column's sequence
+        volatile.append("nextval")
+    if volatile:
+        raise SchemaStop(
+            f"column {col.name} was added to source table {qualified} with the volatile default "
+            f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own "
+            f"value, which the stream does not carry; {way_out}")
+    if any(v != "i" for _, v in calls) or re.search(r"\{(SQLVALUEFUNCTION|COERCEVIAIO)\b", tree):
+        raise SchemaStop(
+            f"column {col.name} of source table {qualified} has the default {col.default}, whose "
+            f"value changes over time, and the source no longer records the one its existing rows got; "
+            f"{way_out}")
+    return sql.SQL(col.default)
+
+
+def older_rows_text(src: psycopg.Connection, qualified: str, col: _SourceColumn, way_out: str) -> str | None:
+    """`older_rows_default`'s value as the source's text (the stream's form; None for NULL)."""
+    if col.has_missing:
+        return col.missing
+    expr = older_rows_default(src, qualified, col, way_out)
+    if expr is None:
+        return None
+    return src.execute(sql.SQL("SELECT (({})::{})::text").format(expr, sql.SQL(col.type_sql))).fetchone()[0]
+
+
 class SchemaFollower:
     """Called by the player's applier with a Relation message whose columns differ from the table's
     description, once every row staged before it is written: returns the table's new description after
@@ -197,8 +250,7 @@ class SchemaFollower:
     # -- added columns ------------------------------------------------------------------------------------
     def _add_columns(self, rel: Relation, table: Table, change: ColumnChanges, types: list[str]) -> Table:
         target = self._target_columns(table)
-        rows = self.src.execute(_SOURCE_COLUMNS, (rel.oid,)).fetchall()
-        source = {c.name: c for c in (_SourceColumn(*r) for r in rows)}
+        source = source_columns(self.src, rel.oid)
         type_of = dict(zip((c.name for c in rel.columns), types))
         columns = list(table.columns)
         enums = list(table.enums)
@@ -231,35 +283,8 @@ class SchemaFollower:
 
     def _initial_default(self, table: Table, col: _SourceColumn) -> sql.Composable | None:
         """What the rows the target already has get in the new column: what they have on the source."""
-        if col.has_missing:  # the value the source gave every older row, kept as it was computed then
-            return sql.SQL("NULL") if col.missing is None else \
-                sql.SQL("{}::{}").format(sql.Literal(col.missing), sql.SQL(col.type_sql))
-        if col.default is None:
-            return None  # older rows hold NULL
-        # No value recorded: the source wrote one into each row, computing the default for each (a volatile
-        # default rewrote the table), or a later rewrite dropped the record. Only an immutable default then
-        # says what the rows hold. Its calls are read from the expression's node tree (functions and the
-        # functions behind operators); special nodes whose value is not fixed count as not immutable.
-        calls = self.src.execute(
-            r"""SELECT p.proname, p.provolatile FROM regexp_matches(%s, ':(?:funcid|opfuncid) (\d+)', 'g') m
-                JOIN pg_proc p ON p.oid = m[1]::oid""", (col.default_tree,)).fetchall()
-        tree = col.default_tree or ""
-        volatile = sorted({name for name, v in calls if v == "v"})
-        if "NEXTVALUEEXPR" in tree:  # an identity column's sequence
-            volatile.append("nextval")
-        way_out = (f"add it to target table {table.qualified} by hand with the source's values, then "
-                   f"`sluicegate workflow start {self.workflow}`; or re-create the workflow")
-        if volatile:
-            raise SchemaStop(
-                f"column {col.name} was added to source table {table.qualified} with the volatile default "
-                f"{col.default} (it calls {', '.join(volatile)}): the source gave each existing row its own "
-                f"value, which the stream does not carry; {way_out}")
-        if any(v != "i" for _, v in calls) or re.search(r"\{(SQLVALUEFUNCTION|COERCEVIAIO)\b", tree):
-            raise SchemaStop(
-                f"column {col.name} of source table {table.qualified} has the default {col.default}, whose "
-                f"value changes over time, and the source no longer records the one its existing rows got; "
-                f"{way_out}")
-        return sql.SQL(col.default)
+        return older_rows_default(self.src, table.qualified, col, by_hand_way_out(
+            f"target table {table.qualified}", self.workflow))
 
     def _alter_add(self, table: Table, col: _SourceColumn) -> None:
         parts = [sql.Identifier(col.name), sql.SQL(col.type_sql)]  # format_type() output is valid, quoted SQL
