@@ -28,9 +28,9 @@ from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ..position import format_lsn
 from ..postgres.catalog import Table
 from ..postgres.snapshot import take_snapshot
-from . import location
+from . import location, pointreq
 from .player import LakePlayTask, play
-from .state import COPYING, ERROR, INIT, open_store
+from .state import COPYING, ERROR, INIT, RUNNING, open_store
 
 log = logging.getLogger("sluicegate")
 
@@ -66,8 +66,7 @@ def _read_tasks(batches):
             yield from read_range(SourceRange(**d))
 
 
-def check_comparable(store, name: str, *, driver: bool = True) -> None:
-    """`driver`: also refuse when a driver holds the run lock (not once the vdiff holds it)."""
+def check_comparable(store, name: str) -> None:
     wf = store.load(name)
     if wf.state in (INIT, COPYING) or any(not t.done for t in wf.tables):
         done = sum(t.done for t in wf.tables)
@@ -76,10 +75,6 @@ def check_comparable(store, name: str, *, driver: bool = True) -> None:
     if wf.state == ERROR:
         raise UsageError(f"workflow {name} is in Error ({wf.message}): fix that and `sluicegate workflow start "
                          f"{name} --target delta:{store.root}` before a vdiff")
-    if driver and store.is_running(name):
-        raise UsageError(f"workflow {name} is being run by a driver, and a vdiff of a Delta target plays the stream "
-                         f"to its point itself: `sluicegate workflow stop {name} --target delta:{store.root}`, "
-                         f"wait for the driver to exit, vdiff, then `workflow start` and `workflow run` it again")
 
 
 def select_tables(qualified: list[str], names: list[str] | None, workflow: str) -> list[str]:
@@ -100,12 +95,16 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
         range_rows: int | None = None, stop: threading.Event | None = None) -> dict:
     """Compare, return the report (vdiff/report.py's shape: workflow, state, source_position, equal,
     differences, and per table rows_compared, missing, extra, mismatched, samples)."""
-    root = location.parse(target).uri
     store = open_store(target)
     check_comparable(store, name)
-    lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
+    if store.is_running(name):
+        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
     try:
-        check_comparable(store, name, driver=False)  # (a state change between the check and the lock)
+        lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
+    except UsageError:  # a driver started meanwhile
+        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
+    try:
+        check_comparable(store, name)  # (a state change between the check and the lock)
         wf = store.load(name)
         chosen = select_tables([t.qualified for t in wf.tables], tables, name)
         specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
@@ -121,18 +120,105 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
                                      f"run the vdiff again")
             log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
                      time.monotonic() - started)
-            specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
-            report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
-                      "message": "", "source_position": format_lsn(position), "tables": {}}
-            runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
-            frames = _delta_frames(runner.spark, root, name, list(specs), position)
-            for q, spec in specs.items():
-                if stop is not None and stop.is_set():
-                    raise RetryableError("interrupted")
-                source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
-                report["tables"][q] = compare(source, frames[q], spec, sample)
+            report = _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop)
     finally:
         lock.close()
+    return report
+
+
+def _beside_driver(name, target, store, runner, tables, sample, range_rows, stop) -> dict:
+    """The driver plays on: it stops one batch exactly at the snapshot's position and records a point there
+    (pointreq.py); the comparison reads the tables at that point's versions while the driver goes on."""
+    wf = store.load(name)
+    chosen = select_tables([t.qualified for t in wf.tables], tables, name)
+    rid, request = pointreq.new_request()
+    _update_request(store, name, rid, request)
+    try:
+        started = time.monotonic()
+        held = _wait_request(store, name, rid, lambda r: r.get("held_at") is not None, pointreq.HOLD_SECONDS,
+                             "hold its position for the vdiff", stop)
+        specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
+        with take_snapshot(wf.source_url, list(specs.values()), stop=stop) as snap:
+            position = snap.position
+            if position < held["held_at"]:  # cannot be: the driver reads flushed WAL only
+                raise RetryableError(f"workflow {name}: the driver is past the vdiff's point "
+                                     f"{format_lsn(position)}; run the vdiff again")
+            _update_request(store, name, rid, {"position": position})
+            _wait_request(store, name, rid, lambda r: r.get("done"), POINT_SECONDS,
+                          f"record a point at {format_lsn(position)}", stop)
+            log.info("vdiff %s: consistent point %s from the running driver after %.2fs", name,
+                     format_lsn(position), time.monotonic() - started)
+            return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop)
+    finally:
+        _update_request(store, name, rid, None)
+
+
+POINT_SECONDS = 120.0  # the driver's way from its held position to the snapshot's: one or a few batches
+
+
+def _update_request(store, name: str, rid: str, change: dict | None) -> None:
+    """Add, change or (change None) remove the request; DeltaStore's merge may ask for a second go when the
+    driver wrote the same request at the same time."""
+    for attempt in range(5):
+        try:
+            with store.update(name) as w:
+                if change is None:
+                    w.point_requests.pop(rid, None)
+                else:
+                    w.point_requests[rid] = {**w.point_requests.get(rid, {}), **change}
+            return
+        except RetryableError:
+            if attempt == 4:
+                raise
+            time.sleep(0.1)
+
+
+def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, stop) -> dict:
+    """Poll the state until the request is `ready`; a one-line error when the driver stops, the workflow
+    leaves Running, the request is missed, or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    way = f"`sluicegate workflow status {name} --target {target_text(store)}`"
+    while True:
+        wf = store.load(name)
+        r = wf.point_requests.get(rid)
+        if r is None:
+            raise RetryableError(f"workflow {name}: the vdiff's point request went from its state (was it "
+                                 f"deleted and made again?); run the vdiff again")
+        if r.get("missed"):
+            raise RetryableError(f"workflow {name}: {r['missed']}, past the vdiff's point; run the vdiff again")
+        if ready(r):
+            return r
+        if wf.state != RUNNING:
+            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for its driver to {what}; "
+                             f"run the vdiff again ({way})")
+        if not store.is_running(name):
+            raise UsageError(f"workflow {name}: its driver stopped while the vdiff waited for it to {what}; "
+                             f"run the vdiff again ({way})")
+        if stop is not None and stop.is_set():
+            raise RetryableError("interrupted")
+        if time.monotonic() > deadline:
+            raise RetryableError(f"workflow {name}: its driver did not {what} within {timeout:.0f}s; see {way} "
+                                 f"and the driver's log, then run the vdiff again")
+        time.sleep(0.05)
+
+
+def target_text(store) -> str:
+    return f"delta:{store.root}"
+
+
+def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop) -> dict:
+    root = location.parse(target).uri
+    position = snap.position
+    specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
+    report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
+              "message": "", "source_position": format_lsn(position), "tables": {}}
+    runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
+    frames = _delta_frames(runner.spark, root, name, list(specs), position)
+    for q, spec in specs.items():
+        if stop is not None and stop.is_set():
+            raise RetryableError("interrupted")
+        source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
+        report["tables"][q] = compare(source, frames[q], spec, sample)
     report["differences"] = sum(t["missing"] + t["extra"] + t["mismatched"] for t in report["tables"].values())
     report["equal"] = report["differences"] == 0
     return report
