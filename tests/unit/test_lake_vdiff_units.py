@@ -71,17 +71,18 @@ def test_the_driver_stops_at_a_request_ahead_answers_one_here_and_gives_up_one_b
     assert pointreq.serve(store, store.load("w"), 100, lambda: recorded.append(100)) == 300
     assert not recorded
     with store.update("w") as w:
-        pointreq.mark_done(w, 300)  # the batch that ended at 300 records its point
+        pointreq.mark_done(w, 300, {"public.items": 4})  # the batch that ended at 300 records its point
     assert store.load("w").point_requests[ahead]["done"]
     assert pointreq.serve(store, store.load("w"), 300, lambda: recorded.append(300)) == 500
     here = add(store, {"position": 500, "held_at": 500})
     behind = add(store, {"position": 400, "held_at": 300})
-    assert pointreq.serve(store, store.load("w"), 500, lambda: recorded.append(500)) is None
+    assert pointreq.serve(store, store.load("w"), 500, lambda: recorded.append(500) or {"public.items": 9}) is None
     requests = store.load("w").point_requests
     assert recorded == [500] and requests[here]["done"] and requests[later]["done"]
+    assert requests[here]["versions"] == {"public.items": 9} and requests[ahead]["versions"] == {"public.items": 4}
     assert "already at 500" in requests[behind]["missed"] and not requests[behind]["done"]
-    assert pointreq.pinned(requests) == {300, 400, 500}
-    assert pointreq.pinned(requests, now=time.time() + pointreq.REQUEST_SECONDS + 1) == set()
+    assert pointreq.pinned(requests) == ({300, 400, 500}, {"public.items": {4, 9}})
+    assert pointreq.pinned(requests, now=time.time() + pointreq.REQUEST_SECONDS + 1) == (set(), {})
 
 
 def test_select_tables_by_qualified_or_bare_name():

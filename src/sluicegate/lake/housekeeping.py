@@ -108,7 +108,7 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     cutoff = now - retention
     hours = math.ceil(retention.total_seconds() / 3600)  # delta-rs takes whole hours: keep a little more
 
-    pins = _pinned(path, workflow)  # read before the points: a request's point is recorded after it
+    pins, pinned_versions = _pinned(path, workflow)  # read before the points: a request's point is recorded after it
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
         read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
@@ -129,7 +129,7 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
               "points_dropped": dropped, "points_kept": len(kept),
               "oldest_kept_point": kept[0].position_text, "tables": []}
     for name in sorted(kept[-1].versions):
-        keep = sorted({p.versions[name] for p in kept if name in p.versions})
+        keep = sorted({p.versions[name] for p in kept if name in p.versions} | pinned_versions.get(name, set()))
         report["tables"].append(_vacuum_one(name, read.table_uri(path, name), hours, keep, dry_run,
                                             storage_options))
     # Readers read the points table's newest version only: no version of it needs keeping.
@@ -137,14 +137,14 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     return report
 
 
-def _pinned(path: str, workflow: str) -> set[int]:
-    """Positions of the points vdiffs beside the running driver compare at (lake/pointreq.py)."""
+def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
+    """The points and versions vdiffs beside the running driver compare at (lake/pointreq.py)."""
     from . import location, pointreq
     from .state import open_store
 
     store = open_store(location.parse(path))
     if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
-        return set()
+        return set(), {}
     return pointreq.pinned(store.load(workflow).point_requests)
 
 

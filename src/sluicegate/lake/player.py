@@ -162,7 +162,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                         for q, spec in batch.reshaped.items():
                             w.table(q).table = spec.to_json()
                         if requested:
-                            pointreq.mark_done(w, batch.position)
+                            pointreq.mark_done(w, batch.position, tables.versions())
                     last_write = now
                     stream.confirm(batch.position)
                 result.position = batch.position
@@ -193,10 +193,12 @@ def _stage(root, workflow: str, batch: _Batch) -> None:
     batch.in_memory = 0
 
 
-def _request_point(root, workflow: str, tables: _Tables, position: int) -> None:
+def _request_point(root, workflow: str, tables: _Tables, position: int) -> dict[str, int]:
     """A vdiff's point at the driver's own position (no batch needed to reach it)."""
     tables.refresh()
-    points.record(root, workflow, position, None, tables.versions())
+    versions = tables.versions()
+    points.record(root, workflow, position, None, versions)
+    return versions
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,

@@ -8,7 +8,10 @@ one id, never clash in DeltaStore's three-way merge). Its life (lake/vdiff.py's 
                                         position into held_at and plays no further while the hold lasts
   {"position": P, "held_at": A}         the vdiff's snapshot is at P >= A: the driver plays to exactly P,
                                         records a point there (even when nothing merged) and sets done
-  {..., "done": True}                   the vdiff compares at the point; vacuum keeps the point meanwhile
+  {..., "done": True, "versions": {..}} each table's newest version once the driver is at P (read again,
+                                        so a write by another writer counts, as for a vdiff without driver;
+                                        the log's point at P may predate it); the vdiff compares at these,
+                                        and vacuum keeps them and the point meanwhile
   (removed)                             by the vdiff, when the comparison is over (or failed)
 
 A killed vdiff leaves its request behind: a hold lapses after HOLD_SECONDS (the driver goes on), any request
@@ -42,14 +45,20 @@ def live(requests: dict, now: float | None = None) -> dict:
     return out
 
 
-def pinned(requests: dict, now: float | None = None) -> set[int]:
-    """Positions whose points vacuum must keep: those of live requests."""
-    return {int(r["position"]) for r in live(requests, now).values() if r.get("position") is not None}
+def pinned(requests: dict, now: float | None = None) -> tuple[set[int], dict[str, set[int]]]:
+    """What vacuum must keep for live requests: the positions of their points, each table's versions."""
+    positions, versions = set(), {}
+    for r in live(requests, now).values():
+        if r.get("position") is not None:
+            positions.add(int(r["position"]))
+        for table, v in (r.get("versions") or {}).items():
+            versions.setdefault(table, set()).add(int(v))
+    return positions, versions
 
 
 def serve(store, wf, position: int, record_point) -> int | None:
     """The driver, at a batch boundary at `position` (the state's): acknowledge new holds, answer requests
-    at `position` (record_point() records a point there), give up on those behind it. Returns HELD (play
+    at `position` (record_point() records a point there and returns the tables' versions), give up on those behind it. Returns HELD (play
     nothing now), the next requested position to stop a batch at, or None (play as usual)."""
     requests = live(wf.point_requests)
     if not requests:
@@ -59,8 +68,7 @@ def serve(store, wf, position: int, record_point) -> int | None:
     behind = [rid for rid, r in requests.items()
               if r.get("position") is not None and r["position"] < position and not r.get("done")
               and not r.get("missed")]
-    if here:
-        record_point()
+    versions = record_point() if here else None
     if ack or here or behind:
         with store.update(wf.name) as w:
             for rid in ack:
@@ -68,7 +76,7 @@ def serve(store, wf, position: int, record_point) -> int | None:
                     w.point_requests[rid]["held_at"] = position
             for rid in here:
                 if rid in w.point_requests:
-                    w.point_requests[rid]["done"] = True
+                    w.point_requests[rid].update(done=True, versions=versions)
             for rid in behind:
                 if rid in w.point_requests:
                     w.point_requests[rid]["missed"] = f"the driver was already at {position}"
@@ -79,8 +87,8 @@ def serve(store, wf, position: int, record_point) -> int | None:
     return min(ahead) if ahead else None
 
 
-def mark_done(w, position: int) -> None:
+def mark_done(w, position: int, versions: dict[str, int]) -> None:
     """In the driver's state update of a batch ending at `position`: the requests for it are answered."""
     for r in w.point_requests.values():
         if r.get("position") == position:
-            r["done"] = True
+            r.update(done=True, versions=versions)

@@ -144,11 +144,16 @@ def _beside_driver(name, target, store, runner, tables, sample, range_rows, stop
                 raise RetryableError(f"workflow {name}: the driver is past the vdiff's point "
                                      f"{format_lsn(position)}; run the vdiff again")
             _update_request(store, name, rid, {"position": position})
-            _wait_request(store, name, rid, lambda r: r.get("done"), POINT_SECONDS,
-                          f"record a point at {format_lsn(position)}", stop)
+            done = _wait_request(store, name, rid, lambda r: r.get("done"), POINT_SECONDS,
+                                 f"record a point at {format_lsn(position)}", stop)
+            from .read import Point
+
+            point = Point(name, position, format_lsn(position), None,
+                          {q: int(v) for q, v in done["versions"].items()})
             log.info("vdiff %s: consistent point %s from the running driver after %.2fs", name,
                      format_lsn(position), time.monotonic() - started)
-            return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop)
+            return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop,
+                               point)
     finally:
         _update_request(store, name, rid, None)
 
@@ -206,14 +211,14 @@ def target_text(store) -> str:
     return f"delta:{store.root}"
 
 
-def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop) -> dict:
+def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point=None) -> dict:
     root = location.parse(target).uri
     position = snap.position
     specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
     report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
               "message": "", "source_position": format_lsn(position), "tables": {}}
     runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
-    frames = _delta_frames(runner.spark, root, name, list(specs), position)
+    frames = _delta_frames(runner.spark, root, name, list(specs), point or position)
     for q, spec in specs.items():
         if stop is not None and stop.is_set():
             raise RetryableError("interrupted")
@@ -224,10 +229,12 @@ def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop
     return report
 
 
-def _delta_frames(spark, root, name: str, tables: list[str], position: int) -> dict:
-    from .read import point_for, tables_as_of
+def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
+    """The tables at the point at `position` (an int), or at a Point's versions (a request's)."""
+    from .read import Point, point_for, tables_as_of
 
     point = point_for(str(root), name, position)
+    position = position.position if isinstance(position, Point) else position
     if point.position != position:
         raise TerminalError(f"workflow {name}: the consistent-read log has no point at {format_lsn(position)} "
                             f"(the newest at or before it is {point.position_text}); run the vdiff again")
