@@ -1,14 +1,26 @@
 """`sluicegate vdiff W --target delta:PATH`: the source's moved tables against the Delta tables, at one point.
 
-The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), then play the
-stream to exactly P with the engine's own play task (lake/player.py, `stop_at`), which records a point at P in
-the consistent-read log. The source snapshot and the Delta tables at that point then hold the same source
-transactions, while the source keeps taking writes.
+The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), have the
+stream played to exactly P and a point recorded there in the consistent-read log. The source snapshot and the
+Delta tables at that point then hold the same source transactions, while the source keeps taking writes.
 
-No driver may play the workflow meanwhile: the vdiff holds the workflow's run lock for its whole life (a
-`workflow run` started then says the workflow is being run), and refuses to start while a driver holds it. The
-workflow's state is left as it was (Running stays Running, Stopped stays Stopped): a later `workflow run`
-replays from P on.
+With no driver running, the vdiff plays to P itself (lake/player.py, `stop_at`), holding the workflow's run lock
+for its whole life (a `workflow run` started then says the workflow is being run). The state is left as it
+was (Running stays Running, Stopped stays Stopped): a later `workflow run` replays from P on.
+
+Beside a running driver (Delta keeps old versions, so the driver need not stop), through a point request in
+the workflow's state (lake/pointreq.py). The order makes it race-free:
+  1. the vdiff writes a hold; the driver, at its next batch boundary, acknowledges it with its position A
+     and plays no further while the hold lasts;
+  2. only then the vdiff takes its snapshot, at P >= A (the driver reads flushed WAL only, and the snapshot's
+     position is the WAL insert position read after the acknowledgement), and writes P into the request;
+  3. the driver plays to exactly P (a batch ending there, or none when P == A), records the point, puts each
+     table's version at P in the request, marks it done, and goes on;
+  4. the vdiff compares at those versions by time travel while the driver replicates past P; vacuum keeps them
+     as long as the request is in the state; the vdiff removes it when done, also on failure.
+Taking the snapshot first and asking for P afterwards could find a fast driver already past P (no point there,
+and none can be made); retrying would not be sure to end under steady writes. The hold costs the driver the
+time of one snapshot. A killed vdiff's hold lapses (pointreq.HOLD_SECONDS).
 
 The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
 key range as text, converted by lake/types.py exactly as the copy and the stream convert it (so numeric is
