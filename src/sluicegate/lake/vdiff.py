@@ -4,7 +4,7 @@ The point: snapshot the source tables at position P (the copy's LOCK SHARE + exp
 stream played to exactly P and a point recorded there in the consistent-read log. The source snapshot and the
 Delta tables at that point then hold the same source transactions, while the source keeps taking writes.
 
-With no driver running, the vdiff plays to P itself (lake/player.py, `stop_at`), holding the workflow's run lock
+With no driver running, the vdiff plays to P itself (lake/player.py, `stop_at`), holding the run lock
 for its whole life (a `workflow run` started then says the workflow is being run). The state is left as it
 was (Running stays Running, Stopped stays Stopped): a later `workflow run` replays from P on.
 
