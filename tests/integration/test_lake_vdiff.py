@@ -1,6 +1,6 @@
 """`sluicegate vdiff W --target delta:PATH`: equal while the source takes writes during it, and an injected
-difference (a row changed and another deleted by a direct delta-rs write) found with its keys; no driver runs, so
-the vdiff plays the stream to its point itself (test_lake_vdiff_driver.py: beside a driver)."""
+difference (a row changed and another deleted by a direct delta-rs write) found with its keys; no driver runs,
+so the vdiff plays the stream to its point itself (test_lake_vdiff_driver.py: beside a driver)."""
 
 from __future__ import annotations
 

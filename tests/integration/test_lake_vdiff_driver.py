@@ -1,7 +1,7 @@
-"""`sluicegate vdiff W --target delta:PATH` while `workflow run` drives W: the driver stops one batch at the
-vdiff's snapshot position, records a point there and plays on; the vdiff compares at that point (lake/pointreq.py).
-Under live writes (the driver racing ahead) and with no write in flight (the driver idle at the position), with
-the driver's vacuum running every second with no retention meanwhile."""
+"""`sluicegate vdiff W --target delta:PATH` while `workflow run` drives W: the driver stops one batch at
+the vdiff's snapshot position, records a point there and plays on; the vdiff compares at that point
+(lake/pointreq.py). Under live writes (the driver racing ahead) and with no write in flight (the driver idle
+at the position), with the driver's vacuum running every second with no retention meanwhile."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.spark
 
 
 def vdiff(target: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "-v", "vdiff", "vd", "--target", target,
-                           "--spark-master", "local[2]", "--json", *args], capture_output=True, text=True,
-                          timeout=180, check=False)
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "-v", "vdiff", "vd", "--target",
+                           target, "--spark-master", "local[2]", "--json", *args], capture_output=True,
+                          text=True, timeout=180, check=False)
 
 
 def start_driver(target: str, log: Path) -> subprocess.Popen:
@@ -44,7 +44,8 @@ def test_vdiff_beside_a_running_driver(pair, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")
     pair.src("CREATE TABLE prices (id int PRIMARY KEY, price numeric(10,2), doc jsonb)")
-    pair.src("INSERT INTO prices SELECT g, g / 7.0, jsonb_build_object('g', g) FROM generate_series(1, 500) g")
+    pair.src("INSERT INTO prices SELECT g, g / 7.0, jsonb_build_object('g', g) "
+             "FROM generate_series(1, 500) g")
     root = tmp_path / "lake"
     target = f"delta:{root}"
     # Vacuum every second keeping nothing old: only the newest point and the vdiff's pinned one survive it.
@@ -82,7 +83,8 @@ def test_vdiff_beside_a_running_driver(pair, tmp_path):
         # No write in flight: the driver sits at the stream's end; an injected difference is found.
         from deltalake import DeltaTable
 
-        DeltaTable(str(root / "public" / "prices")).update(predicate="id = 7", new_values={"doc": '{"g": 700}'})
+        prices_dt = DeltaTable(str(root / "public" / "prices"))
+        prices_dt.update(predicate="id = 7", new_values={"doc": '{"g": 700}'})
         differs = vdiff(target)
         assert differs.returncode == 1, differs.stderr[-2000:]
         report = json.loads(differs.stdout)

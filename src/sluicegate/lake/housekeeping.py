@@ -108,12 +108,13 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     cutoff = now - retention
     hours = math.ceil(retention.total_seconds() / 3600)  # delta-rs takes whole hours: keep a little more
 
-    pins, pinned_versions = _pinned(path, workflow)  # read before the points: a request's point is recorded after it
+    # Read before the points: a request's point is recorded after the request.
+    pins, pinned_versions = _pinned(path, workflow)
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
         read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
     oldest = _kept_points(all_points, cutoff)[0].position
-    # What the log holds once older ones are gone: a point a running vdiff compares at stays, whatever its age.
+    # What the log holds once older ones are gone; a point a running vdiff compares at stays, however old.
     kept = [p for p in all_points if p.position >= oldest or p.position in pins]
     dropped = len(all_points) - len(kept)
     points_uri = read.points_uri(path)
@@ -129,7 +130,8 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
               "points_dropped": dropped, "points_kept": len(kept),
               "oldest_kept_point": kept[0].position_text, "tables": []}
     for name in sorted(kept[-1].versions):
-        keep = sorted({p.versions[name] for p in kept if name in p.versions} | pinned_versions.get(name, set()))
+        keep = {p.versions[name] for p in kept if name in p.versions}
+        keep = sorted(keep | pinned_versions.get(name, set()))
         report["tables"].append(_vacuum_one(name, read.table_uri(path, name), hours, keep, dry_run,
                                             storage_options))
     # Readers read the points table's newest version only: no version of it needs keeping.

@@ -130,8 +130,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                     if stop_at is not None:
                         wait_flushed(src_ctl, stop_at)
                 flushed, source_now = capture.wal_flush_position(src_ctl)
-                batch = _read_batch(task if stop_at == task.stop_at else replace(task, stop_at=stop_at), stream,
-                                    framing, tables, result.position, flushed)
+                this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
+                batch = _read_batch(this, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
                 if batch.spills:
                     staging.clear(root, wf.name)

@@ -58,8 +58,9 @@ def pinned(requests: dict, now: float | None = None) -> tuple[set[int], dict[str
 
 def serve(store, wf, position: int, record_point) -> int | None:
     """The driver, at a batch boundary at `position` (the state's): acknowledge new holds, answer requests
-    at `position` (record_point() records a point there and returns the tables' versions), give up on those behind it. Returns HELD (play
-    nothing now), the next requested position to stop a batch at, or None (play as usual)."""
+    at `position` (record_point() records a point there and returns the tables' versions), give up on those
+    behind it. Returns HELD (play nothing now), the next requested position to stop a batch at, or None
+    (play as usual)."""
     requests = live(wf.point_requests)
     if not requests:
         return None

@@ -132,7 +132,8 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
                                      f"run the vdiff again")
             log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
                      time.monotonic() - started)
-            report = _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop)
+            wf = store.load(name)
+            report = _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop)
     finally:
         lock.close()
     return report
@@ -202,20 +203,21 @@ def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, 
             raise RetryableError(f"workflow {name}: the vdiff's point request went from its state (was it "
                                  f"deleted and made again?); run the vdiff again")
         if r.get("missed"):
-            raise RetryableError(f"workflow {name}: {r['missed']}, past the vdiff's point; run the vdiff again")
+            raise RetryableError(f"workflow {name}: {r['missed']}, past the vdiff's point; "
+                                 f"run the vdiff again")
         if ready(r):
             return r
         if wf.state != RUNNING:
-            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for its driver to {what}; "
-                             f"run the vdiff again ({way})")
+            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for its driver to "
+                             f"{what}; run the vdiff again ({way})")
         if not store.is_running(name):
             raise UsageError(f"workflow {name}: its driver stopped while the vdiff waited for it to {what}; "
                              f"run the vdiff again ({way})")
         if stop is not None and stop.is_set():
             raise RetryableError("interrupted")
         if time.monotonic() > deadline:
-            raise RetryableError(f"workflow {name}: its driver did not {what} within {timeout:.0f}s; see {way} "
-                                 f"and the driver's log, then run the vdiff again")
+            raise RetryableError(f"workflow {name}: its driver did not {what} within {timeout:.0f}s; see "
+                                 f"{way} and the driver's log, then run the vdiff again")
         time.sleep(0.05)
 
 
