@@ -163,8 +163,8 @@ def _beside_driver(name, target, store, runner, tables, sample, range_rows, stop
 
             point = Point(name, position, format_lsn(position), None,
                           {q: int(v) for q, v in done["versions"].items()})
-            log.info("vdiff %s: consistent point %s from the running driver after %.2fs", name,
-                     format_lsn(position), time.monotonic() - started)
+            log.info("vdiff %s: consistent point %s from the running driver (held at %s) after %.2fs", name,
+                     format_lsn(position), format_lsn(held["held_at"]), time.monotonic() - started)
             return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop,
                                point)
     finally:
