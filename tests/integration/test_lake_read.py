@@ -298,3 +298,42 @@ def _arrow_latest(table_uri: str) -> pa.Table:
 
 def _version_at(path, position) -> int:
     return latest_point(path, W, position).versions["public.events"]
+
+
+def test_vacuum_keeps_what_a_running_vdiff_compares_at(tmp_path):
+    """A vdiff beside the driver (lake/pointreq.py) pins its point and versions: a vacuum with no retention
+    keeps them, though old and not the newest; once the vdiff took its request away, they go."""
+    from sluicegate.lake import pointreq
+    from sluicegate.lake.state import RUNNING, LakeWorkflow, Store, TableState
+
+    path = str(tmp_path)
+    t = "public.events"
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
+    create(path, t, schema)
+    versions = {}
+    for position in (10, 20, 30):  # every row deleted by the next batch: each point needs its own files
+        versions[position] = apply(path, t, W, position, [{"id": position, "v": f"r{position}"}],
+                                   deletes=[position - 10] if position > 10 else [])
+        record_point(path, W, position, {t: versions[position]}, T0)
+    store = Store(tmp_path)
+    store.create(LakeWorkflow(name=W, source_url="postgresql://x", slot="s", publication="p", state=RUNNING,
+                              position=30, tables=[TableState({"schema": "public", "name": "events",
+                                                               "columns": [], "key": ["id"]}, done=True)]))
+    rid, request = pointreq.new_request()
+    with store.update(W) as w:
+        w.point_requests[rid] = {**request, "position": 20, "held_at": 10, "done": True,
+                                 "versions": {t: versions[20]}}
+
+    report = housekeeping.vacuum(path, W, timedelta(0), allow_short=True)
+    assert report["points_dropped"] == 1  # 10 goes; 20 is pinned, 30 the newest
+    assert [p.position for p in housekeeping.read.points(path, W)] == [20, 30]
+    assert _rows(arrow_tables_as_of(path, W, position=20)[t]) == [(20, "r20")]
+
+    with store.update(W) as w:
+        w.point_requests.pop(rid)
+    report = housekeeping.vacuum(path, W, timedelta(0), allow_short=True)
+    assert report["points_dropped"] == 1
+    assert [p.position for p in housekeeping.read.points(path, W)] == [30]
+    gone = housekeeping.read.Point(W, 20, format_lsn(20), None, {t: versions[20]})
+    with pytest.raises(TerminalError, match="vacuumed away"):
+        arrow_tables_as_of(path, W, position=gone)

@@ -108,17 +108,21 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     cutoff = now - retention
     hours = math.ceil(retention.total_seconds() / 3600)  # delta-rs takes whole hours: keep a little more
 
+    # Read before the points: a request's point is recorded after the request.
+    pins, pinned_versions = _pinned(path, workflow)
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
         read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
     oldest = _kept_points(all_points, cutoff)[0].position
-    kept = [p for p in all_points if p.position >= oldest]  # what the log holds once older ones are gone
+    # What the log holds once older ones are gone; a point a running vdiff compares at stays, however old.
+    kept = [p for p in all_points if p.position >= oldest or p.position in pins]
     dropped = len(all_points) - len(kept)
     points_uri = read.points_uri(path)
     if dropped and not dry_run:
         pts = _table(points_uri, storage_options)
+        spared = "".join(f" AND position <> {int(p)}" for p in sorted(pins) if p < oldest)
         try:
-            pts.delete(f"workflow = {_quote(workflow)} AND position < {oldest}")
+            pts.delete(f"workflow = {_quote(workflow)} AND position < {oldest}{spared}")
         except CommitFailedError as exc:
             raise _commit_failed(points_uri, "dropping old points", exc) from None
 
@@ -126,12 +130,24 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
               "points_dropped": dropped, "points_kept": len(kept),
               "oldest_kept_point": kept[0].position_text, "tables": []}
     for name in sorted(kept[-1].versions):
-        keep = sorted({p.versions[name] for p in kept if name in p.versions})
+        keep = {p.versions[name] for p in kept if name in p.versions}
+        keep = sorted(keep | pinned_versions.get(name, set()))
         report["tables"].append(_vacuum_one(name, read.table_uri(path, name), hours, keep, dry_run,
                                             storage_options))
     # Readers read the points table's newest version only: no version of it needs keeping.
     report["tables"].append(_vacuum_one("(points)", points_uri, hours, [], dry_run, storage_options))
     return report
+
+
+def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
+    """The points and versions vdiffs beside the running driver compare at (lake/pointreq.py)."""
+    from . import location, pointreq
+    from .state import open_store
+
+    store = open_store(location.parse(path))
+    if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
+        return set(), {}
+    return pointreq.pinned(store.load(workflow).point_requests)
 
 
 def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:

@@ -35,7 +35,7 @@ from ..workflow.schema_changes import (
     older_rows_text,
     source_columns,
 )
-from . import apply, location, points, staging
+from . import apply, location, pointreq, points, staging
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 from .types import sql_literal
 
@@ -86,6 +86,10 @@ class _Tables:
             have = dt.transaction_version(self.app)
             self.threshold[t.qualified] = max(have or 0, t.copy_from or 0)
 
+    def refresh(self) -> None:
+        for dt in self.dts.values():
+            dt.update_incremental()
+
     def versions(self) -> dict[str, int]:
         return {q: dt.version() for q, dt in self.dts.items()}
 
@@ -125,8 +129,20 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if current.options != wf.options:  # e.g. `lake schedule`: the driver plans again
                     result.interrupted = "the workflow's options changed"
                     return result
+                stop_at = task.stop_at
+                if stop_at is None and current.point_requests:  # a vdiff beside this driver (pointreq.py)
+                    stop_at = pointreq.serve(store, current, result.position, lambda: _request_point(
+                        root, wf.name, tables, result.position))
+                    if stop_at == pointreq.HELD:
+                        if time.monotonic() >= deadline:
+                            return result
+                        time.sleep(task.idle_poll)
+                        continue
+                    if stop_at is not None:
+                        wait_flushed(src_ctl, stop_at)
                 flushed, source_now = capture.wal_flush_position(src_ctl)
-                batch = _read_batch(task, stream, framing, tables, result.position, flushed)
+                this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
+                batch = _read_batch(this, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
                 if batch.spills:
                     staging.clear(root, wf.name)
@@ -134,7 +150,10 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
                     copied_to = max((t.copied_to or 0) for t in current.tables)
                     first = not current.first_point and batch.position >= copied_to
-                    if merged or first or batch.position == task.stop_at:
+                    requested = stop_at is not None and batch.position == stop_at
+                    if requested and task.stop_at is None:
+                        tables.refresh()  # (a point of a request: tables a direct write changed meanwhile)
+                    if merged or first or requested:
                         points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
                     fault_point("lake.replicate.before_state")
                     with store.update(task.workflow) as w:
@@ -153,6 +172,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                             w.table(q).applied = batch.position
                         for q, spec in batch.reshaped.items():
                             w.table(q).table = spec.to_json()
+                        if requested:
+                            pointreq.mark_done(w, batch.position, tables.versions())
                     last_write = now
                     stream.confirm(batch.position)
                 result.position = batch.position
@@ -181,6 +202,14 @@ def _stage(root, workflow: str, batch: _Batch) -> None:
             spill = batch.spills[q] = staging.Spill(staging.staging_dir(root, workflow) / q)
         spill.write(effect)
     batch.in_memory = 0
+
+
+def _request_point(root, workflow: str, tables: _Tables, position: int) -> dict[str, int]:
+    """A vdiff's point at the driver's own position (no batch needed to reach it)."""
+    tables.refresh()
+    versions = tables.versions()
+    points.record(root, workflow, position, None, versions)
+    return versions
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,

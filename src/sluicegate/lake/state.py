@@ -111,6 +111,8 @@ class LakeWorkflow:
     # samples of the source's WAL position, [lsn, unix time], oldest first
     safe_time: str | None = None
     wal_samples: list = field(default_factory=list)
+    # A vdiff's requests for a point at a position while the driver runs (lake/pointreq.py), by request id
+    point_requests: dict = field(default_factory=dict)
 
     def table(self, qualified: str) -> TableState:
         for t in self.tables:

@@ -1,14 +1,26 @@
 """`sluicegate vdiff W --target delta:PATH`: the source's moved tables against the Delta tables, at one point.
 
-The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), then play the
-stream to exactly P with the engine's own play task (lake/player.py, `stop_at`), which records a point at P in
-the consistent-read log. The source snapshot and the Delta tables at that point then hold the same source
-transactions, while the source keeps taking writes.
+The point: snapshot the source tables at position P (the copy's LOCK SHARE + exported snapshot), have the
+stream played to exactly P and a point recorded there in the consistent-read log. The source snapshot and the
+Delta tables at that point then hold the same source transactions, while the source keeps taking writes.
 
-No driver may play the workflow meanwhile: the vdiff holds the workflow's run lock for its whole life (a
-`workflow run` started then says the workflow is being run), and refuses to start while a driver holds it. The
-workflow's state is left as it was (Running stays Running, Stopped stays Stopped): a later `workflow run`
-replays from P on.
+With no driver running, the vdiff plays to P itself (lake/player.py, `stop_at`), holding the run lock
+for its whole life (a `workflow run` started then says the workflow is being run). The state is left as it
+was (Running stays Running, Stopped stays Stopped): a later `workflow run` replays from P on.
+
+Beside a running driver (Delta keeps old versions, so the driver need not stop), through a point request in
+the workflow's state (lake/pointreq.py). The order makes it race-free:
+  1. the vdiff writes a hold; the driver, at its next batch boundary, acknowledges it with its position A
+     and plays no further while the hold lasts;
+  2. only then the vdiff takes its snapshot, at P >= A (the driver reads flushed WAL only, and the snapshot's
+     position is the WAL insert position read after the acknowledgement), and writes P into the request;
+  3. the driver plays to exactly P (a batch ending there, or none when P == A), records the point, puts each
+     table's version at P in the request, marks it done, and goes on;
+  4. the vdiff compares at those versions by time travel while the driver replicates past P; vacuum keeps them
+     as long as the request is in the state; the vdiff removes it when done, also on failure.
+Taking the snapshot first and asking for P afterwards could find a fast driver already past P (no point there,
+and none can be made); retrying would not be sure to end under steady writes. The hold costs the driver the
+time of one snapshot. A killed vdiff's hold lapses (pointreq.HOLD_SECONDS).
 
 The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
 key range as text, converted by lake/types.py exactly as the copy and the stream convert it (so numeric is
@@ -28,9 +40,9 @@ from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ..position import format_lsn
 from ..postgres.catalog import Table
 from ..postgres.snapshot import take_snapshot
-from . import location
+from . import location, pointreq
 from .player import LakePlayTask, play
-from .state import COPYING, ERROR, INIT, open_store
+from .state import COPYING, ERROR, INIT, RUNNING, open_store
 
 log = logging.getLogger("sluicegate")
 
@@ -66,8 +78,7 @@ def _read_tasks(batches):
             yield from read_range(SourceRange(**d))
 
 
-def check_comparable(store, name: str, *, driver: bool = True) -> None:
-    """`driver`: also refuse when a driver holds the run lock (not once the vdiff holds it)."""
+def check_comparable(store, name: str) -> None:
     wf = store.load(name)
     if wf.state in (INIT, COPYING) or any(not t.done for t in wf.tables):
         done = sum(t.done for t in wf.tables)
@@ -76,10 +87,6 @@ def check_comparable(store, name: str, *, driver: bool = True) -> None:
     if wf.state == ERROR:
         raise UsageError(f"workflow {name} is in Error ({wf.message}): fix that and `sluicegate workflow start "
                          f"{name} --target delta:{store.root}` before a vdiff")
-    if driver and store.is_running(name):
-        raise UsageError(f"workflow {name} is being run by a driver, and a vdiff of a Delta target plays the stream "
-                         f"to its point itself: `sluicegate workflow stop {name} --target delta:{store.root}`, "
-                         f"wait for the driver to exit, vdiff, then `workflow start` and `workflow run` it again")
 
 
 def select_tables(qualified: list[str], names: list[str] | None, workflow: str) -> list[str]:
@@ -100,12 +107,16 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
         range_rows: int | None = None, stop: threading.Event | None = None) -> dict:
     """Compare, return the report (vdiff/report.py's shape: workflow, state, source_position, equal,
     differences, and per table rows_compared, missing, extra, mismatched, samples)."""
-    root = location.parse(target).uri
     store = open_store(target)
     check_comparable(store, name)
-    lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
+    if store.is_running(name):
+        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
     try:
-        check_comparable(store, name, driver=False)  # (a state change between the check and the lock)
+        lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
+    except UsageError:  # a driver started meanwhile
+        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
+    try:
+        check_comparable(store, name)  # (a state change between the check and the lock)
         wf = store.load(name)
         chosen = select_tables([t.qualified for t in wf.tables], tables, name)
         specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
@@ -121,27 +132,123 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
                                      f"run the vdiff again")
             log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
                      time.monotonic() - started)
-            specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
-            report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
-                      "message": "", "source_position": format_lsn(position), "tables": {}}
-            runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
-            frames = _delta_frames(runner.spark, root, name, list(specs), position)
-            for q, spec in specs.items():
-                if stop is not None and stop.is_set():
-                    raise RetryableError("interrupted")
-                source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
-                report["tables"][q] = compare(source, frames[q], spec, sample)
+            wf = store.load(name)
+            report = _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop)
     finally:
         lock.close()
+    return report
+
+
+def _beside_driver(name, target, store, runner, tables, sample, range_rows, stop) -> dict:
+    """The driver plays on: it stops one batch exactly at the snapshot's position and records a point there
+    (pointreq.py); the comparison reads the tables at that point's versions while the driver goes on."""
+    wf = store.load(name)
+    chosen = select_tables([t.qualified for t in wf.tables], tables, name)
+    rid, request = pointreq.new_request()
+    _update_request(store, name, rid, request)
+    try:
+        started = time.monotonic()
+        held = _wait_request(store, name, rid, lambda r: r.get("held_at") is not None, pointreq.HOLD_SECONDS,
+                             "hold its position for the vdiff", stop)
+        specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
+        with take_snapshot(wf.source_url, list(specs.values()), stop=stop) as snap:
+            position = snap.position
+            if position < held["held_at"]:  # cannot be: the driver reads flushed WAL only
+                raise RetryableError(f"workflow {name}: the driver is past the vdiff's point "
+                                     f"{format_lsn(position)}; run the vdiff again")
+            _update_request(store, name, rid, {"position": position})
+            done = _wait_request(store, name, rid, lambda r: r.get("done"), POINT_SECONDS,
+                                 f"record a point at {format_lsn(position)}", stop)
+            from .read import Point
+
+            point = Point(name, position, format_lsn(position), None,
+                          {q: int(v) for q, v in done["versions"].items()})
+            log.info("vdiff %s: consistent point %s from the running driver (held at %s) after %.2fs", name,
+                     format_lsn(position), format_lsn(held["held_at"]), time.monotonic() - started)
+            return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop,
+                               point)
+    finally:
+        _update_request(store, name, rid, None)
+
+
+POINT_SECONDS = 120.0  # the driver's way from its held position to the snapshot's: one or a few batches
+
+
+def _update_request(store, name: str, rid: str, change: dict | None) -> None:
+    """Add, change or (change None) remove the request; DeltaStore's merge may ask for a second go when the
+    driver wrote the same request at the same time."""
+    for attempt in range(5):
+        try:
+            with store.update(name) as w:
+                if change is None:
+                    w.point_requests.pop(rid, None)
+                else:
+                    w.point_requests[rid] = {**w.point_requests.get(rid, {}), **change}
+            return
+        except RetryableError:
+            if attempt == 4:
+                raise
+            time.sleep(0.1)
+
+
+def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, stop) -> dict:
+    """Poll the state until the request is `ready`; a one-line error when the driver stops, the workflow
+    leaves Running, the request is missed, or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    way = f"`sluicegate workflow status {name} --target {target_text(store)}`"
+    while True:
+        wf = store.load(name)
+        r = wf.point_requests.get(rid)
+        if r is None:
+            raise RetryableError(f"workflow {name}: the vdiff's point request went from its state (was it "
+                                 f"deleted and made again?); run the vdiff again")
+        if r.get("missed"):
+            raise RetryableError(f"workflow {name}: {r['missed']}, past the vdiff's point; "
+                                 f"run the vdiff again")
+        if ready(r):
+            return r
+        if wf.state != RUNNING:
+            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for its driver to "
+                             f"{what}; run the vdiff again ({way})")
+        if not store.is_running(name):
+            raise UsageError(f"workflow {name}: its driver stopped while the vdiff waited for it to {what}; "
+                             f"run the vdiff again ({way})")
+        if stop is not None and stop.is_set():
+            raise RetryableError("interrupted")
+        if time.monotonic() > deadline:
+            raise RetryableError(f"workflow {name}: its driver did not {what} within {timeout:.0f}s; see "
+                                 f"{way} and the driver's log, then run the vdiff again")
+        time.sleep(0.05)
+
+
+def target_text(store) -> str:
+    return f"delta:{store.root}"
+
+
+def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point=None) -> dict:
+    root = location.parse(target).uri
+    position = snap.position
+    specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
+    report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
+              "message": "", "source_position": format_lsn(position), "tables": {}}
+    runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
+    frames = _delta_frames(runner.spark, root, name, list(specs), point or position)
+    for q, spec in specs.items():
+        if stop is not None and stop.is_set():
+            raise RetryableError("interrupted")
+        source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
+        report["tables"][q] = compare(source, frames[q], spec, sample)
     report["differences"] = sum(t["missing"] + t["extra"] + t["mismatched"] for t in report["tables"].values())
     report["equal"] = report["differences"] == 0
     return report
 
 
-def _delta_frames(spark, root, name: str, tables: list[str], position: int) -> dict:
-    from .read import point_for, tables_as_of
+def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
+    """The tables at the point at `position` (an int), or at a Point's versions (a request's)."""
+    from .read import Point, point_for, tables_as_of
 
     point = point_for(str(root), name, position)
+    position = position.position if isinstance(position, Point) else position
     if point.position != position:
         raise TerminalError(f"workflow {name}: the consistent-read log has no point at {format_lsn(position)} "
                             f"(the newest at or before it is {point.position_text}); run the vdiff again")

@@ -1,0 +1,111 @@
+"""`sluicegate vdiff W --target delta:PATH` while `workflow run` drives W: the driver stops one batch at
+the vdiff's snapshot position, records a point there and plays on; the vdiff compares at that point
+(lake/pointreq.py). Under live writes (the driver racing ahead) and with no write in flight (the driver idle
+at the position), with the driver's vacuum running every second with no retention meanwhile."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluicegate.lake import cli as lake
+from sluicegate.lake import read
+from sluicegate.lake.state import Store
+from sluicegate.position import parse_lsn
+
+from ..conftest import wait_for
+from .helpers import Writer, reap_group
+
+pytestmark = pytest.mark.spark
+
+
+def vdiff(target: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "-v", "vdiff", "vd", "--target",
+                           target, "--spark-master", "local[2]", "--json", *args], capture_output=True,
+                          text=True, timeout=180, check=False)
+
+
+def start_driver(target: str, log: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.pop("SLUICEGATE_DRIVER_PID", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", "vd", "--target", target,
+         "--no-progress", "--spark-master", "local[2]"],
+        env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_vdiff_beside_a_running_driver(pair, tmp_path):
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
+    pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")
+    pair.src("CREATE TABLE prices (id int PRIMARY KEY, price numeric(10,2), doc jsonb)")
+    pair.src("INSERT INTO prices SELECT g, g / 7.0, jsonb_build_object('g', g) "
+             "FROM generate_series(1, 500) g")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    # Vacuum every second keeping nothing old: only the newest point and the vdiff's pinned one survive it.
+    lake.create("vd", pair.source, target, None, None, [],
+                {"slice_seconds": 1, "vacuum_every": 1.0, "vacuum_retention": 0.0})
+    store = Store(root)
+    log = tmp_path / "driver.log"
+    driver = start_driver(target, log)
+    writer = Writer(pair.source, 2000, pause=0.005)
+    try:
+        wait_for(lambda: store.load("vd").first_point or driver.poll() is not None, timeout=120,
+                 what="the copy and the first consistent point", describe=lambda: log.read_text()[-2000:])
+        assert driver.poll() is None, log.read_text()[-2000:]
+
+        # Live writes: the driver is ahead of any position the vdiff could pick unless it holds for it.
+        writer.start()
+        wait_for(lambda: writer.commits > 20, what="writes before the vdiff")
+        commits, vacuums = writer.commits, log.read_text().count("vacuum vd")
+        equal = vdiff(target)
+        assert writer.error is None and writer.commits > commits  # the source took writes during it
+        assert equal.returncode == 0, equal.stderr[-2000:]
+        report = json.loads(equal.stdout)
+        position = parse_lsn(report["source_position"])
+        assert report["equal"] and report["tables"]["public.items"]["rows_compared"] > 1500
+        assert report["tables"]["public.prices"]["rows_compared"] == 500
+        held = re.search(r"from the running driver \(held at (\S+)\)", equal.stderr)
+        assert held and parse_lsn(held.group(1)) <= position, equal.stderr[-2000:]
+        wf = store.load("vd")
+        assert driver.poll() is None and wf.state == "Running"
+        assert wf.position > position  # it played on past the vdiff's point during the comparison
+        assert wf.point_requests == {}  # the vdiff took its request away
+        assert log.read_text().count("vacuum vd") > vacuums  # and vacuum ran meanwhile, sparing the point
+        writer.stop_event.set()
+        writer.join()
+
+        # No write in flight: the driver sits at the stream's end; an injected difference is found.
+        from deltalake import DeltaTable
+
+        prices_dt = DeltaTable(str(root / "public" / "prices"))
+        prices_dt.update(predicate="id = 7", new_values={"doc": '{"g": 700}'})
+        differs = vdiff(target)
+        assert differs.returncode == 1, differs.stderr[-2000:]
+        report = json.loads(differs.stdout)
+        prices, items = report["tables"]["public.prices"], report["tables"]["public.items"]
+        assert (prices["mismatched"], prices["missing"], prices["extra"]) == (1, 0, 0), prices
+        assert [(s["kind"], s["key"]) for s in prices["samples"]] == [("mismatched", ["7"])]
+        assert (items["mismatched"], items["missing"], items["extra"]) == (0, 0, 0), items
+        idle_at = parse_lsn(report["source_position"])
+        assert idle_at in [p.position for p in read.points(str(root), "vd")]  # the newest: vacuum keeps it
+        assert driver.poll() is None and store.load("vd").point_requests == {}
+    finally:
+        writer.stop_event.set()
+        if writer.is_alive():
+            writer.join()
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGTERM)
+            try:
+                driver.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        reap_group(driver)
+    assert "Traceback" not in log.read_text()
