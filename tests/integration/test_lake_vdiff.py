@@ -28,6 +28,8 @@ def vdiff(target: str, *args: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
+# Slow: test_lake_vdiff_driver.py runs both paths (beside a driver, and alone) in the default set.
+@pytest.mark.slow
 def test_vdiff_of_a_delta_target(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")

@@ -1,7 +1,8 @@
 """`sluicegate vdiff W --target delta:PATH` while `workflow run` drives W: the driver stops one batch at
 the vdiff's snapshot position, records a point there and plays on; the vdiff compares at that point
 (lake/pointreq.py). Under live writes (the driver racing ahead) and with no write in flight (the driver idle
-at the position), with the driver's vacuum running every second with no retention meanwhile."""
+at the position), with the driver's vacuum running every second with no retention meanwhile; then, the driver
+stopped, the vdiff that plays the stream itself."""
 
 from __future__ import annotations
 
@@ -97,6 +98,23 @@ def test_vdiff_beside_a_running_driver(pair, tmp_path):
         idle_at = parse_lsn(report["source_position"])
         assert idle_at in [p.position for p in read.points(str(root), "vd")]  # the newest: vacuum keeps it
         assert driver.poll() is None and store.load("vd").point_requests == {}
+
+        # No driver: the vdiff plays the stream to its own point (the path test_lake_vdiff.py runs whole).
+        os.kill(driver.pid, signal.SIGTERM)
+        assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+        pair.src("UPDATE items SET qty = qty + 1 WHERE id % 9 = 0")  # for the vdiff's own play to apply
+        prices_dt = DeltaTable(str(root / "public" / "prices"))
+        prices_dt.delete(predicate="id = 11")
+        alone = vdiff(target)
+        assert alone.returncode == 1, alone.stderr[-2000:]
+        assert "from the running driver" not in alone.stderr
+        report = json.loads(alone.stdout)
+        prices, items = report["tables"]["public.prices"], report["tables"]["public.items"]
+        assert (prices["mismatched"], prices["missing"], prices["extra"]) == (1, 1, 0), prices
+        assert sorted((s["kind"], s["key"]) for s in prices["samples"]) == [("mismatched", ["7"]),
+                                                                           ("missing", ["11"])]
+        assert (items["mismatched"], items["missing"], items["extra"]) == (0, 0, 0), items
+        assert store.load("vd").state == "Running" and not store.is_running("vd")
     finally:
         writer.stop_event.set()
         if writer.is_alive():
