@@ -115,6 +115,11 @@ def test_vdiff_beside_a_running_driver(pair, tmp_path):
                                                                            ("missing", ["11"])]
         assert (items["mismatched"], items["missing"], items["extra"]) == (0, 0, 0), items
         assert store.load("vd").state == "Running" and not store.is_running("vd")
+        # Again at once, after one more direct write: the stream may stand at the new snapshot's position
+        # already (no source write since), and the write must count all the same.
+        prices_dt.delete(predicate="id = 12")
+        again = json.loads(vdiff(target).stdout)["tables"]["public.prices"]
+        assert (again["mismatched"], again["missing"], again["extra"]) == (1, 2, 0), again
     finally:
         writer.stop_event.set()
         if writer.is_alive():

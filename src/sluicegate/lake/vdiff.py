@@ -133,7 +133,8 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
             log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
                      time.monotonic() - started)
             wf = store.load(name)
-            report = _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop)
+            report = _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop,
+                                 _point_now(target, wf, position))
     finally:
         lock.close()
     return report
@@ -223,6 +224,20 @@ def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, 
 
 def target_text(store) -> str:
     return f"delta:{store.root}"
+
+
+def _point_now(target: str, wf, position: int):
+    """The point at `position` where the stream stands and no driver plays it (the vdiff holds the run lock):
+    every table's current version holds exactly the source's transactions up to it. Read now, not from the
+    log: with nothing to apply there the play records no point, and a direct write to a table since the
+    log's point at `position` must count."""
+    from deltalake import DeltaTable
+
+    from .read import Point
+
+    loc = location.parse(target)
+    versions = {t.qualified: DeltaTable(loc.table(t.spec.schema, t.spec.name)).version() for t in wf.tables}
+    return Point(wf.name, position, format_lsn(position), None, versions)
 
 
 def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point=None) -> dict:
