@@ -145,3 +145,21 @@ def test_decimal_fill_is_exact():
     c = LITERALS[5][0]
     assert sql_literal(c, "-1.50") == "CAST('-1.50' AS DECIMAL(10,2))"
     assert convert_column(c, ["-1.50"])[0].as_py() == Decimal("-1.50")
+
+
+def test_a_change_other_than_added_columns_stops_naming_it_and_the_way_out():
+    from sluicegate.lake.player import added_only
+
+    same = Relation(1, "public", "items", "d", (RelColumn(1, "id", 20, -1), RelColumn(0, "v", 25, -1)))
+    assert added_only(same, BASE, "w", "delta:/lake", "") is None
+    more = Relation(1, "public", "items", "d", (*same.columns, RelColumn(0, "tag", 25, -1)))
+    assert [c.name for c in added_only(more, BASE, "w", "delta:/lake", "").added] == ["tag"]
+    dropped = Relation(1, "public", "items", "d", (RelColumn(1, "id", 20, -1),))
+    with pytest.raises(TerminalError) as stop:
+        added_only(dropped, BASE, "w", "delta:/lake", " since the workflow was created")
+    text = str(stop.value)
+    assert "public.items changed on the source since the workflow was created" in text and " v" in text
+    assert "`sluicegate workflow delete w --target delta:/lake --drop-tables`" in text
+    retyped = Relation(1, "public", "items", "d", (RelColumn(1, "id", 20, -1), RelColumn(0, "v", 23, -1)))
+    with pytest.raises(TerminalError, match="follows added columns only"):
+        added_only(retyped, BASE, "w", "delta:/lake", "")

@@ -29,10 +29,10 @@ from ..postgres.pgoutput import Relation
 from ..postgres.snapshot import take_snapshot
 from ..workflow import copier
 from ..workflow.faults import fault_point
-from ..workflow.schema_changes import classify, source_columns
+from ..workflow.schema_changes import source_columns
 from . import apply, location
 from . import copy as lake_copy
-from .player import LakePlayTask, play
+from .player import LakePlayTask, added_only, play
 from .state import (
     COPYING,
     ERROR,
@@ -201,14 +201,9 @@ class LakeEngine:
         source = source_columns(conn, oid)
         rel = Relation(oid, table.schema, table.name, "f",
                        tuple(RelColumn(0, c.name, c.type_oid, c.typmod) for c in source.values()))
-        change = classify(rel, table)
-        if change.unchanged:
+        change = added_only(rel, table, wf.name, self.location.target, " since the workflow was created")
+        if change is None:
             return table
-        if change.incompatible:
-            raise TerminalError(f"table {table.qualified} changed on the source since `movetables create`: "
-                                f"{'; '.join(change.describe())}; a Delta target follows added columns only: "
-                                f"re-create the workflow (`sluicegate workflow delete {wf.name}`, then "
-                                f"`movetables create`)")
         added = tuple(Column(c.name, source[c.name].type_sql, c.type_oid, False, None, c.typmod)
                       for c in change.added)
         table = replace(table, columns=table.columns + added)

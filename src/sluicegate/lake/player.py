@@ -294,19 +294,30 @@ def _adopt(tables: _Tables, q: str, spec: Table, rel, batch: _Batch) -> bool:
     return True
 
 
+def added_only(rel, spec: Table, workflow: str, target: str, since: str):
+    """The columns `rel` adds to `spec` (classify's ColumnChanges), None when it changes nothing; any other
+    change stops the stream in Error: a Delta target follows added columns only. `since`: when the change
+    was made, for the message (" since `movetables create`")."""
+    change = classify(rel, spec)
+    if change.unchanged:
+        return None
+    if change.incompatible:
+        raise TerminalError(f"table {spec.qualified} changed on the source{since}: {'; '.join(change.describe())}; "
+                            f"a Delta target follows added columns only: re-create the workflow "
+                            f"(`sluicegate workflow delete {workflow} --target {target} --drop-tables`, then create it "
+                            f"again) to copy the table again")
+    return change
+
+
 def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch, effects: dict) -> Table:
     """A table's Relation message: columns the source added join the table, any other change stops the
     stream. Rows older than an added column hold, on the source, the value PostgreSQL recorded for them
     (its "fast default"; or NULL, or the immutable default it wrote): so do the rows this batch staged
     under the old shape, and, at the table's MERGE, the rows of the Delta table (`tables.fills`). A column the
     Delta table has already, not added by Sluicegate, was added by hand: its rows keep their values."""
-    change = classify(rel, spec)
-    if change.unchanged:
+    change = added_only(rel, spec, tables.workflow, location.parse(tables.root).target, "")
+    if change is None:
         return spec
-    if change.incompatible:
-        raise TerminalError(f"table {q} changed on the source: {'; '.join(change.describe())}; a Delta target "
-                            f"follows added columns only: re-create the workflow "
-                            f"(`sluicegate workflow delete {q.split('.')[0]}…`) to copy the table again")
     source = source_columns(tables.src, rel.oid)
     path = location.parse(tables.root).table(spec.schema, spec.name)
     way_out = by_hand_way_out(f"Delta table {path}", tables.workflow)
