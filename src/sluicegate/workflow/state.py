@@ -308,6 +308,11 @@ def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
             stream.tables.append(TableState(Table.from_json(spec), lastpk, rows, done, spec.get("rule"),
                                             deferred or None))
         wf.streams.append(stream)
+    # Each statement above reads its own snapshot: a workflow deleted between them (`movetables complete`
+    # beside its driver) reads torn, with no streams. Deleted by now, it is not found, as it would be.
+    torn = not wf.streams or any(not s.tables for s in wf.streams)
+    if torn and conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s", (name,)).fetchone() is None:
+        raise UsageError(f"no workflow {name!r} on this target (it was deleted meanwhile)")
     return wf
 
 
