@@ -452,17 +452,23 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
 
 def _run_engine(engine, kind: str) -> str:
     """engine.run(); a MoveTables' workflow deleted under it (complete, cancel) ends it as Stopped."""
+    import psycopg
+
     from ..postgres.connect import connect
     from ..workflow import state as st
 
     try:
         return engine.run()
-    except UsageError:
+    except (UsageError, psycopg.Error) as failed:  # e.g. the last workflow's delete dropped the schema under it
         if kind != "MoveTables":
             raise
-        with connect(engine.target_url, role="target") as conn:
-            if engine.workflow in st.list_workflows(conn):
-                raise
+        try:
+            with connect(engine.target_url, role="target") as conn:
+                gone = engine.workflow not in st.list_workflows(conn)
+        except psycopg.Error:
+            raise failed from None  # the target is unreachable: its first error says more
+        if not gone:
+            raise
         return st.STOPPED
 
 

@@ -276,6 +276,15 @@ def append_tables(conn: psycopg.Connection, stream_id: int, tables: list[Table])
 def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     if not has_schema(conn):
         raise UsageError(f"no Sluicegate workflows on this target (schema sluicegate is missing): create {name!r} first")
+    try:
+        return _read_workflow(conn, name)
+    except psycopg.errors.UndefinedTable:
+        # The last workflow's delete (`movetables complete`) drops the schema: between our statements, it
+        # reads as deleted. The transaction is aborted; the caller's `with connect(...)` rolls it back.
+        raise UsageError(f"no workflow {name!r} on this target (it was deleted meanwhile)") from None
+
+
+def _read_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     # to_jsonb(w): a schema made before the heartbeat columns existed reads them as NULL (no DDL here)
     row = conn.execute(
         """SELECT name, kind, source_url, options, (to_jsonb(w) ->> 'driver_seen_at')::timestamptz,
@@ -320,7 +329,10 @@ def list_workflows(conn: psycopg.Connection) -> list[str]:
     """Every workflow's name on this target, sorted."""
     if not has_schema(conn):
         return []
-    return [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
+    try:
+        return [r[0] for r in conn.execute("SELECT name FROM sluicegate.workflows ORDER BY 1")]
+    except psycopg.errors.UndefinedTable:
+        return []  # dropped since has_schema (the last workflow deleted); the transaction is aborted now
 
 
 def has_schema(conn: psycopg.Connection) -> bool:

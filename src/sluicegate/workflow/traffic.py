@@ -158,6 +158,11 @@ def active_stream(name: str, target_url: str) -> tuple[str, str] | None:
         sides, _ = reconcile(name, target_url)
     except UsageError:
         return None  # deleted meanwhile (complete, cancel)
+    except psycopg.Error:  # e.g. a deadlock with the delete: moot once the workflow is gone
+        with connect(target_url, role="target") as dst:
+            if name not in st.list_workflows(dst):
+                return None
+        raise
     if sides.forward.streams[0].state in (st.INIT, st.COPYING, st.RUNNING):
         return name, target_url
     if sides.traffic == SWITCHED and sides.reverse is not None \
@@ -428,6 +433,9 @@ def _drop_empty_schema(conn: psycopg.Connection, side: str) -> list[str]:
     """Schema sluicegate when no workflow is left in it (`conn`'s transaction commits with the caller's)."""
     if not st.has_schema(conn) or st.list_workflows(conn):
         return []
+    # In the order a driver's load_workflow reads them: DROP SCHEMA alone locks in catalog order, and a driver
+    # holding workflows while it waits for streams would deadlock with it.
+    conn.execute("LOCK TABLE sluicegate.workflows, sluicegate.streams, sluicegate.copy_state IN ACCESS EXCLUSIVE MODE")
     conn.execute("DROP SCHEMA sluicegate CASCADE")
     return [f"schema sluicegate on the {side}"]
 
