@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pyarrow.dataset as ds
 import pytest
 from psycopg import sql
@@ -178,6 +179,48 @@ def test_movetables_into_delta_survives_kill_9(pair, spark, tmp_path):
 def sluicegate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
                           timeout=120, check=False)
+
+
+def test_no_point_before_the_stream_passes_every_copy(pair, tmp_path):
+    """Tables are copied one after another, each at its own snapshot, and the replay starts at the first one's.
+    Until the stream passes the last snapshot, a table copied later holds changes the others do not have yet:
+    a point recorded meanwhile would show a two-table transaction on one table only. None is recorded."""
+    pair.src("CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL)")
+    pair.src("CREATE TABLE b (id int PRIMARY KEY, v int NOT NULL)")
+    pair.src("INSERT INTO a SELECT g, 0 FROM generate_series(1, 300) g")
+    pair.src("INSERT INTO b SELECT g, 0 FROM generate_series(1, 300) g")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    lake.create("pt", pair.source, target, None, None, [], {"batch_changes": 20})
+    log = tmp_path / "driver.log"
+    # a's copy is committed at its snapshot; b is copied only when the driver runs again
+    kill_at(target, "pt", log, "lake.copy.before_progress", tmp_path)
+    with psycopg.connect(pair.source, autocommit=True) as c:
+        with c.transaction():  # on both tables: b's copy will have it, a gets it from the replay
+            c.execute("UPDATE a SET v = 1 WHERE id = 1")
+            c.execute("UPDATE b SET v = 1 WHERE id = 1")
+        for i in range(2, 300):  # then many small batches (batch_changes 20) that touch a only
+            c.execute("UPDATE a SET v = 2 WHERE id = %s", (i,))
+    flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    store = Store(root)
+    driver = start_driver(target, "pt", log)
+    try:
+        wait_for(lambda: store.load("pt").position >= flushed and store.load("pt").first_point, timeout=120,
+                 what="caught up", describe=lambda: log.read_text()[-2000:])
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+    finally:
+        reap_group(driver)
+    wf = store.load("pt")
+    a, b = wf.table("public.a"), wf.table("public.b")
+    # b was copied after every write above, so a's replay covers them all at positions below b's snapshot
+    assert a.copied_to < b.copied_to <= flushed, (a.copied_to, b.copied_to, flushed)
+    assert wf.position >= b.copied_to and a.applied > a.copied_to
+    recorded = points.read(root, "pt")
+    assert recorded and all(p["position"] >= b.copied_to for p in recorded), \
+        [(p["position"], b.copied_to) for p in recorded[:3]]
+    for qualified in ("public.a", "public.b"):
+        assert by_key(delta_rows(root, qualified)) == by_key(source_rows(pair.source, qualified)), qualified
 
 
 def test_lake_cli_create_status_stop_start_delete(pair, tmp_path):

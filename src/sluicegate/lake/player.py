@@ -153,7 +153,9 @@ def play(task: LakePlayTask) -> LakePlayResult:
                     requested = stop_at is not None and batch.position == stop_at
                     if requested and task.stop_at is None:
                         tables.refresh()  # (a point of a request: tables a direct write changed meanwhile)
-                    if merged or first or requested:
+                    # Before the stream has passed every table's copy snapshot (the first point), a table copied
+                    # later is ahead of the others: no point until then, or a reader would see it half-applied.
+                    if (merged and current.first_point) or first or requested:
                         points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
                     fault_point("lake.replicate.before_state")
                     with store.update(task.workflow) as w:
