@@ -7,7 +7,8 @@ decoded for them; (2) each sink records them as not yet copied, and its stream g
 consumer skips their changes until their first copy cycle; (3) each table is then copied from its own snapshot,
 taken after (1): everything committed before the snapshot is in the copy, everything after is replayed once,
 for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
-between the copy's cycles.
+between the copy's cycles. A Delta sink takes the same steps on its state document (lake_sink.append_tables);
+there the other tables wait during the copy, which the lake engine runs before it replays again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextlib import ExitStack
 import psycopg
 
 from ..errors import UsageError
+from ..position import parse_lsn
 from ..postgres import capture, catalog
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as st
@@ -26,18 +28,15 @@ from .model import Cluster
 
 
 def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False) -> list[Decision]:
+    from ..lake import location
     from ..lake.state import is_lake, open_store
+    from . import lake_sink
 
     if is_lake(any_sink_url):
         cluster = Cluster.of(open_store(any_sink_url).load(workflow))
     else:
         with connect(any_sink_url, role="target") as conn:
             cluster = Cluster.of(st.load_workflow(conn, workflow))
-    lake = [(s, u) for s, u in cluster.sinks.items() if is_lake(u)]
-    if lake:  # a Delta sink's tables are fixed at create (cluster/lake_sink.py)
-        sink, url = lake[0]
-        raise UsageError(f"workflow {workflow!r} has a Delta sink {sink} ({url}), and add-tables does not "
-                         f"support Delta sinks yet: create another Replicate workflow for the new tables")
     if cluster.source_shards:  # its tables need a key-range rule per shard, which this does not make yet
         raise UsageError(f"workflow {workflow!r} replicates a keyspace (--source-shard): add-tables does not "
                          f"support it yet; create another Replicate workflow for the new tables")
@@ -50,9 +49,23 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(cluster.source_url)}: {first_line(exc)}") from None
         sinks = {}
+        lakes = {}  # Delta sinks (lake_sink.py): their state document, the tables they do not have yet
         decisions = []
         on_sinks: dict[str, list[str]] = {}  # table -> the sinks that already have it
+        source_lsn = parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         for sink, url in cluster.sinks.items():
+            if is_lake(url):
+                lake_sink.check_mappable(new)
+                store = open_store(url)
+                wf = store.load(workflow)
+                have = {t.qualified for t in wf.tables}
+                for t in new:
+                    if t.qualified in have:
+                        on_sinks.setdefault(t.qualified, []).append(sink)
+                wanted = [t for t in new if t.qualified not in have]
+                decisions += lake_sink.table_decisions(workflow, sink, url, wanted, overwrite, source_lsn)
+                lakes[sink] = (store, wf, wanted)
+                continue
             conn = stack.enter_context(connect(url, role="target"))
             try:
                 for s in st.load_workflow(conn, workflow).streams:
@@ -80,7 +93,15 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             for s in wf.streams:
                 if wanted and (capture.slot_info(src, s.slot_name) is not None or s.position is not None):
                     capture.ensure_publication(src, s.publication, [t.table for t in s.tables] + wanted)
-        # (2) every sink, each in its own transaction (a sink that fails here is fixed by running this again)
+        for sink, (store, wf, wanted) in lakes.items():
+            if wanted and (capture.slot_info(src, wf.slot) is not None or wf.position is not None):
+                capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables] + wanted)
+        # (2) each Delta sink: its new tables made, then recorded (lake_sink.append_tables)
+        for sink, (store, wf, wanted) in lakes.items():
+            if wanted:
+                lake_sink.make_tables(location.parse(cluster.sinks[sink]), wanted)
+                lake_sink.append_tables(store, workflow, wanted)
+        # (2) every PostgreSQL sink, each in its own transaction (a sink that fails here is fixed by running this again)
         for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:
                 if not wanted:

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..errors import SluicegateError, TerminalError, UsageError
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError
 from ..lake import location
 from ..lake.state import (
     COPYING,
     ERROR,
     INIT,
+    RUNNING,
     STOPPED,
     LakeWorkflow,
     TableState,
@@ -67,17 +68,7 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
     """The bootstrap decision of each Delta sink's tables (create.Decision); raises UsageError on what is
     refused outright. Nothing is written. `source_lsn`: the source's WAL position now, which every change
     the new workflow applies comes after."""
-    from deltalake import DeltaTable
-
-    from ..lake.types import arrow_schema
-    from .create import new_table_decision
-
-    for t in described:
-        if not t.key:
-            raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
-                             f"a Delta sink merges changes by key; add one on the source or leave the table "
-                             f"out")
-        arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
+    check_mappable(described)
     seen: dict = {}
     out = []
     for sink, url in delta.items():
@@ -86,31 +77,57 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
             raise UsageError(f"sinks {seen[root]} and {sink} are the same Delta directory {root.uri}: name each "
                              f"sink once")
         seen[root] = sink
-        store = open_store(root)
-        if store.exists(name):
+        if open_store(root).exists(name):
             raise UsageError(f"sink {sink} ({url}) already holds workflow {name!r}: pick another name, or "
                              f"`sluicegate workflow delete {name} --target {url}`")
-        mine = {t.qualified for t in described}
-        for other in store.names():
-            taken = mine & {t.qualified for t in store.load(other).tables}
-            if taken:
-                raise UsageError(f"sink {sink} ({url}) is already the target of workflow {other!r}, "
-                                 f"which writes {min(taken)}: one workflow per sink table; delete "
-                                 f"{other!r} or leave the table out")
-        for t in described:
-            path = root.table(t.schema, t.name)
-            if DeltaTable.is_deltatable(path) and source_lsn is not None:
-                # An earlier workflow of this name committed changes up to this position: the player skips
-                # what a table already has by that version, so a new one must start past it.
-                have = DeltaTable(path).transaction_version(app_id(name))
-                if have is not None and have > source_lsn:
-                    raise UsageError(f"sink {sink}: Delta table {path} holds changes of an earlier workflow "
-                                     f"{name!r} up to {format_lsn(have)}, past the source's position "
-                                     f"{format_lsn(source_lsn)}: changes would be skipped; remove the table "
-                                     f"or pick another workflow name")
-            created = not DeltaTable.is_deltatable(path)  # (made by create_sinks, once every check passed)
-            empty = created or not _has_rows(DeltaTable(path))
-            out.append(new_table_decision(sink, url, t.qualified, created, empty, overwrite, "Delta table"))
+        out += table_decisions(name, sink, url, described, overwrite, source_lsn)
+    return out
+
+
+def check_mappable(described: list[Table]) -> None:
+    """Tables a Delta sink can hold: a key to merge by, and a Delta type for every column."""
+    from ..lake.types import arrow_schema
+
+    for t in described:
+        if not t.key:
+            raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
+                             f"a Delta sink merges changes by key; add one on the source or leave the table "
+                             f"out")
+        arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
+
+
+def table_decisions(name: str, sink: str, url: str, described: list[Table], overwrite: bool,
+                    source_lsn: int | None) -> list:
+    """The chart for tables new to workflow `name` on one Delta sink (at create or add-tables); raises
+    UsageError when another workflow of the sink writes one of them. Nothing is written."""
+    from deltalake import DeltaTable
+
+    from .create import new_table_decision
+
+    root = location.parse(url)
+    store = open_store(root)
+    mine = {t.qualified for t in described}
+    for other in store.names():
+        taken = mine & {t.qualified for t in store.load(other).tables} if other != name else set()
+        if taken:
+            raise UsageError(f"sink {sink} ({url}) is already the target of workflow {other!r}, "
+                             f"which writes {min(taken)}: one workflow per sink table; delete "
+                             f"{other!r} or leave the table out")
+    out = []
+    for t in described:
+        path = root.table(t.schema, t.name)
+        if DeltaTable.is_deltatable(path) and source_lsn is not None:
+            # An earlier workflow of this name committed changes up to this position: the player skips
+            # what a table already has by that version, so a new one must start past it.
+            have = DeltaTable(path).transaction_version(app_id(name))
+            if have is not None and have > source_lsn:
+                raise UsageError(f"sink {sink}: Delta table {path} holds changes of an earlier workflow "
+                                 f"{name!r} up to {format_lsn(have)}, past the source's position "
+                                 f"{format_lsn(source_lsn)}: changes would be skipped; remove the table "
+                                 f"or pick another workflow name")
+        created = not DeltaTable.is_deltatable(path)  # (made by make_tables, once every check passed)
+        empty = created or not _has_rows(DeltaTable(path))
+        out.append(new_table_decision(sink, url, t.qualified, created, empty, overwrite, "Delta table"))
     return out
 
 
@@ -120,27 +137,52 @@ def _has_rows(dt) -> bool:
 
 def create_sinks(name: str, source_url: str, delta: dict[str, str], stored: dict[str, str],
                  described: list[Table], options: dict, max_retained_wal, max_retention_age) -> None:
-    """Each Delta sink's tables (missing ones made; an empty one's schema made the source's) and state. A
-    table kept with its rows (--overwrite) has them replaced by the copy's first commit."""
-    from deltalake import DeltaTable
-
-    from ..lake.types import arrow_schema
-
+    """Each Delta sink's tables (make_tables) and state."""
     for sink, url in delta.items():
         root = location.parse(url)
-        for t in described:
-            path = root.table(t.schema, t.name)
-            if not DeltaTable.is_deltatable(path):
-                if root.local:
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
-                DeltaTable.create(path, arrow_schema(t), mode="error", name=t.qualified)
-            elif not _has_rows(DeltaTable(path)):
-                DeltaTable.create(path, arrow_schema(t), mode="overwrite", name=t.qualified)
+        make_tables(root, described)
         cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age)
         slot = slot_name(name, sink)
         open_store(root).create(LakeWorkflow(name=name, source_url=source_url, slot=slot, publication=slot,
                                         tables=[TableState(t.to_json()) for t in described], kind=KIND,
                                         options={**options, "cluster": cluster.to_json()}))
+
+
+def make_tables(root: location.Location, described: list[Table]) -> None:
+    """Each table's Delta table: a missing one made, an empty one's schema made the source's; one kept with
+    its rows (--overwrite) has them replaced by the copy's first commit."""
+    from deltalake import DeltaTable
+
+    from ..lake.types import arrow_schema
+
+    for t in described:
+        path = root.table(t.schema, t.name)
+        if not DeltaTable.is_deltatable(path):
+            if root.local:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            DeltaTable.create(path, arrow_schema(t), mode="error", name=t.qualified)
+        elif not _has_rows(DeltaTable(path)):
+            DeltaTable.create(path, arrow_schema(t), mode="overwrite", name=t.qualified)
+
+
+def append_tables(store: StateStore, workflow: str, wanted: list[Table]) -> None:
+    """`replicate add-tables` on a Delta sink, after the tables joined the publication: they are recorded
+    not copied; a running stream goes back to Copying (its play task returns at its next batch, the engine
+    copies them, then replays from its checkpoint, each new table skipping what its copy had). No point is
+    recorded until the stream has passed the new copies (player.py), so readers keep the last one before."""
+    for attempt in range(5):  # a busy consumer's commits can collide with ours on an object store
+        try:
+            with store.update(workflow) as w:
+                have = {t.qualified for t in w.tables}
+                w.tables += [TableState(t.to_json()) for t in wanted if t.qualified not in have]
+                if w.state == RUNNING:
+                    w.state, w.message = COPYING, ""
+                w.first_point = False
+            return
+        except RetryableError:
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def at_start(target: str, name: str) -> list[str]:
