@@ -150,3 +150,71 @@ def test_two_shards_two_sinks_union_kill_9_safe_time_vdiff(keyspace, tmp_path):
     for sink, samples in sampler.samples.items():
         assert samples, f"no safe time sampled on {sink}"
         assert all(a <= b for a, b in itertools.pairwise(samples)), f"safe time went backwards on {sink}"
+
+
+def test_add_tables_from_a_keyspace_while_it_runs(keyspace, tmp_path):
+    """add-tables on a keyspace source: both consumers running, both shards writing accounts and events;
+    events joins with its sharding column (--shard-key events=account_id, as at create). Each (sink, shard)
+    stream copies its shard's rows of events, and both sinks end with the union of the shards, nothing lost
+    or doubled. A table missing on one shard, or sharded by another column than the one named, is refused
+    with nothing changed (at create too)."""
+    c, shards = keyspace
+    for shard, url in shards.items():
+        load_shard(url, shard, ids=2000)
+    run(shards["-80"], "CREATE TABLE only_here (id bigint PRIMARY KEY)")
+
+    def create(tables):
+        return cli("replicate", "create", "--workflow", c.workflow, "--tables", tables,
+                   *[a for shard, url in shards.items() for a in ("--source-shard", f"{shard}={url}")],
+                   *[a for s in c.sinks for a in ("--sink", s)])
+
+    # events is sharded by account_id: by its key, most rows of each shard lie in the other's range
+    out = create("accounts,events")
+    assert out.returncode != 0 and "public.events on source shard -80 lie outside its key range by column 'id'" \
+        in out.stderr and "--shard-key events=COLUMN" in out.stderr, out.stderr
+    assert run(c.sinks[0], "SELECT to_regclass('sluicegate.workflows')") == [(None,)]
+    out = create("accounts")
+    assert out.returncode == 0, out.stderr
+    writers = [ShardWriter(url, shard, seed=i, ids=2000) for i, (shard, url) in enumerate(shards.items())]
+    consumers = [Consumer(c.workflow, s, tmp_path / f"run{i}.log").start() for i, s in enumerate(c.sinks)]
+    try:
+        wait_for(lambda: all(s["state"] == "Running" for sink in c.sinks for s in streams(sink)), 240,
+                 what="every stream of both sinks running")
+        for w in writers:
+            w.start()
+        wait_for(lambda: all(w.commits > 50 for w in writers), 60, what="writes on both shards")
+        bad = cli("replicate", "add-tables", c.workflow, "--tables", "only_here", "--target", c.sinks[0])
+        assert bad.returncode != 0 and "only_here on source shard 80-" in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        bad = cli("replicate", "add-tables", c.workflow, "--tables", "events", "--target", c.sinks[0])
+        assert bad.returncode != 0 and "lie outside its key range by column 'id'" in bad.stderr, bad.stderr
+        out = cli("replicate", "add-tables", c.workflow, "--tables", "events", "--shard-key", "events=account_id",
+                  "--target", c.sinks[1])
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.count("public.events: copy") == 2, out.stdout  # a decision per sink
+        for sink in c.sinks:  # each shard's stream has the table, with its own shard's key range on account_id
+            specs = run(sink, "SELECT s.source_shard, cs.spec -> 'rule' FROM sluicegate.copy_state cs JOIN "
+                              "sluicegate.streams s ON s.id = cs.stream_id WHERE cs.table_name = 'public.events' "
+                              "ORDER BY 1")
+            assert [shard for shard, _ in specs] == SHARDS and all(rule for _, rule in specs), specs
+        count = sum(w.commits for w in writers)
+        wait_for(lambda: sum(w.commits for w in writers) > count + 100, 60, what="writes during the copy")
+        for w in writers:
+            w.stop_event.set()
+            w.join()
+            assert w.error is None, w.error
+        for sink in c.sinks:
+            wait_for(lambda sink=sink: sink_caught_up(shards, sink), 240, what=f"{sink} caught up",
+                     describe=lambda sink=sink: streams(sink))
+            for table, key in TABLES.items():
+                got, want = sorted(table_rows(sink, table, key)), union(shards, table)
+                assert got == want, f"{table} on {sink}: {len(got)} rows, shards {len(want)}"
+        assert all(consumer.running() for consumer in consumers), "a consumer stopped"
+        for shard, url in shards.items():  # only the tables asked for: only_here joined no publication
+            published = run(url, "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'only_here'")
+            assert published[0][0] == 0, shard
+    finally:
+        for w in writers:
+            w.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()

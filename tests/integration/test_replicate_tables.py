@@ -134,6 +134,7 @@ def test_add_tables_bad_input(rc):
     failed(add("orders", "nosuch"), "nosuch")
     failed(add("orders", sink=c.source), "no Sluicegate workflows")  # the source is not a sink
     failed(add("orders", "customers"), "sink s2", "public.orders", "--overwrite")
+    failed(add("orders", extra=("--shard-key", "orders=item")), "--shard-key", "one source database")
     assert [_copy_state(s) for s in c.sinks] == before
     assert run(c.sinks[0], "SELECT to_regclass('public.orders') IS NULL")[0][0]  # not created on s1 either
     assert run(c.sinks[1], "SELECT note FROM orders") == [("on the sink before",)]

@@ -49,6 +49,10 @@ def _names(text: str | None, what: str) -> list[str] | None:
 OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="A sink table that already holds rows has them replaced by the copy (default: refuse).")
 
+SHARD_KEY = click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
+                         help="From a keyspace (--source-shard): the sharding column of a table (default: its first "
+                              "key column).")
+
 
 @click.group("replicate")
 def replicate_group() -> None:
@@ -60,8 +64,7 @@ def replicate_group() -> None:
 @click.option("--source", default=None, metavar="URL", help="libpq URL of the source database.")
 @click.option("--source-shard", "source_shards", multiple=True, metavar="RANGE=URL",
               help="Instead of --source: a source shard of a keyspace (repeatable; the ranges cover it).")
-@click.option("--shard-key", "shard_keys", multiple=True, metavar="TABLE=COLUMN",
-              help="With --source-shard: the sharding column of a table (default: its first key column).")
+@SHARD_KEY
 @click.option("--sink", "sinks", multiple=True, required=True, metavar="URL",
               help="libpq URL of a sink database (repeatable: one source, several sinks).")
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
@@ -181,12 +184,15 @@ def replicate_bootstrap(name, sink, tables):
 @click.option("--tables", required=True, metavar="A,B", help="Comma-separated source tables to add.")
 @click.option("--target", "--sink", "target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
               help="Any sink of the workflow (env SLUICEGATE_TARGET); the tables are added on every sink.")
+@SHARD_KEY
 @OVERWRITE
 @_friendly
-def replicate_add_tables(name, tables, target, overwrite):
+def replicate_add_tables(name, tables, target, shard_keys, overwrite):
     """Add tables to every sink while the workflow runs: each is copied, then replicated."""
     from ..cluster.add_tables import add_tables
+    from ..workflow.reshard import parse_shard_keys
 
-    for d in add_tables(name, target, _names(tables, "--tables"), overwrite=overwrite):
+    for d in add_tables(name, target, _names(tables, "--tables"), overwrite=overwrite,
+                        shard_keys=parse_shard_keys(list(shard_keys))):
         click.echo(d.line())
     click.echo(f"added to workflow {name}: running consumers copy the tables, then replicate them")

@@ -7,7 +7,8 @@ decoded for them; (2) each sink records them as not yet copied, and its stream g
 consumer skips their changes until their first copy cycle; (3) each table is then copied from its own snapshot,
 taken after (1): everything committed before the snapshot is in the copy, everything after is replayed once,
 for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
-between the copy's cycles. A Delta sink takes the same steps on its state document (lake_sink.append_tables);
+between the copy's cycles. From a keyspace, each (sink, source shard) stream takes the tables with its shard's
+key-range rule (keyspace.py), and (1) widens that shard's publication. A Delta sink takes the same steps on its state document (lake_sink.append_tables);
 there the other tables wait during the copy, which the lake engine runs before it replays again.
 """
 
@@ -23,11 +24,16 @@ from ..postgres import capture, catalog
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as st
 from ..workflow.create import _check_source_role, _check_table_rights
+from ..workflow.reshard import _check_same_tables
 from .create import Decision, decide_tables, refuse_rows
+from .keyspace import keyrange_rules
 from .model import Cluster
 
 
-def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False) -> list[Decision]:
+def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False,
+               shard_keys: dict[str, str] | None = None) -> list[Decision]:
+    """`shard_keys`: the new tables' sharding columns (TABLE=COLUMN), for a keyspace source (default: the
+    key's first column, as at create)."""
     from ..lake import location
     from ..lake.state import is_lake, open_store
     from . import lake_sink
@@ -37,17 +43,31 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
     else:
         with connect(any_sink_url, role="target") as conn:
             cluster = Cluster.of(st.load_workflow(conn, workflow))
-    if cluster.source_shards:  # its tables need a key-range rule per shard, which this does not make yet
-        raise UsageError(f"workflow {workflow!r} replicates a keyspace (--source-shard): add-tables does not "
-                         f"support it yet; create another Replicate workflow for the new tables")
+    if shard_keys and not cluster.source_shards:
+        raise UsageError(f"--shard-key names a keyspace's sharding columns, and workflow {workflow!r} "
+                         f"replicates one source database: leave it out")
     with ExitStack() as stack:
-        src = stack.enter_context(connect(cluster.source_url, role="source", autocommit=True))
+        # every source: the one database, or each shard of a keyspace (stream.source_shard names it)
+        sources: dict[str, psycopg.Connection] = {}
+        for shard, url in cluster.sources.items():
+            where = f"source shard {shard} ({describe(url)})" if cluster.source_shards else f"source {describe(url)}"
+            try:
+                conn = stack.enter_context(connect(url, role="source", autocommit=True))
+                if not sources:
+                    first = shard
+                    new = catalog.resolve_tables(conn, tables)
+                else:
+                    _check_same_tables(shard, conn, new, first)
+                if not _check_source_role(conn):
+                    _check_table_rights(conn, new)
+            except psycopg.Error as exc:
+                raise UsageError(f"{where}: {first_line(exc)}") from None
+            sources[shard] = conn
+        src = sources[first]
         try:
-            new = catalog.resolve_tables(src, tables)
-            if not _check_source_role(src):
-                _check_table_rights(src, new)
+            rules = keyrange_rules(sources, new, shard_keys or {}) if cluster.source_shards else {}
         except psycopg.Error as exc:
-            raise UsageError(f"source {describe(cluster.source_url)}: {first_line(exc)}") from None
+            raise UsageError(f"source shards: {first_line(exc)}") from None
         sinks = {}
         lakes = {}  # Delta sinks (lake_sink.py): their state document, the tables they do not have yet
         decisions = []
@@ -91,8 +111,9 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
         # (1) publications first: a sink that records the tables can rely on their changes being decoded
         for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:
-                if wanted and (capture.slot_info(src, s.slot_name) is not None or s.position is not None):
-                    capture.ensure_publication(src, s.publication, [t.table for t in s.tables] + wanted)
+                shard_src = sources[s.source_shard]
+                if wanted and (capture.slot_info(shard_src, s.slot_name) is not None or s.position is not None):
+                    capture.ensure_publication(shard_src, s.publication, [t.table for t in s.tables] + wanted)
         for sink, (store, wf, wanted) in lakes.items():
             if wanted and (capture.slot_info(src, wf.slot) is not None or wf.position is not None):
                 capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables] + wanted)
@@ -106,7 +127,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             for s in wf.streams:
                 if not wanted:
                     continue
-                st.append_tables(conn, s.id, wanted)
+                st.append_tables(conn, s.id, wanted, rules.get(s.source_shard))
                 if s.state == st.RUNNING:
                     st.set_state(conn, s.id, st.COPYING, "")
             conn.commit()

@@ -6,6 +6,7 @@ moves-only rule keeping the rows of its shard's key range (Reshard's), so a copy
 shard's rows of the shared sink table, and a stray row on a shard cannot land twice. The sink's consumer runs
 its streams as Reshard does (one Engine per stream), and its safe time is the minimum over them.
 
+`replicate add-tables` gives the new tables the same rules (keyrange_rules; cluster/add_tables.py).
 A column added on the source goes through the rule path, which stops the stream on column changes.
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 import psycopg
+from psycopg import sql
 
 from ..errors import UsageError
 from ..postgres import capture, catalog, replication
+from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify
 from ..sharding.keyrange import KeyRange
@@ -29,6 +32,40 @@ from ..workflow.create import (
 from ..workflow.reshard import _check_same_tables, _identity, _sharding_columns
 from .create import Decision, _check_slots_available, _sink_decisions, open_sinks, refuse_rows
 from .model import KIND, Cluster
+
+STRAY_SAMPLE = 10_000  # rows read per table and shard to catch a wrong sharding column
+
+
+def keyrange_rules(sources: dict[str, psycopg.Connection], described: list[Table],
+                   shard_keys: dict[str, str]) -> dict[str, dict]:
+    """Per source shard, per table: the moves-only rule keeping the rows of that shard's key range. Refused
+    when a shard holds rows outside its range by the sharding column: they would never be replicated."""
+    columns = _sharding_columns(described, shard_keys)
+    check_no_stray_rows(sources, described, columns)
+    identity = {t.qualified: _identity(t) for t in described}
+    rules = {}
+    for shard in sources:
+        r = KeyRange.parse(shard)
+        rules[shard] = {t.qualified: identity[t.qualified].with_keyrange(c, r.lo, r.hi).to_json()
+                        for t, c in zip(described, columns)}
+    return rules
+
+
+def check_no_stray_rows(sources: dict[str, psycopg.Connection], described: list[Table], columns: list[int]) -> None:
+    """The first STRAY_SAMPLE rows of each table on each shard fall in that shard's range. A row outside it is
+    skipped by every shard's rule, so a wrong --shard-key (the default is the first key column) would lose
+    rows silently: it is refused here, before anything is made."""
+    for t, c in zip(described, columns):
+        column = t.column_names[c]
+        for shard, conn in sources.items():
+            query = sql.SQL("SELECT count(*) FILTER (WHERE NOT ({})), count(*) FROM (SELECT {} FROM {} LIMIT {}) s")
+            outside, seen = conn.execute(query.format(KeyRange.parse(shard).pg_filter(column), sql.Identifier(column),
+                                                      t.ident, sql.Literal(STRAY_SAMPLE))).fetchone()
+            if outside:
+                raise UsageError(
+                    f"{outside} of the first {seen} rows of {t.qualified} on source shard {shard} lie outside its "
+                    f"key range by column {column!r}, and would not be replicated: name the column the keyspace "
+                    f"is sharded by with --shard-key {t.name}=COLUMN, or move those rows to their shard")
 
 
 def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_urls: list[str],
@@ -65,13 +102,10 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = conn
-        columns = _sharding_columns(described, shard_keys)
-        identity = {t.qualified: _identity(t) for t in described}
-        rules = {}
-        for shard in source_shards:
-            r = KeyRange.parse(shard)
-            rules[shard] = {t.qualified: identity[t.qualified].with_keyrange(c, r.lo, r.hi).to_json()
-                            for t, c in zip(described, columns)}
+        try:
+            rules = keyrange_rules(sources, described, shard_keys)
+        except psycopg.Error as exc:
+            raise UsageError(f"source shards: {first_line(exc)}") from None
         identities = {shard: identify(conn).to_json() for shard, conn in sources.items()}
         conns = open_sinks(stack, sinks, [(src, f" (source shard {shard})") for shard, src in sources.items()])
         decisions = []

@@ -251,25 +251,23 @@ def add_stream(conn: psycopg.Connection, workflow: str, source_shard: str, sourc
         (workflow, source_shard, strip_password(source_url) if source_url else None, slot, slot, INIT,
          json.dumps(source_identity) if source_identity else None),
     ).fetchone()[0]
+    append_tables(conn, stream_id, tables, rules)
+
+
+def append_tables(conn: psycopg.Connection, stream_id: int, tables: list[Table],
+                  rules: dict[str, dict] | None = None) -> None:
+    """Tables joining a stream, not copied yet (their changes are skipped until their first copy cycle).
+    `rules`: by qualified name, the rule a table's spec carries (a keyspace source shard's key range)."""
+    first = conn.execute("SELECT COALESCE(max(ordinal) + 1, 0) FROM sluicegate.copy_state WHERE stream_id = %s",
+                         (stream_id,)).fetchone()[0]
     rules = rules or {}
-    for i, t in enumerate(tables):
+    for i, t in enumerate(tables, first):
         spec = t.to_json()
         if t.qualified in rules:
             spec["rule"] = rules[t.qualified]
         conn.execute(
             "INSERT INTO sluicegate.copy_state (stream_id, table_name, ordinal, spec) VALUES (%s, %s, %s, %s)",
             (stream_id, t.qualified, i, json.dumps(spec)),
-        )
-
-
-def append_tables(conn: psycopg.Connection, stream_id: int, tables: list[Table]) -> None:
-    """Tables joining a stream, not copied yet (their changes are skipped until their first copy cycle)."""
-    first = conn.execute("SELECT COALESCE(max(ordinal) + 1, 0) FROM sluicegate.copy_state WHERE stream_id = %s",
-                         (stream_id,)).fetchone()[0]
-    for i, t in enumerate(tables, first):
-        conn.execute(
-            "INSERT INTO sluicegate.copy_state (stream_id, table_name, ordinal, spec) VALUES (%s, %s, %s, %s)",
-            (stream_id, t.qualified, i, json.dumps(t.to_json())),
         )
 
 
