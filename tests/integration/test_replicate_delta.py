@@ -222,7 +222,8 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
     """add-tables on a workflow with a PostgreSQL and a Delta sink, both consumers running and the source
     writing the old table and the new one throughout: each sink copies the new table and ends equal, nothing
     lost or doubled; on the Delta sink, no consistent point has the new table before the stream passed its
-    copy, and the copy ran while the consumer kept running."""
+    copy, and the copy ran while the consumer kept running. Then `replicate bootstrap --tables items` re-copies
+    an old table the same way, the consumer running."""
     c = rc
     load_items(c, rows=2000)
     c.src("CREATE TABLE orders (id bigint PRIMARY KEY, item bigint, amount int)")
@@ -251,8 +252,16 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
             describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
         wait_for(lambda: len(points.read(root, c.workflow)) > len(before) and "public.orders" in
                  points.read(root, c.workflow)[-1]["versions"], 120, what="a point with orders")
+        # bootstrap --tables on a healthy slot, the consumer still running: items is copied again meanwhile
+        recopied = store.load(c.workflow).table("public.items").cycles
+        out = cli("replicate", "bootstrap", c.workflow, "--sink", lake, "--tables", "items")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "table public.items: copy (re-bootstrap asked for)" in out.stdout, out.stdout
+        wait_for(lambda: store.load(c.workflow).state == "Running" and store.load(c.workflow).table(
+            "public.items").cycles > recopied, 120, what="items copied again",
+            describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
         count = len(writer.inserted)
-        wait_for(lambda: len(writer.inserted) > count + 30, 60, what="writes after the copy")
+        wait_for(lambda: len(writer.inserted) > count + 30, 60, what="writes after the copies")
         writer.stop_event.set()
         writer.join()
         assert writer.error is None, writer.error

@@ -170,14 +170,22 @@ def append_tables(store: StateStore, workflow: str, wanted: list[Table]) -> None
     not copied; a running stream goes back to Copying (its play task returns at its next batch, the engine
     copies them, then replays from its checkpoint, each new table skipping what its copy had). No point is
     recorded until the stream has passed the new copies (player.py), so readers keep the last one before."""
+    def append(w: LakeWorkflow) -> None:
+        have = {t.qualified for t in w.tables}
+        w.tables += [TableState(t.to_json()) for t in wanted if t.qualified not in have]
+        if w.state == RUNNING:
+            w.state, w.message = COPYING, ""
+        w.first_point = False
+
+    _update_beside_consumer(store, workflow, append)
+
+
+def _update_beside_consumer(store: StateStore, workflow: str, change) -> None:
+    """`change(w)` on the state document, which a running consumer writes too: retried on a collision."""
     for attempt in range(5):  # a busy consumer's commits can collide with ours on an object store
         try:
             with store.update(workflow) as w:
-                have = {t.qualified for t in w.tables}
-                w.tables += [TableState(t.to_json()) for t in wanted if t.qualified not in have]
-                if w.state == RUNNING:
-                    w.state, w.message = COPYING, ""
-                w.first_point = False
+                change(w)
             return
         except RetryableError:
             if attempt == 4:
@@ -313,16 +321,16 @@ def status(wf: LakeWorkflow, store: StateStore) -> dict:
 
 def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]:
     """`replicate bootstrap` of a Delta sink (bootstrap.py for a PostgreSQL one): a slot that cannot supply
-    the checkpoint is made again and every table re-copied; with a healthy slot, only the tables named."""
+    the checkpoint is made again and every table re-copied (its consumer stopped); with a healthy slot, only the
+    tables named, while its consumer runs if it does."""
     from .bootstrap import _resolve
 
     store = open_store(target)
     wf = store.load(workflow)
     cluster = Cluster.of(wf)
-    if store.is_running(workflow):
-        raise UsageError(f"workflow {workflow} is being run on sink {cluster.sink} ({target}): stop its "
-                         f"consumer (`sluicegate workflow stop {workflow} --target {target}`) and bootstrap "
-                         f"again")
+    running = store.is_running(workflow)
+    stop_first = (f"stop its consumer (`sluicegate workflow stop {workflow} --target {target}`) and bootstrap "
+                  f"again")
     here = f"sink {cluster.sink} ({target})"
     names = {t.qualified for t in wf.tables}
     chosen = _resolve(tables, names) if tables else None
@@ -331,13 +339,19 @@ def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]
         if wf.position is None:
             why = None if wf.state == INIT else f"stream is {wf.state} with no checkpoint"
         else:
+            info = capture.slot_info(src, wf.slot)
+            if running:  # its consumer records its checkpoint, then confirms the slot: read the slot first
+                wf = store.load(workflow)
             try:
-                capture.check_slot(src, wf.slot, wf.position, "", consumer="the sink's checkpoint")
+                capture.check_slot(src, wf.slot, wf.position, "", consumer="the sink's checkpoint", info=info)
             except SluicegateError as exc:
                 why = str(exc).rstrip("; ")
         if why is None and wf.state == INIT:
             return [f"{here}: nothing to bootstrap: the stream has not started; `workflow run` copies"]
         if why is not None:
+            if running:  # its slot is made again: the consumer must not be reading it
+                raise UsageError(f"workflow {workflow} is being run on {here}, whose slot cannot resume "
+                                 f"({why}): {stop_first}")
             capture.drop_capture(src, wf.slot, wf.publication)
             with store.update(workflow) as w:
                 _reset(w, names)
@@ -350,9 +364,17 @@ def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]
     if not chosen:
         return [(f"{here}: nothing to bootstrap: every table resumes from checkpoint (the slot can supply "
                  f"them); name tables with --tables to re-copy them anyway")]
-    with store.update(workflow) as w:
+
+    def recopy(w: LakeWorkflow) -> None:
+        # A running consumer copies them at its next batch, as for add-tables. Not in the middle of a copy:
+        # its progress would be written over the reset.
+        if running and w.state != RUNNING:
+            raise UsageError(f"workflow {workflow} is {w.state} on {here}: run the bootstrap again once it is "
+                             f"Running, or {stop_first}")
         _reset(w, set(chosen))
         w.state, w.message = COPYING, ""
+
+    _update_beside_consumer(store, workflow, recopy)
     lines = [f"{here}, table {t}: copy (re-bootstrap asked for)" for t in chosen]
     others = sorted(names - set(chosen))
     if others:

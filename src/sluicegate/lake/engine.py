@@ -224,7 +224,8 @@ class LakeEngine:
         with connect(wf.source_url, role="source", autocommit=True) as src:
             capture.advance_slot(src, wf.slot, start)
         with self.store.update(wf.name) as w:
-            if w.state == COPYING:
+            # (a table added or reset meanwhile by add-tables or bootstrap is copied first, at the next step)
+            if w.state == COPYING and all(t.done for t in w.tables):
                 w.state, w.position = RUNNING, start
 
     def replicate_step(self, wf: LakeWorkflow) -> None:

@@ -163,7 +163,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                             raise RetryableError(f"workflow {wf.name}: its position moved under the play task; "
                                                  f"will retry")
                         w.position = batch.position
-                        w.first_point = w.first_point or first
+                        # (not once a table was added or reset meanwhile: its copy is still to come)
+                        w.first_point = w.first_point or (first and all(t.done for t in w.tables))
                         if batch.commit_time is not None:
                             w.transaction_time = batch.commit_time.isoformat()
                         if not batch.limited:

@@ -96,11 +96,16 @@ def rebootstrap(workflow: str) -> str:
             f"`sluicegate workflow delete {workflow}` and create it again")
 
 
+_UNREAD = object()
+
+
 def check_slot(conn: psycopg.Connection, name: str, position: int, way_out: str,
-               consumer: str = "the target's position") -> SlotInfo:
+               consumer: str = "the target's position", info=_UNREAD) -> SlotInfo:
     """The slot can still supply everything after `position` (`consumer` names it in the error), or a
-    terminal error ending with `way_out` (re-bootstrap, in the reader's terms)."""
-    info = slot_info(conn, name)
+    terminal error ending with `way_out` (re-bootstrap, in the reader's terms). `info`: the slot as read
+    before `position` was, when a running reader moves both (it records its position, then confirms)."""
+    if info is _UNREAD:
+        info = slot_info(conn, name)
     if info is None:
         why = release_note(conn, name)  # a Replicate sink's slot released by the retention governor
         raise TerminalError(f"{why or f'replication slot {name} is gone from the source'}; {way_out}")
