@@ -210,12 +210,14 @@ def test_s3_target_commands_two_drivers_and_readers(s3, pair, spark, tmp_path):
 
 
 def test_replicate_into_an_s3_sink(s3, pair, spark, tmp_path):
-    """A Replicate workflow whose sink is a Delta target on S3: its decision at create, its consumer, safe time
-    and slot in status, delete."""
+    """A Replicate workflow whose sink is a Delta target on S3: its decision at create, its consumer, add-tables
+    and bootstrap --tables beside the running consumer (the state a Delta table that both commit to), safe
+    time and slot in status, delete."""
     make_source(pair)
     root = f"s3://{BUCKET}/rep{os.getpid()}"
     target = f"delta:{root}"
-    made = sluicegate("replicate", "create", "--workflow", "rs3", "--source", pair.source, "--sink", target)
+    made = sluicegate("replicate", "create", "--workflow", "rs3", "--source", pair.source, "--sink", target,
+                      "--tables", "items")
     assert made.returncode == 0, made.stderr
     assert f"sink s1 ({target}), table public.items: copy — new setup, Delta table created" in made.stdout
     store = open_store(target)
@@ -225,10 +227,23 @@ def test_replicate_into_an_s3_sink(s3, pair, spark, tmp_path):
     try:
         wait_for(lambda: store.load("rs3").first_point, timeout=120, what="the first consistent point",
                  describe=lambda: log.read_text()[-2000:])
+        pair.src("UPDATE prices SET price = 1 WHERE id % 3 = 0")  # before add-tables: in prices' copy
+        added = sluicegate("replicate", "add-tables", "rs3", "--tables", "prices", "--target", target)
+        assert added.returncode == 0, added.stderr
+        assert "table public.prices: copy — new setup, Delta table created" in added.stdout, added.stdout
+        pair.src("UPDATE prices SET price = 2 WHERE id % 4 = 0")  # after: replayed
+        cycles = store.load("rs3").table("public.items").cycles
+        wait_for(lambda: store.load("rs3").state == "Running" and store.load("rs3").table("public.prices").done,
+                 timeout=120, what="prices copied", describe=lambda: log.read_text()[-2000:])
+        again = sluicegate("replicate", "bootstrap", "rs3", "--sink", target, "--tables", "items")
+        assert again.returncode == 0, again.stderr
         pair.src("UPDATE items SET qty = 9 WHERE id % 5 = 0")
         pair.src("DELETE FROM prices WHERE id < 10")
+        wait_for(lambda: store.load("rs3").state == "Running" and store.load("rs3").table("public.items").cycles
+                 > cycles, timeout=120, what="items copied again", describe=lambda: log.read_text()[-2000:])
         caught_up(pair, store, "rs3", log)
-        assert "sink s1: new setup: bootstrap by a copy of 2 table(s)" in log.read_text()
+        assert driver.poll() is None, log.read_text()[-2000:]  # one consumer run throughout
+        assert "sink s1: new setup: bootstrap by a copy of 1 table(s)" in log.read_text()
         s = json.loads(sluicegate("workflow", "status", "rs3", "--target", target, "--json").stdout)
         assert s["kind"] == "Replicate" and s["sink"] == "s1" and s["safe_time"].endswith("Z")
         assert [(h["sink"], h["exists"]) for h in s["sinks"]] == [("s1", True)]

@@ -350,3 +350,27 @@ def test_postgres_sinks_governor_releases_the_delta_sinks_slot(rc, tmp_path):
     finally:
         pg.kill()
         dl.kill()
+
+
+def test_add_only_publication_keeps_what_a_racing_writer_added(rc):
+    """A Delta sink's Init and add-tables widen its publication add-only: a writer holding a stale table list
+    (Init read before add-tables appended) cannot take a table out, where SET TABLE would."""
+    from sluicegate.postgres import capture, catalog
+
+    for name in ("a", "b", "c"):
+        rc.src(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+
+    def published(conn):
+        return {r[0] for r in conn.execute("SELECT tablename FROM pg_publication_tables WHERE pubname = 'sg_t'")}
+
+    with psycopg.connect(rc.source, autocommit=True) as conn:
+        a, b, c = catalog.resolve_tables(conn, ["a", "b", "c"])
+        try:
+            capture.ensure_publication(conn, "sg_t", [a], add_only=True)  # made
+            capture.ensure_publication(conn, "sg_t", [a, b], add_only=True)  # add-tables b
+            capture.ensure_publication(conn, "sg_t", [a, c], add_only=True)  # a list read before b joined
+            assert published(conn) == {"a", "b", "c"}
+            capture.ensure_publication(conn, "sg_t", [a, c])  # SET TABLE: what other callers rely on
+            assert published(conn) == {"a", "c"}
+        finally:
+            conn.execute("DROP PUBLICATION IF EXISTS sg_t")

@@ -123,6 +123,28 @@ def test_interleaved_updates_of_one_field_fail_not_lose(store):
     assert store.load("w").position == 2
 
 
+def test_an_update_decided_on_a_field_another_commit_changed_fails(store):
+    """The engine sets Running because every table is done (it read `tables`); add-tables appends one meanwhile:
+    merging the two would mark Running a table never copied. With depends, the engine's update fails instead."""
+    first = store.update("w", depends=(("tables",),))
+    a = first.__enter__()
+    a.state = "Running"
+    with store.update("w") as b:
+        b.tables.append(TableState(dict(TABLE, name="orders")))
+    with pytest.raises(RetryableError, match="tables changed under this update"):
+        first.__exit__(None, None, None)
+    wf = store.load("w")
+    assert wf.state != "Running" and len(wf.tables) == 2
+    without = store.update("w")  # without depends, the same two changes merge (as before)
+    a = without.__enter__()
+    a.state = "Running"
+    with store.update("w") as b:
+        b.tables.append(TableState(dict(TABLE, name="lines")))
+    without.__exit__(None, None, None)
+    wf = store.load("w")
+    assert wf.state == "Running" and len(wf.tables) == 3
+
+
 def _bump(root: str, key: str, n: int) -> None:
     s = DeltaStore(Location(root))
     for i in range(n):

@@ -64,10 +64,10 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 raise UsageError(f"{where}: {first_line(exc)}") from None
             sources[shard] = conn
         src = sources[first]
-        try:
-            rules = keyrange_rules(sources, new, shard_keys or {}) if cluster.source_shards else {}
-        except psycopg.Error as exc:
-            raise UsageError(f"source shards: {first_line(exc)}") from None
+        named = {t.qualified for t in new} | {t.name for t in new}
+        for table in shard_keys or {}:
+            if table not in named:
+                raise UsageError(f"--shard-key names table {table!r}, which is not in --tables: leave it out")
         sinks = {}
         lakes = {}  # Delta sinks (lake_sink.py): their state document, the tables they do not have yet
         decisions = []
@@ -108,6 +108,8 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             raise UsageError(f"{', '.join(everywhere)} already replicated by workflow {workflow!r} on every sink: "
                              f"leave {'it' if len(everywhere) == 1 else 'them'} out of --tables")
         refuse_rows(decisions)
+        # the key-range rules last among the checks (they start Spark); nothing is committed before them
+        rules = keyrange_rules(sources, new, shard_keys or {}) if cluster.source_shards else {}
         # (1) publications first: a sink that records the tables can rely on their changes being decoded
         for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:
@@ -115,8 +117,10 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 if wanted and (capture.slot_info(shard_src, s.slot_name) is not None or s.position is not None):
                     capture.ensure_publication(shard_src, s.publication, [t.table for t in s.tables] + wanted)
         for sink, (store, wf, wanted) in lakes.items():
-            if wanted and (capture.slot_info(src, wf.slot) is not None or wf.position is not None):
-                capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables] + wanted)
+            # Add-only, whether or not the stream has started: its Init adds its tables the same way, so
+            # neither it nor another add-tables racing this one can take ours out (lake/engine.py)
+            if wanted:
+                capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables] + wanted, add_only=True)
         # (2) each Delta sink: its new tables made, then recorded (lake_sink.append_tables)
         for sink, (store, wf, wanted) in lakes.items():
             if wanted:

@@ -59,8 +59,12 @@ def check_no_stray_rows(sources: dict[str, psycopg.Connection], described: list[
         column = t.column_names[c]
         for shard, conn in sources.items():
             query = sql.SQL("SELECT count(*) FILTER (WHERE NOT ({})), count(*) FROM (SELECT {} FROM {} LIMIT {}) s")
-            outside, seen = conn.execute(query.format(KeyRange.parse(shard).pg_filter(column), sql.Identifier(column),
-                                                      t.ident, sql.Literal(STRAY_SAMPLE))).fetchone()
+            try:
+                outside, seen = conn.execute(query.format(KeyRange.parse(shard).pg_filter(column),
+                                                          sql.Identifier(column), t.ident,
+                                                          sql.Literal(STRAY_SAMPLE))).fetchone()
+            except psycopg.Error as exc:
+                raise UsageError(f"source shard {shard}, table {t.qualified}: {first_line(exc)}") from None
             if outside:
                 raise UsageError(
                     f"{outside} of the first {seen} rows of {t.qualified} on source shard {shard} lie outside its "
@@ -102,10 +106,7 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = conn
-        try:
-            rules = keyrange_rules(sources, described, shard_keys)
-        except psycopg.Error as exc:
-            raise UsageError(f"source shards: {first_line(exc)}") from None
+        rules = keyrange_rules(sources, described, shard_keys)
         identities = {shard: identify(conn).to_json() for shard, conn in sources.items()}
         conns = open_sinks(stack, sinks, [(src, f" (source shard {shard})") for shard, src in sources.items()])
         decisions = []

@@ -181,10 +181,11 @@ def append_tables(store: StateStore, workflow: str, wanted: list[Table]) -> None
 
 
 def _update_beside_consumer(store: StateStore, workflow: str, change) -> None:
-    """`change(w)` on the state document, which a running consumer writes too: retried on a collision."""
+    """`change(w)` on the state document, which a running consumer writes too: retried on a collision. It
+    decides on the state (Running or not), so a consumer's commit of another state meanwhile is one."""
     for attempt in range(5):  # a busy consumer's commits can collide with ours on an object store
         try:
-            with store.update(workflow) as w:
+            with store.update(workflow, depends=(("state",),)) as w:
                 change(w)
             return
         except RetryableError:

@@ -140,7 +140,8 @@ class LakeEngine:
     def init_stream(self, wf: LakeWorkflow) -> None:
         with connect(wf.source_url, role="source", autocommit=True) as src:
             capture.check_source(src)
-            capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables])
+            # add-only: `replicate add-tables` may have widened it since wf was read (cluster/lake_sink.py)
+            capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables], add_only=True)
             start = capture.ensure_slot(src, wf.slot)
         with self.store.update(wf.name) as w:
             if w.state == INIT:
@@ -223,8 +224,8 @@ class LakeEngine:
         start = max(start, wf.position)
         with connect(wf.source_url, role="source", autocommit=True) as src:
             capture.advance_slot(src, wf.slot, start)
-        with self.store.update(wf.name) as w:
-            # (a table added or reset meanwhile by add-tables or bootstrap is copied first, at the next step)
+        # (a table added or reset meanwhile by add-tables or bootstrap is copied first, at the next step)
+        with self.store.update(wf.name, depends=(("tables",),)) as w:
             if w.state == COPYING and all(t.done for t in w.tables):
                 w.state, w.position = RUNNING, start
 

@@ -158,7 +158,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                     if (merged and current.first_point) or first or requested:
                         points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
                     fault_point("lake.replicate.before_state")
-                    with store.update(task.workflow) as w:
+                    with store.update(task.workflow, depends=(("tables",),) if first else ()) as w:
                         if w.position != result.position:
                             raise RetryableError(f"workflow {wf.name}: its position moved under the play task; "
                                                  f"will retry")

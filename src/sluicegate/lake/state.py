@@ -166,8 +166,9 @@ class Store:
             self._write(wf)
 
     @contextlib.contextmanager
-    def update(self, name: str) -> Iterator[LakeWorkflow]:
-        """Read, let the caller change, write back: one atomic replace under the lock (not on an exception)."""
+    def update(self, name: str, depends: tuple[tuple, ...] = ()) -> Iterator[LakeWorkflow]:
+        """Read, let the caller change, write back: one atomic replace under the lock (not on an exception).
+        (`depends`, the fields the caller's change was decided on, needs nothing here: the lock holds them.)"""
         with self._locked(name):
             wf = self.load(name)
             yield wf
@@ -458,9 +459,11 @@ class DeltaStore:
                              f"or `sluicegate workflow delete {wf.name} --target delta:{self.root}`")
 
     @contextlib.contextmanager
-    def update(self, name: str) -> Iterator[LakeWorkflow]:
+    def update(self, name: str, depends: tuple[tuple, ...] = ()) -> Iterator[LakeWorkflow]:
         """Read, let the caller change, commit; on a concurrent commit, the caller's changes again over the
-        newer document (not on an exception)."""
+        newer document (not on an exception). A RetryableError when that commit changed a field the caller
+        changed, or one in `depends` (paths the caller read to decide, e.g. ("tables",)): the caller's block
+        ran once, on the older document."""
         r = self._read(name)
         if r is None or r.doc is None:
             raise self._not_found(name)
@@ -479,7 +482,7 @@ class DeltaStore:
             if r is None or r.doc is None:
                 raise self._not_found(name)
             theirs = _changed(base, r.doc) - {("updated_at",)}
-            clash = _overlap(changed, theirs)
+            clash = _overlap(changed | set(depends), theirs)
             if clash:
                 raise RetryableError(f"workflow {name}: its state field {'.'.join(map(str, clash))} changed "
                                      f"under this update (another command or driver wrote it); run it again")

@@ -43,13 +43,30 @@ def check_source(conn: psycopg.Connection) -> None:
         raise UsageError("source has max_replication_slots = 0: set it to at least 1 and restart the server")
 
 
-def ensure_publication(conn: psycopg.Connection, name: str, tables: list[Table]) -> None:
-    idents = sql.SQL(", ").join(t.ident for t in tables)
-    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
-    verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
-    with locks.guard(conn, f"{'altering' if exists else 'creating'} publication {name}",
-                     [t.ident.as_string(conn) for t in tables], "ShareUpdateExclusiveLock", side="source"):
-        conn.execute(sql.SQL(verb).format(sql.Identifier(name), idents))
+def ensure_publication(conn: psycopg.Connection, name: str, tables: list[Table], *, add_only: bool = False) -> None:
+    """The publication holds `tables`. `add_only`: an existing one only gains those it lacks, never loses one,
+    so that writers who may race (a Delta sink's Init and add-tables, two add-tables) end with the union."""
+    for attempt in range(3):
+        exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+        wanted = tables
+        verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else "CREATE PUBLICATION {} FOR TABLE {}"
+        if exists and add_only:
+            have = set(conn.execute(  # the relations added to it (not pg_publication_tables' partitions)
+                """SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+                   JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE p.pubname = %s""", (name,)).fetchall())
+            wanted = [t for t in tables if (t.schema, t.name) not in have]
+            if not wanted:
+                return
+            verb = "ALTER PUBLICATION {} ADD TABLE {}"
+        try:
+            with locks.guard(conn, f"{'altering' if exists else 'creating'} publication {name}",
+                             [t.ident.as_string(conn) for t in wanted], "ShareUpdateExclusiveLock", side="source"):
+                conn.execute(sql.SQL(verb).format(sql.Identifier(name), sql.SQL(", ").join(t.ident for t in wanted)))
+            return
+        except psycopg.errors.DuplicateObject:  # a racing writer made it, or added one of ours: read again
+            if not add_only or attempt == 2:
+                raise
 
 
 def ensure_slot(conn: psycopg.Connection, name: str) -> int:
