@@ -8,8 +8,9 @@ consumer skips their changes until their first copy cycle; (3) each table is the
 taken after (1): everything committed before the snapshot is in the copy, everything after is replayed once,
 for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
 between the copy's cycles. From a keyspace, each (sink, source shard) stream takes the tables with its shard's
-key-range rule (keyspace.py), and (1) widens that shard's publication. A Delta sink takes the same steps on its state document (lake_sink.append_tables);
-there the other tables wait during the copy, which the lake engine runs before it replays again.
+key-range rule (keyspace.py), and (1) widens that shard's publication. A Delta sink takes the same steps on
+its state document (lake_sink.append_tables); there the other tables wait during the copy, which the lake
+engine runs before it replays again.
 """
 
 from __future__ import annotations
@@ -64,25 +65,26 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 raise UsageError(f"{where}: {first_line(exc)}") from None
             sources[shard] = conn
         src = sources[first]
-        named = {t.qualified for t in new} | {t.name for t in new}
-        for table in shard_keys or {}:
-            if table not in named:
-                raise UsageError(f"--shard-key names table {table!r}, which is not in --tables: leave it out")
         sinks = {}
         lakes = {}  # Delta sinks (lake_sink.py): their state document, the tables they do not have yet
         decisions = []
         on_sinks: dict[str, list[str]] = {}  # table -> the sinks that already have it
-        source_lsn = parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+        def not_on(sink: str, have: set[str]) -> list:
+            """The new tables this sink does not have yet (one an earlier add-tables did not bring to every
+            sink); those it has are noted in on_sinks."""
+            for t in new:
+                if t.qualified in have:
+                    on_sinks.setdefault(t.qualified, []).append(sink)
+            return [t for t in new if t.qualified not in have]
+
         for sink, url in cluster.sinks.items():
             if is_lake(url):
                 lake_sink.check_mappable(new)
                 store = open_store(url)
                 wf = store.load(workflow)
-                have = {t.qualified for t in wf.tables}
-                for t in new:
-                    if t.qualified in have:
-                        on_sinks.setdefault(t.qualified, []).append(sink)
-                wanted = [t for t in new if t.qualified not in have]
+                wanted = not_on(sink, {t.qualified for t in wf.tables})
+                source_lsn = parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
                 decisions += lake_sink.table_decisions(workflow, sink, url, wanted, overwrite, source_lsn)
                 lakes[sink] = (store, wf, wanted)
                 continue
@@ -93,12 +95,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 # Read again under the locks: a copy that finished (Running) or a run that created the slot
                 # meanwhile must be seen, or the stream would stay Running with a table never copied.
                 wf = st.load_workflow(conn, workflow)
-                have = {t.table.qualified for s in wf.streams for t in s.tables}
-                for t in new:
-                    if t.qualified in have:
-                        on_sinks.setdefault(t.qualified, []).append(sink)
-                # A table some sinks have already: an earlier add-tables that did not reach every sink
-                wanted = [t for t in new if t.qualified not in have]
+                wanted = not_on(sink, {t.table.qualified for s in wf.streams for t in s.tables})
                 decisions += decide_tables(conn, workflow, sink, url, wanted, overwrite)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..errors import RetryableError, SluicegateError, TerminalError, UsageError
+from ..errors import SluicegateError, TerminalError, UsageError
 from ..lake import location
 from ..lake.state import (
     COPYING,
@@ -36,6 +36,7 @@ from ..lake.state import (
     app_id,
     is_lake,
     open_store,
+    update_retrying,
 )
 from ..position import format_lsn
 from ..postgres import capture
@@ -177,21 +178,8 @@ def append_tables(store: StateStore, workflow: str, wanted: list[Table]) -> None
             w.state, w.message = COPYING, ""
         w.first_point = False
 
-    _update_beside_consumer(store, workflow, append)
-
-
-def _update_beside_consumer(store: StateStore, workflow: str, change) -> None:
-    """`change(w)` on the state document, which a running consumer writes too: retried on a collision. It
-    decides on the state (Running or not), so a consumer's commit of another state meanwhile is one."""
-    for attempt in range(5):  # a busy consumer's commits can collide with ours on an object store
-        try:
-            with store.update(workflow, depends=(("state",),)) as w:
-                change(w)
-            return
-        except RetryableError:
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
+    # (decided on the state, Running or not: a consumer's commit of another state meanwhile is a collision)
+    update_retrying(store, workflow, append, depends=(("state",),))
 
 
 def at_start(target: str, name: str) -> list[str]:
@@ -344,7 +332,7 @@ def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]
             if running:  # its consumer records its checkpoint, then confirms the slot: read the slot first
                 wf = store.load(workflow)
             try:
-                capture.check_slot(src, wf.slot, wf.position, "", consumer="the sink's checkpoint", info=info)
+                capture.judge_slot(src, wf.slot, info, wf.position, "", "the sink's checkpoint")
             except SluicegateError as exc:
                 why = str(exc).rstrip("; ")
         if why is None and wf.state == INIT:
@@ -375,7 +363,7 @@ def bootstrap(workflow: str, target: str, tables: list[str] | None) -> list[str]
         _reset(w, set(chosen))
         w.state, w.message = COPYING, ""
 
-    _update_beside_consumer(store, workflow, recopy)
+    update_retrying(store, workflow, recopy, depends=(("state",),))
     lines = [f"{here}, table {t}: copy (re-bootstrap asked for)" for t in chosen]
     others = sorted(names - set(chosen))
     if others:

@@ -247,6 +247,21 @@ def open_store(target) -> Store | DeltaStore:
     return Store(Path(loc.uri)) if loc.local else DeltaStore(loc)
 
 
+def update_retrying(store: Store | DeltaStore, name: str, change, depends: tuple[tuple, ...] = (),
+                    attempts: int = 5) -> None:
+    """`change(w)` in store.update, again on a fresh document when a concurrent commit collided with it (a
+    DeltaStore's RetryableError): for commands that write beside a running driver."""
+    for attempt in range(attempts):
+        try:
+            with store.update(name, depends=depends) as w:
+                change(w)
+            return
+        except RetryableError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+
+
 _DOC_SCHEMA = None
 
 

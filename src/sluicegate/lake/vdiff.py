@@ -42,7 +42,7 @@ from ..postgres.catalog import Table
 from ..postgres.snapshot import take_snapshot
 from . import location, pointreq
 from .player import LakePlayTask, play
-from .state import COPYING, ERROR, INIT, RUNNING, open_store
+from .state import COPYING, ERROR, INIT, RUNNING, open_store, update_retrying
 
 log = logging.getLogger("sluicegate")
 
@@ -178,18 +178,13 @@ POINT_SECONDS = 120.0  # the driver's way from its held position to the snapshot
 def _update_request(store, name: str, rid: str, change: dict | None) -> None:
     """Add, change or (change None) remove the request; DeltaStore's merge may ask for a second go when the
     driver wrote the same request at the same time."""
-    for attempt in range(5):
-        try:
-            with store.update(name) as w:
-                if change is None:
-                    w.point_requests.pop(rid, None)
-                else:
-                    w.point_requests[rid] = {**w.point_requests.get(rid, {}), **change}
-            return
-        except RetryableError:
-            if attempt == 4:
-                raise
-            time.sleep(0.1)
+    def apply(w) -> None:
+        if change is None:
+            w.point_requests.pop(rid, None)
+        else:
+            w.point_requests[rid] = {**w.point_requests.get(rid, {}), **change}
+
+    update_retrying(store, name, apply)
 
 
 def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, stop) -> dict:

@@ -113,16 +113,17 @@ def rebootstrap(workflow: str) -> str:
             f"`sluicegate workflow delete {workflow}` and create it again")
 
 
-_UNREAD = object()
-
-
 def check_slot(conn: psycopg.Connection, name: str, position: int, way_out: str,
-               consumer: str = "the target's position", info=_UNREAD) -> SlotInfo:
+               consumer: str = "the target's position") -> SlotInfo:
     """The slot can still supply everything after `position` (`consumer` names it in the error), or a
-    terminal error ending with `way_out` (re-bootstrap, in the reader's terms). `info`: the slot as read
-    before `position` was, when a running reader moves both (it records its position, then confirms)."""
-    if info is _UNREAD:
-        info = slot_info(conn, name)
+    terminal error ending with `way_out` (re-bootstrap, in the reader's terms)."""
+    return judge_slot(conn, name, slot_info(conn, name), position, way_out, consumer)
+
+
+def judge_slot(conn: psycopg.Connection, name: str, info: SlotInfo | None, position: int, way_out: str,
+               consumer: str) -> SlotInfo:
+    """check_slot on the slot as already read (`info`): read it before `position` when a running reader
+    moves both, as it records its position and then confirms."""
     if info is None:
         why = release_note(conn, name)  # a Replicate sink's slot released by the retention governor
         raise TerminalError(f"{why or f'replication slot {name} is gone from the source'}; {way_out}")

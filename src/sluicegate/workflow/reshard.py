@@ -152,7 +152,8 @@ def _sharding_columns(described: list[Table], shard_keys: dict[str, str]) -> lis
     names = {t.qualified for t in described} | {t.name for t in described}
     for table in shard_keys:
         if table not in names:
-            raise UsageError(f"--shard-key names table {table!r}, which this workflow does not move")
+            raise UsageError(f"--shard-key names table {table!r}, which is not among the tables named (--tables): "
+                             f"leave it out")
     out = []
     for t in described:
         column = shard_keys.get(t.qualified) or shard_keys.get(t.name) or t.key[0]
