@@ -253,3 +253,44 @@ def test_lake_cli_create_status_stop_start_delete(pair, tmp_path):
     assert gone.returncode == 0, gone.stderr
     assert not (tmp_path / "lake" / "public" / "items").exists()
     assert sluicegate("workflow", "status", "c1", "--target", target).returncode == 1
+
+
+def test_a_table_added_while_the_copy_ends_is_copied(pair, tmp_path):
+    """The engine read the state with every table copied and is about to set Running when `replicate
+    add-tables` appends one (forced by pausing it there): it must not set Running over a table never copied,
+    whose rows would then never reach the Delta sink."""
+    pair.src("CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL)")
+    pair.src("CREATE TABLE b (id int PRIMARY KEY, v int NOT NULL)")
+    pair.src("INSERT INTO a SELECT g, 0 FROM generate_series(1, 100) g")
+    pair.src("INSERT INTO b SELECT g, 0 FROM generate_series(1, 100) g")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    made = sluicegate("replicate", "create", "--workflow", "ad", "--source", pair.source, "--sink", target,
+                      "--tables", "a")
+    assert made.returncode == 0, made.stderr
+    log = tmp_path / "driver.log"
+    point = "lake.copy.before_running"
+    driver = start_driver(target, "ad", log, fault=point, fault_dir=tmp_path)
+    store = Store(root)
+    try:
+        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=120,
+                 what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
+        added = sluicegate("replicate", "add-tables", "ad", "--tables", "b", "--target", target)
+        assert added.returncode == 0, added.stderr
+        (tmp_path / point).unlink()  # the engine goes on, with the state it read before b joined
+        # It copies b and comes back here to set Running again (the point still pauses it): let it go on
+        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=90,
+                 what="the copy of b ending", describe=lambda: log.read_text()[-2000:])
+        assert store.load("ad").table("public.b").done
+        (tmp_path / point).unlink()
+        wait_for(lambda: store.load("ad").state == "Running" and store.load("ad").table("public.b").done,
+                 timeout=90, what="b copied", describe=lambda: log.read_text()[-2000:])
+        pair.src("UPDATE b SET v = 1 WHERE id <= 10")
+        flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        wait_for(lambda: store.load("ad").position >= flushed, timeout=90, what="caught up",
+                 describe=lambda: log.read_text()[-2000:])
+        assert driver.poll() is None, log.read_text()[-2000:]
+    finally:
+        reap_group(driver)
+    for qualified in ("public.a", "public.b"):
+        assert by_key(delta_rows(root, qualified)) == by_key(source_rows(pair.source, qualified)), qualified

@@ -224,6 +224,7 @@ class LakeEngine:
         start = max(start, wf.position)
         with connect(wf.source_url, role="source", autocommit=True) as src:
             capture.advance_slot(src, wf.slot, start)
+        fault_point("lake.copy.before_running")
         # (a table added or reset meanwhile by add-tables or bootstrap is copied first, at the next step)
         with self.store.update(wf.name, depends=(("tables",),)) as w:
             if w.state == COPYING and all(t.done for t in w.tables):

@@ -3,7 +3,8 @@
 With SLUICEGATE_FAULT_PAUSE=<name> and SLUICEGATE_FAULT_DIR=<dir>, reaching the point creates
 <dir>/<name> and waits there until the driver process (SLUICEGATE_DRIVER_PID) is gone, then exits
 without committing anything — exactly what a kill -9 of the driver at that point leaves behind. The
-test polls for the file, then kills the driver.
+test polls for the file, then kills the driver. A test that removes the file instead lets the process go
+on from the point: a race with another command, forced to happen there.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ def fault_point(name: str) -> None:
     directory = os.environ.get("SLUICEGATE_FAULT_DIR")
     if not directory:
         return
-    Path(directory, name).touch()
+    marker = Path(directory, name)
+    marker.touch()
     driver = int(os.environ.get("SLUICEGATE_DRIVER_PID", "0") or 0)
-    while True:  # the test kills the driver; a Spark worker then dies with it
+    while marker.exists():  # the test kills the driver; a Spark worker then dies with it
         if driver and driver != os.getpid() and not pid_alive(driver):
             os._exit(137)
         time.sleep(0.05)
