@@ -23,10 +23,13 @@ from .postgres import TargetTable, check_columns, key_getter
 
 class LwwApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, local_cluster: int,
-                 peer_cluster: int, origin: str, plans: dict | None = None, chunk_rows: int = 20_000):
+                 peer_cluster: int, origin: str, plans: dict | None = None, chunk_rows: int = 20_000,
+                 unplaced=None):
         """`origin`: the replication origin this direction's writes carry (its rows here are the peer's);
-        `plans`: LwwTables kept across batches of one task (qualified name -> (Table, LwwTable))."""
+        `plans`: LwwTables kept across batches of one task (qualified name -> (Table, LwwTable));
+        `unplaced`: as PostgresApplier's."""
         self.conn, self.local_cluster, self.peer_cluster = conn, local_cluster, peer_cluster
+        self.unplaced = unplaced
         self.origin = origin
         self.plans = {} if plans is None else plans
         self.by_name = {(t.table.schema, t.table.name): t for t in tables if t.mode != "skip"}
@@ -40,6 +43,9 @@ class LwwApplier:
 
     def _target(self, rel: Relation) -> TargetTable | None:
         t = self.by_name.get((rel.schema, rel.name))
+        if t is None and self.unplaced is not None and self._checked.get(rel.oid) is not rel:
+            self.unplaced(rel)
+            self._checked[rel.oid] = rel
         if t is not None and self._checked.get(rel.oid) is not rel:
             check_columns(rel, t.table)  # schema changes are not followed under last-writer-wins
             self._checked[rel.oid] = rel

@@ -197,13 +197,16 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
 
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
-                 chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None):
+                 chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None,
+                 unplaced=None):
         """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
         table's, once everything staged before it is written: the table's new description, after bringing the
         target table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not
-        change."""
+        change. `unplaced`: given a Relation that names none of the tables, returns if its changes may be
+        passed over, else raises (the stream may never drop a change it cannot place); None: passed over."""
         self.conn = conn
         self.schema_changes = schema_changes
+        self.unplaced = unplaced
         self.executor = executor
         self._writing: Future | None = None  # the chunk in flight (one at a time: memory stays two chunks)
         self._rels: dict[int, tuple[Relation, TargetTable | None]] = {}  # oid -> (that Relation, its table)
@@ -233,6 +236,8 @@ class PostgresApplier:
         hit = self._rels.get(rel.oid)
         if hit is None or hit[0] is not rel:
             t = self.by_name.get((rel.schema, rel.name))
+            if t is None and self.unplaced is not None:
+                self.unplaced(rel)
             if t is not None and self.schema_changes is not None:
                 if not same_columns(rel, t.table):
                     self.sync()  # rows of the old shape are written with it

@@ -147,6 +147,9 @@ def _configure_spark(ctx, param, value) -> None:
 CREATE_SPARK_CONF = click.option("--conf", multiple=True, metavar="KEY=VALUE", expose_value=False,
                                  callback=_configure_spark,
                                  help="A Spark setting for the Spark that validates rules (repeatable).")
+SCHEMAS = click.option("--schemas", default=None, metavar="A,B",
+                       help="Comma-separated source schemas whose tables all move (with those --tables names; "
+                            "default: public).")
 EXCLUDE = click.option("--exclude-tables", default=None, metavar="A,B",
                        help="Comma-separated tables not to move (of those --tables names, or of schema public).")
 COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
@@ -174,7 +177,9 @@ def _rule_options(fn):
 @click.option("--workflow", "name", required=True, help="Name of the new workflow.")
 @click.option("--source", required=True, metavar="URL", help="libpq URL of the source database.")
 @TARGET
-@click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
+@click.option("--tables", default=None, help="Comma-separated source tables, named as SQL names them "
+                                                 "(default: all of schema public).")
+@SCHEMAS
 @EXCLUDE
 @_rule_options
 @click.option("--keep-indexes", is_flag=True,
@@ -187,15 +192,15 @@ def _rule_options(fn):
 @click.option("--vacuum-retention", default=None, metavar="DURATION",
               help="A Delta target: how long the scheduled vacuum keeps old versions and points (default 7d).")
 @friendly
-def movetables_create(name, source, target, tables, exclude_tables, rules, rules_file, udfs, cycle_rows, chunk_rows,
-                      keep_indexes, optimize_every, vacuum_every, vacuum_retention):
+def movetables_create(name, source, target, tables, schemas, exclude_tables, rules, rules_file, udfs, cycle_rows,
+                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
                 "vacuum_retention": vacuum_retention}
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 
-        moved, made = lake.create(name, source, target, _table_names(tables), _excluded(exclude_tables),
+        moved, made = lake.create(name, source, target, _table_names(tables, schemas), _excluded(exclude_tables),
                                   _all_rules(rules, rules_file),
                                   _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule))
         for line in made:
@@ -210,25 +215,32 @@ def movetables_create(name, source, target, tables, exclude_tables, rules, rules
 
     options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {})
     notes: list[str] = []
-    created = create_movetables(name, source, target, _table_names(tables), _all_rules(rules, rules_file),
+    created = create_movetables(name, source, target, _table_names(tables, schemas), _all_rules(rules, rules_file),
                                 options, parse_udfs(list(udfs)), _excluded(exclude_tables), notes=notes)
     _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
     for line in notes:  # what the target tables do not get of their source's definition
         click.echo(f"note: {line}", err=True)
 
 
-def _table_names(tables: str | None) -> list[str] | None:
-    if tables is None:
-        return None
-    names = [t for t in tables.split(",") if t.strip()]
-    if not names:  # an empty $TABLES must not silently mean "every table"
-        raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
-                         "to move every table of schema public")
-    return names
+def _table_names(tables: str | None, schemas: str | None = None) -> list[str] | None:
+    """--tables (and --schemas, as `SCHEMA.*`) as the list of names catalog.resolve_tables takes."""
+    from ..postgres.catalog import split_list, with_schemas
+
+    names = None
+    if tables is not None:
+        names = split_list(tables)
+        if not names:  # an empty $TABLES must not silently mean "every table"
+            raise UsageError("--tables names no table: list them (--tables a,b), or leave --tables out "
+                             "to move every table of schema public")
+    if schemas is not None and not split_list(schemas):
+        raise UsageError("--schemas names no schema: list them (--schemas public,sales), or leave it out")
+    return with_schemas(names, split_list(schemas) if schemas else None)
 
 
 def _excluded(exclude_tables: str | None) -> list[str] | None:
-    return [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
+    from ..postgres.catalog import split_list
+
+    return split_list(exclude_tables) if exclude_tables else None
 
 
 def _created(name: str, what: str, target_hint: str = "", sources: list[str] = ()) -> None:

@@ -40,7 +40,9 @@ def _names(text: str | None, what: str) -> list[str] | None:
 
     if text is None:
         return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    from ..postgres.catalog import split_list
+
+    names = split_list(text)
     if not names:
         raise UsageError(f"{what} names no table: list them ({what} a,b)")
     return names
@@ -68,6 +70,8 @@ def replicate_group() -> None:
 @click.option("--sink", "sinks", multiple=True, required=True, metavar="URL",
               help="libpq URL of a sink database (repeatable: one source, several sinks).")
 @click.option("--tables", default=None, help="Comma-separated source tables (default: all of schema public).")
+@click.option("--schemas", default=None, metavar="A,B",
+              help="Comma-separated source schemas whose tables all replicate (default: public).")
 @click.option("--exclude-tables", default=None, metavar="A,B", help="Comma-separated tables not to replicate.")
 @click.option("--max-retained-wal", default=None, metavar="SIZE",
               help="Release a sink's slot once it holds more source WAL than this (e.g. 64GB); the sink then "
@@ -86,7 +90,7 @@ def replicate_group() -> None:
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
 @click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
 @_friendly
-def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exclude_tables, max_retained_wal,
+def replicate_create(name, source, source_shards, shard_keys, sinks, tables, schemas, exclude_tables, max_retained_wal,
                      max_retention_age, overwrite, bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows,
                      chunk_rows):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
@@ -100,7 +104,10 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
     tombstone_retention = _cap(tombstone_retention, "--tombstone-retention", parse_duration)
 
     options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
-    excluded = [t.strip() for t in exclude_tables.split(",") if t.strip()] if exclude_tables else None
+    from ..postgres.catalog import split_list, with_schemas
+
+    excluded = split_list(exclude_tables) if exclude_tables else None
+    names = with_schemas(_names(tables, "--tables"), _names(schemas, "--schemas"))
     if bool(source) == bool(source_shards):
         raise UsageError("replicate create takes its source as --source URL or as --source-shard RANGE=URL "
                          "(repeated): give exactly one of the two")
@@ -118,7 +125,7 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
         from ..workflow.reshard import parse_shard_keys, parse_shards
 
         decisions = create_keyspace_replicate(
-            name, parse_shards("source", list(source_shards)), list(sinks), _names(tables, "--tables"), excluded,
+            name, parse_shards("source", list(source_shards)), list(sinks), names, excluded,
             parse_shard_keys(list(shard_keys)), options, overwrite=overwrite, max_retained_wal=max_retained_wal,
             max_retention_age=max_retention_age)
         for d in decisions:
@@ -131,7 +138,7 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, exc
             click.echo(note, err=True)
         return
     notes: list[str] = []
-    decisions = create_replicate(name, source, list(sinks), _names(tables, "--tables"), excluded, options,
+    decisions = create_replicate(name, source, list(sinks), names, excluded, options,
                                  overwrite=overwrite, max_retained_wal=max_retained_wal,
                                  max_retention_age=max_retention_age, bidirectional=bidirectional,
                                  allow_unsafe_schema=allow_unsafe_schema, tombstone_retention=tombstone_retention,

@@ -61,7 +61,7 @@ def check_no_stray_rows(sources: dict[str, psycopg.Connection], described: list[
             query = sql.SQL("SELECT count(*) FILTER (WHERE NOT ({})), count(*) FROM (SELECT {} FROM {} LIMIT {}) s")
             try:
                 outside, seen = conn.execute(query.format(KeyRange.parse(shard).pg_filter(column),
-                                                          sql.Identifier(column), t.ident,
+                                                          sql.Identifier(column), t.scan,
                                                           sql.Literal(STRAY_SAMPLE))).fetchone()
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard}, table {t.qualified}: {first_line(exc)}") from None

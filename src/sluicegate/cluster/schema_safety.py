@@ -36,7 +36,7 @@ def unique_indexes(conn: psycopg.Connection, table: Table) -> list[tuple[str, st
            FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
            CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
            LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum AND k.attnum > 0
-           WHERE n.nspname = %s AND c.relname = %s AND i.indisunique
+           WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND k.ord <= i.indnkeyatts
            GROUP BY i.indexrelid, i.indpred ORDER BY 1""", (table.schema, table.name)).fetchall()
     return [(name, ", ".join(cols)) for name, cols, partial in rows
             if partial or sorted(cols) != sorted(table.key)]

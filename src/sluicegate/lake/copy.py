@@ -51,7 +51,7 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read."""
     cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
-    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.ident, where)
+    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
     with connect(source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         src.read_only = True

@@ -57,16 +57,34 @@ def ensure_publication(conn: psycopg.Connection, name: str, tables: list[Table],
                    WHERE p.pubname = %s""", (name,)).fetchall())
             wanted = [t for t in tables if (t.schema, t.name) not in have]
             if not wanted:
+                _publish_via_root(conn, name)
                 return
             verb = "ALTER PUBLICATION {} ADD TABLE {}"
+        # ONLY: an inheritance parent's children are tables of their own (moved or not), as its copy reads it.
+        # A partitioned table's partitions are always included, and publish_via_partition_root sends their
+        # changes under the root's name, the table the workflow moves (else the applier meets names it
+        # does not know: events_2023).
+        rels = sql.SQL(", ").join(sql.SQL("ONLY {}").format(t.ident) for t in wanted)
         try:
             with locks.guard(conn, f"{'altering' if exists else 'creating'} publication {name}",
                              [t.ident.as_string(conn) for t in wanted], "ShareUpdateExclusiveLock", side="source"):
-                conn.execute(sql.SQL(verb).format(sql.Identifier(name), sql.SQL(", ").join(t.ident for t in wanted)))
+                if exists:
+                    conn.execute(sql.SQL(verb).format(sql.Identifier(name), rels))
+                    _publish_via_root(conn, name)
+                else:
+                    conn.execute(sql.SQL(verb + " WITH (publish_via_partition_root = true)").format(
+                        sql.Identifier(name), rels))
             return
         except psycopg.errors.DuplicateObject:  # a racing writer made it, or added one of ours: read again
             if not add_only or attempt == 2:
                 raise
+
+
+def _publish_via_root(conn: psycopg.Connection, name: str) -> None:
+    """A publication made before partitioned tables moved (or by hand) sends partitions' own names."""
+    if not conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (name,)).fetchone()[0]:
+        conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+            sql.Identifier(name)))
 
 
 def ensure_slot(conn: psycopg.Connection, name: str) -> int:

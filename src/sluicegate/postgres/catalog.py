@@ -38,6 +38,7 @@ class Table:
     key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
+    inherited: bool = False  # a plain table with inheritance children, which are tables of their own
 
     @property
     def qualified(self) -> str:
@@ -47,6 +48,12 @@ class Table:
     @property
     def ident(self) -> sql.Composable:
         return sql.Identifier(self.schema, self.name)
+
+    @property
+    def scan(self) -> sql.Composable:
+        """The table in a FROM that reads its rows: an inheritance parent's own rows only (its children
+        move as tables of their own, and its publication sends their changes under their names)."""
+        return sql.SQL("ONLY {}").format(self.ident) if self.inherited else self.ident
 
     @cached_property  # read per row on the hot path
     def column_names(self) -> tuple[str, ...]:
@@ -65,7 +72,7 @@ class Table:
     def to_json(self) -> dict:
         return {
             "schema": self.schema, "name": self.name, "key": list(self.key),
-            "estimated_rows": self.estimated_rows,
+            "estimated_rows": self.estimated_rows, "inherited": self.inherited,
             "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
                         for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
@@ -75,19 +82,85 @@ class Table:
     def from_json(cls, d: dict) -> Table:
         return cls(
             schema=d["schema"], name=d["name"], key=tuple(d["key"]),
-            estimated_rows=d.get("estimated_rows", 0),
+            estimated_rows=d.get("estimated_rows", 0), inherited=d.get("inherited", False),
             columns=tuple(Column(*c) for c in d["columns"]),
             enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
         )
 
 
 def split_name(name: str) -> tuple[str | None, str]:
-    """'public.orders' -> ('public', 'orders'); 'Order Items' -> (None, 'Order Items')."""
+    """A table name as a user writes it -> (schema or None, name). SQL's quoting works
+    ('"Sales Dept"."Order Items"', 'sales."a.b"', '"x""y"'); unquoted parts are taken as written, not folded
+    to lower case ('Sales Dept.Order Items', 'public.Orders'), as names were matched before quoting was read."""
     name = name.strip()
-    if "." in name and not name.startswith('"'):
-        schema, _, rel = name.partition(".")
-        return schema.strip('"'), rel.strip('"')
-    return None, name.strip('"')
+    if '"' not in name:
+        if "." in name:
+            schema, _, rel = name.partition(".")
+            return schema.strip(), rel.strip()
+        return None, name
+    parts, i = [], 0
+    while i <= len(name):
+        if name.startswith('"', i):
+            j, buf = i + 1, []
+            while True:
+                k = name.find('"', j)
+                if k < 0:
+                    raise UsageError(f"table name {name!r} has an unclosed double quote")
+                buf.append(name[j:k])
+                if name.startswith('"', k + 1):  # "" inside quotes is one "
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                break
+            parts.append("".join(buf))
+            i = k + 1
+            if i < len(name) and name[i] != ".":
+                raise UsageError(f"table name {name!r}: expected '.' after {parts[-1]!r}")
+        else:
+            k = name.find(".", i)
+            k = len(name) if k < 0 else k
+            part = name[i:k].strip()
+            if '"' in part:
+                raise UsageError(f"table name {name!r}: a quote inside an unquoted part")
+            parts.append(part)
+            i = k
+        i += 1
+    if len(parts) > 2 or not all(parts):
+        raise UsageError(f"table name {name!r}: write TABLE or SCHEMA.TABLE (quoted as SQL quotes names)")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+def split_list(text: str) -> list[str]:
+    """'a, "b,c".d' -> ['a', '"b,c".d']: a comma-separated list of names, commas inside double quotes kept."""
+    items, buf, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            items.append("".join(buf).strip())
+            buf = []
+        else:
+            buf.append(ch)
+    items.append("".join(buf).strip())
+    return [i for i in items if i]
+
+
+def with_schemas(tables: list[str] | None, schemas: list[str] | None) -> list[str] | None:
+    """--tables and --schemas as one list of names for resolve_tables: a schema as `SCHEMA.*`."""
+    if not schemas:
+        return tables
+    return [*(tables or []), *(f"{s}.*" for s in schemas)]
+
+
+def quote_name(schema: str, name: str) -> str:
+    """'public.orders', '"Sales Dept"."Order Items"': a qualified name as SQL (and psql) prints it."""
+    return ".".join(_quote_ident(p) for p in (schema, name))
+
+
+def _quote_ident(part: str) -> str:
+    plain = part and (part[0].isalpha() and part[0].islower() or part[0] == "_") and all(
+        ch.islower() or ch.isdigit() or ch in "_$" for ch in part) and part.isascii()
+    return part if plain else '"' + part.replace('"', '""') + '"'
 
 
 def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
@@ -102,19 +175,54 @@ def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
 
 
 def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Table]:
-    """The source tables a workflow moves: the named ones, or every table of schema public."""
+    """The source tables a workflow moves: the named ones, or every table of schema public. A name
+    `SCHEMA.*` stands for every table of that schema (--schemas)."""
     existing = list_tables(conn)
     if not names:
         chosen = [t for t in existing if t[0] == "public"]
         if not chosen:
-            raise UsageError("source has no tables in schema public: name them with --tables")
+            raise UsageError("source has no tables in schema public: name them with --tables, or their "
+                             "schemas with --schemas")
     else:
         chosen = []
         for raw in names:
-            found = resolve_name(existing, raw)
-            if found not in chosen:
-                chosen.append(found)
+            if raw.strip().endswith(".*"):
+                schema = split_name(raw.strip()[:-2] + ".x")[0]
+                found = [t for t in existing if t[0] == schema]
+                if not found:
+                    schemas = sorted({s for s, _ in existing})
+                    raise UsageError(f"source schema {schema!r} has no tables{did_you_mean(schema, schemas)}")
+            else:
+                found = [_resolve_or_explain(conn, existing, raw)]
+            chosen.extend(t for t in found if t not in chosen)
     return [describe_table(conn, s, n) for s, n in chosen]
+
+
+def _resolve_or_explain(conn: psycopg.Connection, existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
+    """resolve_name, and where the name is a partition, a view or the like, the reason it cannot be moved."""
+    try:
+        return resolve_name(existing, raw)
+    except UsageError:
+        schema, rel = split_name(raw)
+        row = conn.execute(
+            """SELECT n.nspname, c.relkind, c.relispartition,
+                      (SELECT format('%%I.%%I', pn.nspname, p.relname) FROM pg_partition_root(c.oid) r(oid)
+                       JOIN pg_class p ON p.oid = r.oid JOIN pg_namespace pn ON pn.oid = p.relnamespace)
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.relname = %s AND (%s::text IS NULL OR n.nspname = %s)
+               ORDER BY n.nspname <> 'public' LIMIT 1""", (rel, schema, schema)).fetchone()
+        if row is None:
+            raise
+        nsp, kind, is_partition, root = row
+        what = quote_name(nsp, rel)
+        if is_partition:
+            raise UsageError(f"table {what} is a partition of {root}: move {root} (all its partitions move "
+                             f"with it, as one table)") from None
+        kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence",
+                 "i": "an index", "I": "an index", "c": "a composite type", "t": "a TOAST table"}
+        if kind in kinds:
+            raise UsageError(f"{what} is {kinds[kind]}, not a table: logical replication moves tables only")
+        raise
 
 
 def exclude_tables(tables: list[Table], names: list[str] | None) -> list[Table]:
@@ -151,11 +259,19 @@ def resolve_name(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
 
 def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     qualified = f"{schema}.{name}"
-    oid, replident, reltuples = conn.execute(
-        """SELECT c.oid, c.relreplident, c.reltuples::bigint FROM pg_class c
-           JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s""",
+    oid, replident, reltuples, persistence, kind, children = conn.execute(
+        """SELECT c.oid, c.relreplident, c.reltuples::bigint, c.relpersistence, c.relkind,
+                  EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s""",
         (schema, name),
     ).fetchone()
+    if persistence != "p":
+        # Neither is written to the WAL, so logical decoding never sees their changes.
+        what = "UNLOGGED" if persistence == "u" else "TEMPORARY"
+        fix = (f"ALTER TABLE {quote_name(schema, name)} SET LOGGED, or leave it out with --exclude-tables"
+               if persistence == "u" else "leave it out with --exclude-tables")
+        raise UsageError(f"table {quote_name(schema, name)} is {what}: its changes are not in the WAL, so no "
+                         f"logical replication can carry them: {fix}")
     cols = conn.execute(
         """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid::int, a.attnotnull,
                   CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
@@ -170,8 +286,9 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     key = _find_key(conn, oid, replident, qualified)
     enums = _enums(conn, columns, qualified)
     if reltuples < 0:  # never analyzed: count, so progress has a total
-        reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name))).fetchone()[0]
-    return Table(schema, name, columns, key, enums, int(reltuples))
+        reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
+            sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
+    return Table(schema, name, columns, key, enums, int(reltuples), inherited=kind == "r" and children)
 
 
 def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
@@ -181,7 +298,8 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
            FROM pg_index i JOIN pg_class ci ON ci.oid = i.indexrelid
            CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-           WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+           WHERE k.ord <= i.indnkeyatts  -- INCLUDE columns are stored in the index, not part of its key
+             AND i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
              AND i.indisvalid
            GROUP BY i.indexrelid, i.indisprimary, i.indisreplident, ci.relname
            ORDER BY i.indisprimary DESC, i.indisreplident DESC, ci.relname""",

@@ -224,7 +224,7 @@ def _index_columns(conn: psycopg.Connection, index: int) -> tuple[str, ...]:
         """SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
            CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-           WHERE i.indexrelid = %s AND i.indexprs IS NULL AND i.indpred IS NULL""", (index,)).fetchone()
+           WHERE i.indexrelid = %s AND i.indexprs IS NULL AND i.indpred IS NULL AND k.ord <= i.indnkeyatts""", (index,)).fetchone()
     return tuple(row[0] or ()) if row else ()
 
 

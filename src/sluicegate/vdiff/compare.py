@@ -139,7 +139,7 @@ def summary_query(table: Table, lo, hi, text_columns: tuple[str, ...] = ()) -> s
         sql.SQL("{}::text").format(sql.Identifier(c.name)) if c.name in text_columns else sql.Identifier(c.name)
         for c in table.columns)
     return sql.SQL("SELECT count(*), bit_xor(hash_record_extended(ROW({}), 0)) FROM {} WHERE {}").format(
-        row, table.ident, keyrange.in_range(table, lo, hi))
+        row, table.scan, keyrange.in_range(table, lo, hi))
 
 
 def _summary(conn: psycopg.Connection, table: Table, lo, hi, text_columns: tuple[str, ...]) -> tuple[int, int | None]:
@@ -153,7 +153,7 @@ def _compare_rows(src: psycopg.Connection, dst: psycopg.Connection, table: Table
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
     read = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
-        cols, table.ident, keyrange.in_range(table, lo, hi), fmt)
+        cols, table.scan, keyrange.in_range(table, lo, hi), fmt)
     write = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(stage, cols, fmt)
     with src.cursor() as rcur, dst.cursor() as wcur, rcur.copy(read) as reader, wcur.copy(write) as writer:
         for data in reader:

@@ -301,7 +301,7 @@ def plan_ranges(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] |
     percent = min(100.0, 100.0 * SAMPLED_KEYS_PER_RANGE * count / max(estimate, 1))
     sample = [list(r) for r in snap_conn.execute(
         sql.SQL("SELECT {} FROM {} TABLESAMPLE SYSTEM ({}) WHERE {} ORDER BY {}").format(
-            keyrange.key_texts(table), table.ident, sql.Literal(percent), keyrange.in_range(table, lastpk, None),
+            keyrange.key_texts(table), table.scan, sql.Literal(percent), keyrange.in_range(table, lastpk, None),
             keyrange.key_order(table))
     ).fetchall()]
     bounds = []

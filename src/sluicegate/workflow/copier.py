@@ -74,7 +74,7 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
         where = keyrange.in_range(table, lo, None)
         row = snap_conn.execute(
             sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} OFFSET {} LIMIT 1").format(
-                keys, table.ident, where, order, sql.Literal(step - 1))
+                keys, table.scan, where, order, sql.Literal(step - 1))
         ).fetchone()
         if row is not None:
             n = step
@@ -82,7 +82,7 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
             row = snap_conn.execute(
                 sql.SQL("SELECT {}, count(*) OVER () FROM (SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT {}) s "
                         "ORDER BY {} LIMIT 1").format(
-                    keys, order, table.ident, where, order, sql.Literal(step), order_desc)
+                    keys, order, table.scan, where, order, sql.Literal(step), order_desc)
             ).fetchone()
             done = True
             if row is None:
@@ -114,7 +114,7 @@ def _plan_by_value(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
     if est is None or est > cycle_rows:
         return None
     key = sql.Identifier(column.name)
-    lo, hi = snap_conn.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(key, key, table.ident)).fetchone()
+    lo, hi = snap_conn.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(key, key, table.scan)).fetchone()
     if lo is None:
         return CyclePlan([], None, 0, True)
     n = min(_tasks(est, chunk_rows, slots), hi - lo + 1)
@@ -136,7 +136,7 @@ def _plan_by_pages(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
         return None
     last = snap_conn.execute(
         sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
-            keyrange.key_texts(table), table.ident, keyrange.key_order(table, "DESC"))
+            keyrange.key_texts(table), table.scan, keyrange.key_order(table, "DESC"))
     ).fetchone()
     if last is None:
         return CyclePlan([], None, 0, True)
@@ -222,7 +222,7 @@ def prepare(task: CopyRange) -> CopyTask:
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
-        cols, table.ident, task_where(table, task), fmt
+        cols, table.scan, task_where(table, task), fmt
     )
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
     return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None),
@@ -282,7 +282,7 @@ def read_ranges(task: RuleRead, batches):
             for idx in batch.column(0).to_pylist():
                 lo, hi = task.ranges[idx]
                 select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(
-                    cols, table.ident, keyrange.in_range(table, lo, hi))
+                    cols, table.scan, keyrange.in_range(table, lo, hi))
                 with src.cursor() as cur, cur.copy(select) as copy:
                     source = _CopyStream(copy)
                     if not source.peek():

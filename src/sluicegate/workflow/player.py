@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 
 from ..appliers.lww_applier import LwwApplier
 from ..appliers.postgres import PostgresApplier, TargetTable
-from ..errors import RetryableError
+from ..errors import RetryableError, TerminalError
 from ..position import format_lsn
 from ..postgres import capture, origins
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
-from ..postgres.catalog import Table
+from ..postgres.catalog import Table, quote_name
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, Origin
 from ..postgres.replication import ChangeStream
@@ -249,7 +249,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     if task.clusters[0]:
         lww = LwwApplier(dst, tables, local_cluster=task.clusters[0], peer_cluster=task.clusters[1],
-                         origin=task.origin, plans=lww_plans)
+                         origin=task.origin, plans=lww_plans, unplaced=lambda rel: check_placed(dst, task, rel))
         try:
             return _play_batch(task, stream, lww, framing, position, flushed, lww)
         except BaseException:
@@ -261,7 +261,8 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         if runner is not None:  # the applier writes the rule's target table; the replicator feeds it
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
-    base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower)
+    base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower,
+                                     unplaced=lambda rel: check_placed(dst, task, rel))
     rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
@@ -274,6 +275,21 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
     except BaseException:
         base.abandon()  # nothing may still be writing when the caller rolls back
         raise
+
+
+def check_placed(dst, task: PlayTask, rel) -> None:
+    """A change of a relation that none of the task's tables is: passed over if the stream gained the table
+    after the task began (replicate add-tables: its copy comes later), else the stream stops, since the change
+    would be lost (a partition or child table published under its own name, a publication changed by hand)."""
+    name = f"{rel.schema}.{rel.name}"
+    if dst.execute("SELECT 1 FROM sluicegate.copy_state WHERE stream_id = %s AND table_name = %s",
+                   (task.stream_id, name)).fetchone():
+        return
+    raise TerminalError(
+        f"the source sent a change of {quote_name(rel.schema, rel.name)}, which workflow {task.workflow} does not "
+        f"move (publication {task.publication} publishes it): nothing of it was applied. A partition or an "
+        f"inheritance child of a moved table is published under its own name by a publication made by hand or "
+        f"by an older Sluicegate; re-create the workflow, or drop the table from the publication")
 
 
 def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,

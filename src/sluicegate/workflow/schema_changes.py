@@ -402,6 +402,6 @@ class SchemaFollower:
             """SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
                CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-               WHERE i.indrelid = to_regclass(%s) AND i.indisprimary""",
+               WHERE i.indrelid = to_regclass(%s) AND i.indisprimary AND k.ord <= i.indnkeyatts""",
             (table.ident.as_string(self.dst),)).fetchone()
         return row[0] if row and row[0] else None
