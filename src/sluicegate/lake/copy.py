@@ -47,10 +47,23 @@ def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str
             for r in plan.tasks(source_url, "", table, snapshot)]
 
 
+# Types whose cast to text differs from their output function, which is what pgoutput sends: char(n) keeps its
+# padding ('ab   ', not 'ab'), an inet host its bare address ('10.0.0.1', not '10.0.0.1/32').
+_CAST_DIFFERS = {1042, 869}
+
+
+def output_text(column) -> sql.Composable:
+    """The column's value as its type's output function writes it (the stream's text), NULL as NULL."""
+    ident = sql.Identifier(column.name)
+    if column.type_oid in _CAST_DIFFERS:
+        return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE format('%s', {}) END").format(ident, ident)
+    return sql.SQL("{}::text").format(ident)
+
+
 def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read."""
-    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in table.column_names)
+    cols = sql.SQL(", ").join(output_text(c) for c in table.columns)
     select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
     with connect(source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

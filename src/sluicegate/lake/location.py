@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from ..errors import RetryableError, UsageError
 
@@ -91,6 +92,12 @@ def parse(target: str | Path) -> Location:
     return Location(f"{scheme}://{rest}")
 
 
+def file_uris(dt) -> list[str]:
+    """The live files of a DeltaTable's version: local paths decoded (delta-rs gives them percent-encoded,
+    'public.Order%20Items/part-…', a name no file has), URIs as they are (filesystem_paths decodes them)."""
+    return [u if "://" in u else unquote(u) for u in dt.file_uris()]
+
+
 def filesystem_paths(uris: list[str]):
     """(pyarrow filesystem, paths on it) of file URIs (or local paths) of one store."""
     if not uris:
@@ -101,5 +108,6 @@ def filesystem_paths(uris: list[str]):
     if "://" not in uris[0]:
         return fs, list(uris)
     if uris[0].split("://", 1)[0].lower() in ("s3", "s3a", "gs", "gcs"):
-        return fs, [u.split("://", 1)[1] for u in uris]  # bucket/key: what from_uri gives, without a client each
+        # bucket/key, decoded: what from_uri gives, without a client each
+        return fs, [unquote(u.split("://", 1)[1]) for u in uris]
     return fs, [first, *(filesystem(u)[1] for u in uris[1:])]

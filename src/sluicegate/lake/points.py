@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..position import format_lsn
+from .location import file_uris
 from .state import app_id
 
 SCHEMA = pa.schema([
@@ -61,7 +62,7 @@ def read(path: str | Path, workflow: str | None = None) -> list[dict]:
     where = points_path(path)
     if not DeltaTable.is_deltatable(where):
         return []
-    files = DeltaTable(where).file_uris()
+    files = file_uris(DeltaTable(where))
     if not files:
         return []
     fs, _ = filesystem(files[0])

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ..position import format_lsn, parse_lsn
+from .location import file_uris
 
 POINTS = "_sluicegate/points"
 
@@ -101,7 +102,7 @@ def _dataset(dt):
     added column read it as null)."""
     import pyarrow.dataset as ds
 
-    fs, paths = _filesystem(dt.file_uris())
+    fs, paths = _filesystem(file_uris(dt))
     return ds.dataset(paths, schema=_arrow_schema(dt), format="parquet", filesystem=fs)
 
 
@@ -210,7 +211,7 @@ def _version(path: str, point: Point, table: str, storage_options=None):
     if dt is None:
         raise TerminalError(f"table {uri} of point {point.position_text} is not a Delta table any more: "
                             f"was it deleted? Read the workflow's tables again once it has a newer point")
-    gone = _missing(dt.file_uris())
+    gone = _missing(file_uris(dt))
     if gone:
         raise TerminalError(f"table {uri} version {version} (point {point.position_text}) was vacuumed away "
                             f"({len(gone)} of its files are gone, e.g. {gone[0]}): read a later point, or vacuum "
@@ -245,7 +246,7 @@ def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, st
         dt = _version(path, point, table, storage_options)
         # The version's schema, not the files': a column added later is null in older files, not dropped.
         schema = from_arrow_schema(_arrow_schema(dt))
-        files = dt.file_uris()
+        files = file_uris(dt)
         if not files:
             out[name] = spark.createDataFrame([], schema)
         elif files[0].startswith("/"):

@@ -385,7 +385,7 @@ class DeltaStore:
             if dt is None:
                 return None
             try:
-                fs, paths = location.filesystem(dt.file_uris()[0]) if dt.file_uris() else (None, None)
+                fs, paths = location.filesystem(location.file_uris(dt)[0]) if dt.file_uris() else (None, None)
                 if fs is None:
                     return _Read(dt, None, None)
                 row = ds.dataset([paths], schema=_doc_schema(), filesystem=fs).to_table().to_pylist()
