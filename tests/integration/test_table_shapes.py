@@ -31,6 +31,7 @@ CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM ('2024-01-01') TO (
 CREATE TABLE events_2024_a PARTITION OF events_2024 FOR VALUES WITH (MODULUS 2, REMAINDER 0);
 CREATE TABLE events_2024_b PARTITION OF events_2024 FOR VALUES WITH (MODULUS 2, REMAINDER 1);
 CREATE TABLE events_other PARTITION OF events DEFAULT;
+CREATE INDEX events_payload ON events (payload);
 CREATE TABLE animals (id int PRIMARY KEY, name text);
 CREATE TABLE dogs (breed text) INHERITS (animals);
 ALTER TABLE dogs ADD PRIMARY KEY (id);
@@ -133,6 +134,14 @@ def test_shapes_move_and_every_change_lands(versions_pair, spark):
             wait_for(lambda: caught_up(pair, "wf"), what="caught up")
             assert stream_row(pair, "wf")["state"] == "Running", stream_row(pair, "wf")["message"]
             counts = assert_all_same(pair)
+            # The target has the same partitions, and every row sits in the partition the source has it in.
+            for partition in ("events_2023", "events_2024_a", "events_2024_b", "events_other"):
+                assert digest(pair.source, partition) == digest(pair.target, partition), partition
+            assert pair.dst("SELECT pg_get_partkeydef('events'::regclass), pg_get_partkeydef('events_2024'::regclass)"
+                            ) == [("RANGE (created)", "HASH (id)")]
+            indexed = "SELECT count(*) FROM pg_index WHERE indkey::text = '3' AND indisvalid AND indrelid IN " \
+                      "(SELECT relid FROM pg_partition_tree('events'))"
+            assert pair.dst(indexed) == pair.src(indexed) == [(6,)]  # the root's, and every partition's
             assert pair.dst("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'incl'::regclass "
                             "AND contype = 'p'") == [("PRIMARY KEY (id)",)]
             assert counts["Sales Dept.Order Items"] == 1

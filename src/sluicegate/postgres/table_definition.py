@@ -75,6 +75,20 @@ class ForeignKey:
 
 
 @dataclass(frozen=True)
+class Partition:
+    schema: str
+    name: str
+    parent: tuple[str, str]  # (schema, name) of the table it is a partition of
+    bound: str  # pg_get_expr(relpartbound): "FOR VALUES FROM ('2023-01-01') TO ('2024-01-01')", "DEFAULT"
+    partition_by: str | None = None  # pg_get_partkeydef of a partition partitioned in turn
+
+    def statement(self) -> sql.Composed:
+        sub = sql.SQL(" PARTITION BY {}").format(sql.SQL(self.partition_by)) if self.partition_by else sql.SQL("")
+        return sql.SQL("CREATE TABLE {} PARTITION OF {} {}{}").format(
+            sql.Identifier(self.schema, self.name), sql.Identifier(*self.parent), sql.SQL(self.bound), sub)
+
+
+@dataclass(frozen=True)
 class TableDefinition:
     schema: str
     name: str
@@ -86,6 +100,8 @@ class TableDefinition:
     indexes: tuple[str, ...]  # pg_get_indexdef of indexes no constraint owns
     foreign_keys: tuple[ForeignKey, ...]  # to moved tables: added after the copy
     not_carried: tuple[str, ...]  # lines for the user
+    partition_by: str | None = None  # pg_get_partkeydef of a partitioned table: 'RANGE (created)'
+    partitions: tuple[Partition, ...] = ()  # every level, parents before their partitions
 
     @property
     def qualified(self) -> str:
@@ -183,7 +199,9 @@ def _read_one(conn: psycopg.Connection, table: Table, moved: set[str]) -> TableD
         if not valid:
             note.add(f"invalid index not carried: {indexdef}")
             continue
-        indexes.append(indexdef)
+        # A partitioned table's index reads "ON ONLY t" (its partitions' indexes are attached one by one):
+        # made on the target's partitioned table, it must cascade to the partitions made with it.
+        indexes.append(indexdef.replace(" ON ONLY ", " ON ", 1) if kind == "p" else indexdef)
     for (name,) in conn.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal "
                                 "ORDER BY tgname", (oid,)):
         note.add(f"trigger {name} not carried")
@@ -194,8 +212,7 @@ def _read_one(conn: psycopg.Connection, table: Table, moved: set[str]) -> TableD
         note.add("row-level security" + (f" and policies {', '.join(policies)}" if policies else "") + " not carried")
     for (name,) in conn.execute("SELECT stxname FROM pg_statistic_ext WHERE stxrelid = %s ORDER BY 1", (oid,)):
         note.add(f"extended statistics {name} not carried")
-    if kind == "p":
-        note.add("partitioning not carried: the target table is a plain table")
+    partition_by, partitions = _partitioning(conn, oid, note) if kind == "p" else (None, ())
     for (parent,) in conn.execute("SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = %s", (oid,)):
         note.add(f"inheritance from {parent} not carried")
     if acl:
@@ -208,7 +225,29 @@ def _read_one(conn: psycopg.Connection, table: Table, moved: set[str]) -> TableD
                     (oid,)).fetchone()[0]:
         note.add("comments not carried")
     return TableDefinition(table.schema, table.name, tuple(columns), table.key, key_name, tuple(sequences),
-                           tuple(constraints), tuple(indexes), tuple(foreign_keys), tuple(note.lines))
+                           tuple(constraints), tuple(indexes), tuple(foreign_keys), tuple(note.lines),
+                           partition_by, partitions)
+
+
+def _partitioning(conn: psycopg.Connection, oid: int, note: _Notes) -> tuple[str, tuple[Partition, ...]]:
+    """A partitioned table's partition key and its partitions, at every level, parents first."""
+    rows = conn.execute(
+        """WITH RECURSIVE tree AS (
+               SELECT inhrelid AS oid, inhparent AS parent, 1 AS depth FROM pg_inherits WHERE inhparent = %s
+               UNION ALL
+               SELECT i.inhrelid, i.inhparent, t.depth + 1 FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)
+           SELECT n.nspname, c.relname, pn.nspname, p.relname, pg_get_expr(c.relpartbound, c.oid),
+                  CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END, c.relkind
+           FROM tree t JOIN pg_class c ON c.oid = t.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+           JOIN pg_class p ON p.oid = t.parent JOIN pg_namespace pn ON pn.oid = p.relnamespace
+           ORDER BY t.depth, n.nspname, c.relname""", (oid,)).fetchall()
+    partitions = []
+    for schema, name, parent_schema, parent, bound, sub, kind in rows:
+        if kind == "f":  # its rows live on another server; the copy reads them like the others'
+            note.add(f"foreign table partition {schema}.{name} made as a plain partition on the target")
+        partitions.append(Partition(schema, name, (parent_schema, parent), bound, sub))
+    key = conn.execute("SELECT pg_get_partkeydef(%s)", (oid,)).fetchone()[0]
+    return key, tuple(partitions)
 
 
 class _Notes:
@@ -273,7 +312,11 @@ def create_statements(d: TableDefinition, existing_sequences: frozenset[str] = f
     if d.key_name:
         key = sql.SQL("CONSTRAINT {} {}").format(sql.Identifier(d.key_name), key)
     defs.append(key)
-    out.append(sql.SQL("CREATE TABLE {} ({})").format(d.ident, sql.SQL(", ").join(defs)))
+    partitioned = sql.SQL(" PARTITION BY {}").format(sql.SQL(d.partition_by)) if d.partition_by else sql.SQL("")
+    out.append(sql.SQL("CREATE TABLE {} ({}){}").format(d.ident, sql.SQL(", ").join(defs), partitioned))
+    for part in d.partitions:
+        out.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(part.schema)))
+        out.append(part.statement())
     for seq in d.sequences:
         if seq.owned_by and seq.qualified not in existing_sequences:
             out.append(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(
