@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..names import shown
 from ..sizes import format_size
 
 
@@ -42,7 +43,7 @@ def print_status(console: Console, status: dict) -> None:
         for col in ("table", "state", "rows copied", "of about"):
             grid.add_column(col, justify="right" if "rows" in col or "about" in col else "left")
         for t in s["tables"]:
-            grid.add_row(escape(t["table"]), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
+            grid.add_row(escape(shown(t["table"])), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
         console.print(grid)
     if "traffic" in status:
         _print_traffic(console, status["traffic"])

@@ -9,6 +9,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError, did_you_mean
+from ..names import quote_name
 
 FIRST_USER_OID = 16384  # OIDs below this are built in, and equal on every server
 
@@ -150,17 +151,6 @@ def with_schemas(tables: list[str] | None, schemas: list[str] | None) -> list[st
     if not schemas:
         return tables
     return [*(tables or []), *(f"{s}.*" for s in schemas)]
-
-
-def quote_name(schema: str, name: str) -> str:
-    """'public.orders', '"Sales Dept"."Order Items"': a qualified name as SQL (and psql) prints it."""
-    return ".".join(_quote_ident(p) for p in (schema, name))
-
-
-def _quote_ident(part: str) -> str:
-    plain = part and (part[0].isalpha() and part[0].islower() or part[0] == "_") and all(
-        ch.islower() or ch.isdigit() or ch in "_$" for ch in part) and part.isascii()
-    return part if plain else '"' + part.replace('"', '""') + '"'
 
 
 def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:

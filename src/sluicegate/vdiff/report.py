@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
+from ..names import shown as shown_name
 from ..position import format_lsn
 from . import store
 
@@ -46,14 +47,14 @@ def render(console: Console, report: dict, *, verdict: bool = True) -> None:
         grid.add_column(col, justify="left" if col == "table" else "right")
     for name, t in report["tables"].items():
         marks = [f"[red]{t[k]:,}[/]" if t[k] else "0" for k in ("missing", "extra", "mismatched")]
-        grid.add_row(escape(name), f"{t['rows_compared']:,}", *marks)
+        grid.add_row(escape(shown_name(name)), f"{t['rows_compared']:,}", *marks)
     console.print(grid)
     for name, t in report["tables"].items():
         if not t["samples"]:
             continue
-        shown = len(t["samples"])
+        count = len(t["samples"])
         total = t["missing"] + t["extra"] + t["mismatched"]
-        console.print(f"{escape(name)}: first {shown} of {total:,} differing rows")
+        console.print(f"{escape(shown_name(name))}: first {count} of {total:,} differing rows")
         for s in t["samples"]:
             key = ", ".join(s["key"])
             console.print(f"  {s['kind']:<10} key ({escape(key)})")

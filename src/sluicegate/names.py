@@ -1,0 +1,20 @@
+"""Table names as SQL (and psql) writes them: quoted only where needed. Pure: imported by the CLI's output."""
+
+from __future__ import annotations
+
+
+def quote_name(schema: str, name: str) -> str:
+    """'public.orders', '"Sales Dept"."Order Items"': a qualified name as SQL (and psql) prints it."""
+    return ".".join(_quote_ident(p) for p in (schema, name))
+
+
+def shown(qualified: str) -> str:
+    """A state key ('Sales Dept.Order Items') as SQL writes the name ('"Sales Dept"."Order Items"')."""
+    schema, _, name = qualified.partition(".")
+    return quote_name(schema, name) if name else qualified
+
+
+def _quote_ident(part: str) -> str:
+    plain = part and (part[0].isalpha() and part[0].islower() or part[0] == "_") and all(
+        ch.islower() or ch.isdigit() or ch in "_$" for ch in part) and part.isascii()
+    return part if plain else '"' + part.replace('"', '""') + '"'
