@@ -9,8 +9,13 @@ import psycopg
 from psycopg import sql
 
 from ..errors import UsageError, did_you_mean
+from . import types as pgtypes
+from .types import FIRST_USER_OID, EnumType, Extension, UserType
 
-FIRST_USER_OID = 16384  # OIDs below this are built in, and equal on every server
+# Built-in types whose binary COPY does not carry every value back: an empty tsquery is refused on input
+# ("malformed tsquery: operand not found"), aclitem has no binary form. Tables with such a column (or an
+# array of it) are copied in text form. (Every other built-in type was tried with its edge values.)
+_TEXT_COPY_TYPES = frozenset((3615, 3645, 1033, 1034))
 
 
 @dataclass(frozen=True)
@@ -24,13 +29,6 @@ class Column:
 
 
 @dataclass(frozen=True)
-class EnumType:
-    schema: str
-    name: str
-    labels: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Table:
     schema: str
     name: str
@@ -38,6 +36,9 @@ class Table:
     key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
+    types: tuple[UserType, ...] = ()  # composites and domains the columns use, dependencies first
+    extensions: tuple[Extension, ...] = ()  # extensions whose types the columns use
+    existing_types: tuple[tuple[str, str, str], ...] = ()  # user types the target must have already
 
     @property
     def qualified(self) -> str:
@@ -59,8 +60,13 @@ class Table:
 
     @cached_property  # read per row on the hot path
     def binary_copy_safe(self) -> bool:
-        """Binary COPY embeds type OIDs in arrays; user types (enums) differ between servers."""
-        return all(c.type_oid < FIRST_USER_OID for c in self.columns)
+        """Binary COPY embeds type OIDs in arrays and composites; user types' differ between servers (and
+        extension types' binary forms between versions). Some built-in types do not round-trip either."""
+        return all(c.type_oid < FIRST_USER_OID and c.type_oid not in _TEXT_COPY_TYPES for c in self.columns)
+
+    @property
+    def type_needs(self) -> pgtypes.TypeNeeds:
+        return pgtypes.TypeNeeds(self.enums, self.types, self.extensions, self.existing_types)
 
     def to_json(self) -> dict:
         return {
@@ -69,6 +75,9 @@ class Table:
             "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
                         for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
+            "types": [t.to_json() for t in self.types],
+            "extensions": [[e.name, e.schema] for e in self.extensions],
+            "existing_types": [list(t) for t in self.existing_types],
         }
 
     @classmethod
@@ -78,6 +87,9 @@ class Table:
             estimated_rows=d.get("estimated_rows", 0),
             columns=tuple(Column(*c) for c in d["columns"]),
             enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
+            types=tuple(UserType.from_json(t) for t in d.get("types", [])),
+            extensions=tuple(Extension(*e) for e in d.get("extensions", [])),
+            existing_types=tuple(tuple(t) for t in d.get("existing_types", [])),
         )
 
 
@@ -168,10 +180,11 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     ).fetchall()
     columns = tuple(Column(*c) for c in cols)
     key = _find_key(conn, oid, replident, qualified)
-    enums = _enums(conn, columns, qualified)
+    needs = pgtypes.discover(conn, [c.type_oid for c in columns])
     if reltuples < 0:  # never analyzed: count, so progress has a total
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name))).fetchone()[0]
-    return Table(schema, name, columns, key, enums, int(reltuples))
+    return Table(schema, name, columns, key, needs.enums, int(reltuples), needs.types, needs.extensions,
+                 needs.existing)
 
 
 def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
@@ -213,35 +226,16 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
 
 
 def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType, ...]:
-    user = [c for c in columns if c.type_oid >= FIRST_USER_OID]
-    found: list[EnumType] = []
-    for c in user:
-        row = conn.execute(
-            """SELECT n.nspname, t.typname, t.typtype,
-                      (SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)
-               FROM pg_type a JOIN pg_type t ON t.oid = CASE WHEN a.typelem <> 0 AND a.typlen = -1
-                                                            THEN a.typelem ELSE a.oid END
-               JOIN pg_namespace n ON n.oid = t.typnamespace WHERE a.oid = %s""",
-            (c.type_oid,),
-        ).fetchone()
-        schema, name, kind, labels = row
-        if kind != "e":
-            raise UsageError(
-                f"column {c.name} of {qualified} has type {c.type_sql}, which Sluicegate cannot move yet "
-                f"(built-in types, arrays and enums are supported): leave the table out with --tables"
-            )
-        enum = EnumType(schema, name, tuple(labels))
-        if enum not in found:
-            found.append(enum)
-    return tuple(found)
+    """The enums the columns use (their other user types: pgtypes.discover)."""
+    return pgtypes.discover(conn, [c.type_oid for c in columns]).enums
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
-    """Create the target table (and its enums) if missing, else check it can take the rows. True if created.
-    `definition`: the source table's TableDefinition (table_definition.py), made in full; without it, only
-    columns, types, collations, NOT NULL and the key."""
-    for enum in table.enums:
-        _ensure_enum(conn, enum)
+    """Create the target table (and the extensions, enums, composite types and domains its columns use) if
+    missing, else check it can take the rows. True if created. `definition`: the source table's
+    TableDefinition (table_definition.py), made in full; without it, only columns, types, collations,
+    NOT NULL and the key."""
+    pgtypes.ensure(conn, table.type_needs, _ensure_enum)
     row = conn.execute(
         """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""",
