@@ -40,7 +40,8 @@ def _values(type_sql: str, *texts) -> str:
 # changed) to pick rows by, and a NULL in every nullable column for some rows.
 COMPOSITES = ("composites", ["k"], """
     CREATE TABLE composites (k key_t PRIMARY KEY, n int NOT NULL, o "Type Lib".outer_t, oa "Type Lib".outer_t[],
-                             od outer_d, md mood_d, p posint NOT NULL, ka key_t[])""", [
+                             od outer_d, md mood_d, p posint NOT NULL, ka key_t[], fr floatrange,
+                             fra floatrange[], trm "Text Ranges")""", [
     ("o", """CASE WHEN g % 11 = 1 THEN NULL ELSE ROW(
                ROW(g, (ARRAY['x', 'with space', 'q"uote', 'back\\slash', '', NULL, '(,)'])[1 + g % 7],
                    CASE WHEN g % 4 = 0 THEN NULL ELSE hstore(ARRAY['k' || g, 'e q'], ARRAY['v,' || g, NULL]) END
@@ -58,6 +59,9 @@ COMPOSITES = ("composites", ["k"], """
     ("p", "(g % 1000 + 1)::posint"),
     ("ka", """CASE WHEN g % 6 = 0 THEN NULL
                    ELSE ARRAY[[ROW('a', g)::key_t, NULL], [ROW(NULL, NULL)::key_t, ROW('"', -g)::key_t]] END"""),
+    ("fr", _values("floatrange", "[1.5,2.5)", "empty", "(,)", "[-Infinity,Infinity]", None)),
+    ("fra", _values("floatrange[]", '{"[0,1]",NULL,empty}', None)),
+    ("trm", _values('"Text Ranges"', "{}", '{[a,b),["x y",)}', None)),
 ])
 COMPOSITE_KEY = "ROW((ARRAY['eu', 'us', 'a \"q\"', 'b,c', ''])[1 + g % 5], g)::key_t"
 
@@ -124,6 +128,8 @@ CREATE DOMAIN posint AS int NOT NULL CHECK (VALUE > 0);
 CREATE DOMAIN outer_d AS "Type Lib".outer_t CHECK ((VALUE).m IS DISTINCT FROM 'sad');
 CREATE DOMAIN mood_d AS mood DEFAULT 'ok';
 CREATE DOMAIN email AS citext CHECK (VALUE LIKE '%@%');
+CREATE TYPE floatrange AS RANGE (SUBTYPE = float8, SUBTYPE_DIFF = float8mi);
+CREATE TYPE textrange AS RANGE (SUBTYPE = text, COLLATION = "C", MULTIRANGE_TYPE_NAME = "Text Ranges");
 """
 TABLES = (COMPOSITES, EXTENSIONS, BUILTINS)
 
@@ -193,6 +199,13 @@ def test_user_extension_and_awkward_builtin_types_move(pair, spark):
     made = pair.dst(domains)
     assert made == pair.src(domains) and [r[0] for r in made] == ["email", "mood_d", "outer_d", "posint"]
     assert made[3][1:] == (True, "integer", None, ["CHECK ((VALUE > 0))"])
+    ranges = """SELECT t.typname, format_type(r.rngsubtype, NULL), r.rngcollation::regcollation::text,
+                       r.rngsubdiff::text, r.rngmultitypid::regtype::text
+                FROM pg_range r JOIN pg_type t ON t.oid = r.rngtypid WHERE t.typnamespace = 'public'::regnamespace
+                ORDER BY 1"""
+    assert pair.dst(ranges) == pair.src(ranges) == [
+        ("floatrange", "double precision", "-", "float8mi", "floatmultirange"),
+        ("textrange", "text", '"C"', "-", '"Text Ranges"')]
     raced = set()
     with EngineThread(spark, pair.target, "ext"), psycopg.connect(pair.source, autocommit=True) as c:
         rounds = iter(range(1000))

@@ -48,6 +48,15 @@ def test_create_composite_and_domain_statements():
         'CREATE DOMAIN "public"."posint" AS integer DEFAULT 1 NOT NULL CONSTRAINT "posint_check" CHECK ((VALUE > 0))')
 
 
+def test_create_range_statement():
+    rng = UserType("r", "public", "textrange", base="text", collation=("pg_catalog", "C"), subtype_diff="float8mi",
+                   opclass=("public", "my_ops"), multirange="Text Ranges")
+    assert create_type_sql(rng).as_string(None) == (
+        'CREATE TYPE "public"."textrange" AS RANGE (SUBTYPE = text, SUBTYPE_OPCLASS = "public"."my_ops", '
+        'COLLATION = "pg_catalog"."C", SUBTYPE_DIFF = float8mi, MULTIRANGE_TYPE_NAME = "public"."Text Ranges")')
+    assert UserType.from_json(rng.to_json()) == rng
+
+
 def test_table_keeps_its_types_through_json():
     table = Table("public", "t", (Column("k", "pair", 16500, True, None, -1),), ("k",),
                   (EnumType("public", "mood", ("a", "b")),), 10,

@@ -4,8 +4,10 @@ A column's type is walked down to built-in types: arrays to their element, domai
 to their attributes, multiranges to their range, ranges to their subtype. On the way:
 - a type that belongs to an extension (pg_depend deptype 'e') needs that extension on the target, in the
   schema it has on the source (the type names the target table is made with carry that schema);
-- enums, composite types and domains are made on the target when it lacks them, dependencies first;
-- any other user type (a range, a base type written in C) must already exist on the target.
+- enums, composite types, domains and range types are made on the target when it lacks them, dependencies
+  first (a multirange comes with its range);
+- any other user type (a range with a canonical function, a base type written in C, a table's row type)
+  must already exist on the target.
 Rows of every one of them move by their text form (Table.binary_copy_safe), so nothing here knows a value.
 
 Everything is read with search_path = pg_catalog, so format_type() and pg_get_constraintdef() name user types
@@ -34,18 +36,22 @@ class EnumType:
 
 @dataclass(frozen=True)
 class UserType:
-    """A composite type (kind 'c') or a domain ('d') Sluicegate can make on the target."""
+    """A composite type (kind 'c'), a domain ('d') or a range type ('r') Sluicegate can make on the target."""
 
     kind: str
     schema: str
     name: str
     # composite: (attribute, type as format_type() gives it, (collation schema, name) or None)
     attributes: tuple[tuple[str, str, tuple[str, str] | None], ...] = ()
-    base: str | None = None  # domain: its base type, format_type()
-    collation: tuple[str, str] | None = None  # domain: a collation other than its base type's
+    base: str | None = None  # domain: its base type; range: its subtype (format_type())
+    collation: tuple[str, str] | None = None  # domain: a collation other than its base type's; range: its own
     not_null: bool = False
     default: str | None = None  # domain: pg_get_expr of its default
     checks: tuple[tuple[str, str], ...] = ()  # domain: (name, pg_get_constraintdef)
+    # range: its subtype's operator class when not the default, its subtype_diff function, its multirange
+    opclass: tuple[str, str] | None = None
+    subtype_diff: str | None = None
+    multirange: str | None = None
 
     @property
     def qualified(self) -> str:
@@ -54,13 +60,16 @@ class UserType:
     def to_json(self) -> list:
         return [self.kind, self.schema, self.name, [[a, t, list(c) if c else None] for a, t, c in self.attributes],
                 self.base, list(self.collation) if self.collation else None, self.not_null, self.default,
-                [list(c) for c in self.checks]]
+                [list(c) for c in self.checks], list(self.opclass) if self.opclass else None, self.subtype_diff,
+                self.multirange]
 
     @classmethod
     def from_json(cls, d: list) -> UserType:
-        kind, schema, name, attributes, base, collation, not_null, default, checks = d
+        kind, schema, name, attributes, base, collation, not_null, default, checks = d[:9]
+        opclass, subtype_diff, multirange = (list(d[9:]) + [None, None, None])[:3]
         return cls(kind, schema, name, tuple((a, t, tuple(c) if c else None) for a, t, c in attributes), base,
-                   tuple(collation) if collation else None, not_null, default, tuple(tuple(c) for c in checks))
+                   tuple(collation) if collation else None, not_null, default, tuple(tuple(c) for c in checks),
+                   tuple(opclass) if opclass else None, subtype_diff, multirange)
 
 
 @dataclass(frozen=True)
@@ -165,13 +174,37 @@ class _Walk:
                 self.visit(type_oid)
                 attributes.append((attname, type_sql, tuple(coll) if coll else None))
             self.types.append(UserType("c", schema, name, tuple(attributes)))
+        elif kind == "r" and self._range(oid, schema, name, subtype):
+            pass
+        elif kind == "m" and range_of:
+            self.visit(range_of)  # made with its range, or there already as the range must be
         else:
-            if kind == "m" and range_of:
-                self.visit(range_of)
-            elif kind == "r" and subtype:
-                self.visit(subtype)
-            what = {"c": "the row type of a table", "r": "a range type", "m": "a multirange type"}.get(kind, "a type")
+            what = {"c": "the row type of a table", "r": "a range type with a canonical function"}.get(kind, "a type")
             self.existing.append((schema, name, what))
+
+    def _range(self, oid: int, schema: str, name: str, subtype: int) -> bool:
+        """A range type, as Sluicegate can make it (no canonical function, which would have to be written in C
+        or made around a shell type first); False when it cannot."""
+        (canonical, subtype_sql, collation, opclass, default_opclass, diff, multirange) = self.conn.execute(
+            """SELECT r.rngcanonical <> 0, format_type(r.rngsubtype, NULL),
+                      CASE WHEN r.rngcollation <> 0 AND r.rngcollation <> st.typcollation
+                           THEN ARRAY[cn.nspname::text, co.collname::text] END,
+                      ARRAY[ocn.nspname::text, oc.opcname::text], oc.opcdefault,
+                      CASE WHEN r.rngsubdiff <> 0 THEN r.rngsubdiff::regproc::text END, mt.typname
+               FROM pg_range r JOIN pg_type st ON st.oid = r.rngsubtype
+               JOIN pg_opclass oc ON oc.oid = r.rngsubopc JOIN pg_namespace ocn ON ocn.oid = oc.opcnamespace
+               LEFT JOIN pg_collation co ON co.oid = r.rngcollation
+               LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
+               LEFT JOIN pg_type mt ON mt.oid = r.rngmultitypid
+               WHERE r.rngtypid = %s""", (oid,)).fetchone()
+        if canonical:
+            return False
+        self.visit(subtype)
+        self.types.append(UserType("r", schema, name, base=subtype_sql,
+                                   collation=tuple(collation) if collation else None,
+                                   opclass=None if default_opclass else tuple(opclass), subtype_diff=diff,
+                                   multirange=multirange))
+        return True
 
 
 # -- the target -------------------------------------------------------------------------------------------
@@ -221,8 +254,9 @@ def ensure(conn: psycopg.Connection, needs: TypeNeeds, ensure_enum) -> None:
 
 def _find(conn: psycopg.Connection, schema: str, name: str) -> tuple | None:
     return conn.execute(
-        """SELECT t.typtype, t.typrelid, format_type(t.typbasetype, t.typtypmod) FROM pg_type t
-           JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = %s AND t.typname = %s""",
+        """SELECT t.typtype, t.typrelid, COALESCE(format_type(r.rngsubtype, NULL), format_type(t.typbasetype, t.typtypmod))
+           FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace LEFT JOIN pg_range r ON r.rngtypid = t.oid
+           WHERE n.nspname = %s AND t.typname = %s""",
         (schema, name)).fetchone()
 
 
@@ -234,8 +268,7 @@ def _ensure_type(conn: psycopg.Connection, t: UserType) -> None:
         return
     kind, relid, base = found
     if kind != t.kind:
-        have = {"c": "composite type", "d": "domain", "e": "enum"}.get(kind, "type")
-        want = "composite type" if t.kind == "c" else "domain"
+        have, want = _KINDS.get(kind, "type"), _KINDS[t.kind]
         raise UsageError(f"target type {t.qualified} is a {have}, the source's is a {want}: drop or rename it on "
                          f"the target, or make it the source's")
     if t.kind == "c":
@@ -246,8 +279,12 @@ def _ensure_type(conn: psycopg.Connection, t: UserType) -> None:
                 f"({_attributes_text(t.attributes)}): make them equal (ALTER TYPE), or drop the target type and "
                 f"let Sluicegate create it")
     elif base != t.base:
-        raise UsageError(f"target domain {t.qualified} is over {base}, the source's over {t.base}: make them equal, "
-                         f"or drop the target domain and let Sluicegate create it")
+        what = _KINDS[t.kind]
+        raise UsageError(f"target {what} {t.qualified} is over {base}, the source's over {t.base}: make them "
+                         f"equal, or drop the target {what} and let Sluicegate create it")
+
+
+_KINDS = {"c": "composite type", "d": "domain", "e": "enum", "r": "range type", "m": "multirange type"}
 
 
 def _attributes_text(attributes) -> str:
@@ -264,6 +301,17 @@ def create_type_sql(t: UserType) -> sql.Composed:
                 part = sql.SQL("{} COLLATE {}").format(part, sql.Identifier(*collation))
             attributes.append(part)
         return sql.SQL("CREATE TYPE {} AS ({})").format(name, sql.SQL(", ").join(attributes))
+    if t.kind == "r":
+        options = [sql.SQL("SUBTYPE = {}").format(sql.SQL(t.base))]
+        if t.opclass:
+            options.append(sql.SQL("SUBTYPE_OPCLASS = {}").format(sql.Identifier(*t.opclass)))
+        if t.collation:
+            options.append(sql.SQL("COLLATION = {}").format(sql.Identifier(*t.collation)))
+        if t.subtype_diff:
+            options.append(sql.SQL("SUBTYPE_DIFF = {}").format(sql.SQL(t.subtype_diff)))  # regproc text: valid SQL
+        if t.multirange:
+            options.append(sql.SQL("MULTIRANGE_TYPE_NAME = {}").format(sql.Identifier(t.schema, t.multirange)))
+        return sql.SQL("CREATE TYPE {} AS RANGE ({})").format(name, sql.SQL(", ").join(options))
     parts = [sql.SQL("CREATE DOMAIN {} AS {}").format(name, sql.SQL(t.base))]
     if t.collation:
         parts.append(sql.SQL("COLLATE {}").format(sql.Identifier(*t.collation)))
