@@ -131,12 +131,21 @@ CREATE DOMAIN email AS citext CHECK (VALUE LIKE '%@%');
 CREATE TYPE floatrange AS RANGE (SUBTYPE = float8, SUBTYPE_DIFF = float8mi);
 CREATE TYPE textrange AS RANGE (SUBTYPE = text, COLLATION = "C", MULTIRANGE_TYPE_NAME = "Text Ranges");
 """
-TABLES = (COMPOSITES, EXTENSIONS, BUILTINS)
+# A key over a domain of citext (case-insensitive order), an ltree and a NOT NULL domain of int.
+OTHER_KEYS = ("other_keys", ["e", "l", "d"], """
+    CREATE TABLE other_keys (e email, l ltree, d posint, n int NOT NULL, v hstore, c inner_t,
+                             PRIMARY KEY (e, l, d))""", [
+    ("v", "CASE WHEN g % 5 = 0 THEN NULL ELSE hstore('n', g::text) END"),
+    ("c", "CASE WHEN g % 3 = 0 THEN NULL ELSE ROW(g, 'c', NULL)::inner_t END"),
+])
+OTHER_KEY_EXPRS = [("e", "((ARRAY['K', 'k', 'É'])[1 + g % 3] || g || '@x.org')::email"),
+                   ("l", "('a.b' || g % 13)::ltree"), ("d", "(g % 7 + 1)::posint")]
+
+TABLES = (COMPOSITES, EXTENSIONS, BUILTINS, OTHER_KEYS)
 
 
 def _key_exprs(table) -> list[tuple[str, str]]:
-    name = table[0]
-    return [("k", COMPOSITE_KEY)] if name == "composites" else [("id", "g")]
+    return {"composites": [("k", COMPOSITE_KEY)], "other_keys": OTHER_KEY_EXPRS}.get(table[0], [("id", "g")])
 
 
 def _insert(conn, table, first: int, last: int) -> None:
@@ -171,6 +180,8 @@ def _writes(conn, r: int) -> None:
             t, every, sql.SQL(", ").join(sql.SQL(e) for _, e in cols), sql.Literal((r - 1) % 23)))
         conn.execute(sql.SQL("DELETE FROM {} WHERE n % 53 = {} AND n % 4 = 0").format(t, sql.Literal(r % 53)))
     conn.execute(sql.SQL("UPDATE composites SET k = ROW((k).region || '+', (k).n)::key_t WHERE n % 31 = {}").format(
+        sql.Literal(r % 31)))
+    conn.execute(sql.SQL("UPDATE other_keys SET l = l || 'moved', e = upper(e)::email WHERE n % 31 = {}").format(
         sql.Literal(r % 31)))
 
 

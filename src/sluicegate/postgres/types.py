@@ -326,9 +326,10 @@ def create_type_sql(t: UserType) -> sql.Composed:
 
 # -- comparing values --------------------------------------------------------------------------------------
 # Types with a default btree equality that is not equality of their values: a vdiff compares them by their
-# text form. citext folds case ('A' = 'a'); PostGIS's `=` on geography compares bounding boxes, and on
-# geometry it did before PostGIS 2.4. (box, circle, lseg, line, path, point and polygon have `=` by area or
-# none at all, and no btree ordering: they are compared as text already for that.)
+# text form. citext folds case ('A' = 'a'). PostGIS's `=` compared bounding boxes before 2.4 (it is exact in
+# 3.3: tested), and its text form (EWKB, with the SRID) is exact in every version. (box, circle, lseg, line,
+# path, point and polygon have `=` by area or none at all, and no btree ordering: they are compared as text
+# for that already.)
 TEXT_EQUALITY_NAMES = frozenset(("citext", "geometry", "geography", "box2d", "box3d"))
 TEXT_EQUALITY_BUILTINS = frozenset((600, 601, 602, 603, 604, 628, 718))  # point lseg path box polygon line circle
 
