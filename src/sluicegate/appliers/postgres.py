@@ -540,7 +540,7 @@ class PostgresApplier:
                 sql.SQL(
                     """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
                        SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
-                ).format(stage, _staged_columns(self.conn, table), table.ident)
+                ).format(stage, staged_columns(self.conn, table), table.ident)
             )
             self.staged.add(t.index)
         match = keyrange.key_equal(table, "d", "s")
@@ -619,7 +619,7 @@ WITH RECURSIVE d(attname, typ, typmod) AS (
 SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype <> 'd'"""
 
 
-def _staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
+def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
     """The table's columns as the staging table has them: a domain's as its base type."""
     bases = dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall())
     return sql.SQL(", ").join(
