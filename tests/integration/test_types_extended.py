@@ -17,11 +17,15 @@ import pytest
 from psycopg import sql
 
 from sluicegate.errors import UsageError
+from sluicegate.lake import cli as lake
+from sluicegate.lake.state import Store
+from sluicegate.position import parse_lsn
 from sluicegate.postgres.catalog import Table
 from sluicegate.workflow.create import create_materialize, create_movetables
 
-from ..conftest import EngineThread
-from .helpers import assert_same
+from ..conftest import EngineThread, wait_for
+from .helpers import assert_same, reap_group
+from .test_lake_movetables import by_key, delta_rows, source_rows, start_driver
 from .test_rules import _cli
 from .test_types import race_copy, settled
 
@@ -378,3 +382,36 @@ def test_materialize_over_composite_hstore_and_geometry(pair, spark, postgis):
         out = _cli("vdiff", "mat", "--target", pair.target, "--json")
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(out.stdout)["equal"]
+
+
+# -- Delta: user types land as their text, as enums always did ------------------------------------------------
+
+def test_delta_target_takes_user_types_as_text(pair, tmp_path):
+    pair.src(SCHEMA)
+    pair.src(OTHER_KEYS[2].replace("other_keys", "keyed"))
+    pair.src("ALTER TABLE keyed ADD COLUMN id int GENERATED ALWAYS AS IDENTITY UNIQUE, ADD COLUMN fr floatrange")
+    insert = """INSERT INTO keyed (e, l, d, n, v, c, fr) SELECT {}, g, CASE WHEN g % 5 = 0 THEN NULL
+                ELSE hstore('n', g::text) END, ROW(g, 'c', NULL)::inner_t, numrange(g, g + 1)::text::floatrange
+                FROM generate_series({}, {}) g"""
+    keys = ", ".join(e for _, e in OTHER_KEY_EXPRS)
+    pair.src(insert.format(keys, 1, 200))
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    lake.create("dl", pair.source, target, ["keyed"], None, [], {})
+    log = tmp_path / "driver.log"
+    driver = start_driver(target, "dl", log)
+    try:
+        pair.src(insert.format(keys, 201, 260))
+        pair.src("UPDATE keyed SET c = NULL, v = hstore('x', NULL), l = l || 'z' WHERE n % 7 = 0")
+        pair.src("DELETE FROM keyed WHERE n % 11 = 0")
+        flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        store = Store(root)
+        wait_for(lambda: store.load("dl").state == "Running" and store.load("dl").position >= flushed,
+                 timeout=180, what="caught up",
+                 describe=lambda: log.read_text()[-2000:])
+    finally:
+        driver.send_signal(15)
+        reap_group(driver)
+    got = by_key(delta_rows(root, "public.keyed"))
+    assert got == by_key(source_rows(pair.source, "public.keyed")) and len(got) > 200
+    assert isinstance(got[0]["c"], str) and got[0]["c"].startswith("(")  # PostgreSQL's text of the composite
