@@ -415,3 +415,26 @@ def test_delta_target_takes_user_types_as_text(pair, tmp_path):
     got = by_key(delta_rows(root, "public.keyed"))
     assert got == by_key(source_rows(pair.source, "public.keyed")) and len(got) > 200
     assert isinstance(got[0]["c"], str) and got[0]["c"].startswith("(")  # PostgreSQL's text of the composite
+
+
+# -- a column of a new user type added while Running -------------------------------------------------------------
+
+def test_added_column_of_a_new_user_type_follows(pair, spark):
+    pair.src("CREATE EXTENSION hstore")
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    pair.src("INSERT INTO items SELECT g, g FROM generate_series(1, 200) g")
+    create_movetables("grow", pair.source, pair.target, ["items"], [], {})
+    with EngineThread(spark, pair.target, "grow"):
+        settled(pair, "grow")
+        assert pair.dst("SELECT to_regtype('public.tagged')") == [(None,)]
+        pair.src("""CREATE DOMAIN level AS int NOT NULL DEFAULT 1 CHECK (VALUE BETWEEN 1 AND 9);
+                    CREATE TYPE tagged AS (lvl level, tags hstore);
+                    ALTER TABLE items ADD COLUMN t tagged, ADD COLUMN lvl level""")
+        pair.src("INSERT INTO items SELECT g, g, ROW(g % 9 + 1, hstore('k', g::text))::tagged, g % 9 + 1 "
+                 "FROM generate_series(201, 260) g")
+        pair.src("UPDATE items SET t = ROW(2, NULL)::tagged, lvl = 3 WHERE id % 10 = 0")
+        pair.src("DELETE FROM items WHERE id % 7 = 0")
+        settled(pair, "grow")
+        assert assert_same(pair, "public.items", ["id"]) > 200
+        spec = pair.dst("SELECT spec FROM sluicegate.copy_state")[0][0]
+        assert [t[2] for t in spec["types"]] == ["level", "tagged"] and spec["extensions"] == [["hstore", "public"]]
