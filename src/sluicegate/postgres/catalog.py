@@ -36,7 +36,7 @@ class Table:
     key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
-    types: tuple[UserType, ...] = ()  # composites and domains the columns use, dependencies first
+    types: tuple[UserType, ...] = ()  # composites, domains, ranges the columns use, dependencies first
     extensions: tuple[Extension, ...] = ()  # extensions whose types the columns use
     existing_types: tuple[tuple[str, str, str], ...] = ()  # user types the target must have already
 
@@ -60,8 +60,8 @@ class Table:
 
     @cached_property  # read per row on the hot path
     def binary_copy_safe(self) -> bool:
-        """Binary COPY embeds type OIDs in arrays and composites; user types' differ between servers (and
-        extension types' binary forms between versions). Some built-in types do not round-trip either."""
+        """Binary COPY embeds type OIDs in arrays and composites, and user types' OIDs differ between servers
+        (extension types' binary forms between versions too). Some built-in types do not round-trip either."""
         return all(c.type_oid < FIRST_USER_OID and c.type_oid not in _TEXT_COPY_TYPES for c in self.columns)
 
     @property
@@ -223,11 +223,6 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
         f"table {qualified} has no primary key or non-null unique key, so its rows cannot be identified: "
         f"add a primary key, or leave the table out with --tables"
     )
-
-
-def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType, ...]:
-    """The enums the columns use (their other user types: pgtypes.discover)."""
-    return pgtypes.discover(conn, [c.type_oid for c in columns]).enums
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:

@@ -83,7 +83,7 @@ class TypeNeeds:
     """What a set of columns needs on the target, each in the order it is to be made."""
 
     enums: tuple[EnumType, ...] = ()
-    types: tuple[UserType, ...] = ()  # composites and domains, dependencies first
+    types: tuple[UserType, ...] = ()  # composites, domains and ranges, dependencies first
     extensions: tuple[Extension, ...] = ()
     existing: tuple[tuple[str, str, str], ...] = ()  # (schema, name, what it is): the target must have these
 
