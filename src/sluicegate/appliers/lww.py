@@ -32,6 +32,7 @@ from psycopg import sql
 from ..errors import TerminalError
 from ..postgres import keyrange
 from ..postgres.catalog import Table
+from .postgres import staged_columns
 
 LOCAL_ORIGIN = 0  # roident of a transaction without a replication origin: written on this cluster
 
@@ -329,7 +330,7 @@ class LwwTable:
                    NULL::int[] AS _sg_keep, NULL::timestamptz AS _sg_time, NULL::int AS _sg_cluster,
                    NULL::"char" AS _sg_found, NULL::timestamptz AS _sg_ltime, NULL::int AS _sg_lcluster,
                    NULL::bool AS _sg_win, NULL::text AS _sg_conflict, {} FROM {} WITH NO DATA"""
-            ).format(stage, cols, t.ident),
+            ).format(stage, staged_columns(self.conn, t), t.ident),  # domains as their base types: deletes stage NULLs
             "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, _sg_time, _sg_cluster, {}) FROM STDIN").format(
                 stage, cols),
             # The target's rows of the batch stay as classified until the transaction ends: the application

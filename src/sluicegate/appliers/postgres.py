@@ -539,12 +539,13 @@ class PostgresApplier:
         cols = [sql.Identifier(c) for c in table.column_names]
         col_list = sql.SQL(", ").join(cols)
         if t.index not in self.staged:
-            # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL.
+            # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
+            # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
             self.conn.execute(
                 sql.SQL(
                     """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
                        SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
-                ).format(stage, col_list, table.ident)
+                ).format(stage, staged_columns(self.conn, table), table.ident)
             )
             self.staged.add(t.index)
         match = keyrange.key_equal(table, "d", "s")
@@ -611,3 +612,22 @@ class PostgresApplier:
                     for c in non_key), table.ident, match)
         t._plan = plan
         return plan
+
+
+# The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains.
+_DOMAIN_BASES = """
+WITH RECURSIVE d(attname, typ, typmod) AS (
+    SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND t.typtype = 'd'
+  UNION ALL
+    SELECT d.attname, t.typbasetype, t.typtypmod FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype = 'd')
+SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype <> 'd'"""
+
+
+def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
+    """The table's columns as the staging table has them: a domain's as its base type."""
+    bases = dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall())
+    return sql.SQL(", ").join(
+        sql.SQL("{c}::{t} AS {c}").format(c=sql.Identifier(c), t=sql.SQL(bases[c])) if c in bases
+        else sql.Identifier(c) for c in table.column_names)
+

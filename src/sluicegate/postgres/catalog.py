@@ -10,8 +10,13 @@ from psycopg import sql
 
 from ..errors import UsageError, did_you_mean
 from ..names import quote_name
+from . import types as pgtypes
+from .types import FIRST_USER_OID, EnumType, Extension, UserType
 
-FIRST_USER_OID = 16384  # OIDs below this are built in, and equal on every server
+# Built-in types whose binary COPY does not carry every value back: an empty tsquery is refused on input
+# ("malformed tsquery: operand not found"), aclitem has no binary form. Tables with such a column (or an
+# array of it) are copied in text form. (Every other built-in type was tried with its edge values.)
+_TEXT_COPY_TYPES = frozenset((3615, 3645, 1033, 1034))
 
 
 @dataclass(frozen=True)
@@ -25,13 +30,6 @@ class Column:
 
 
 @dataclass(frozen=True)
-class EnumType:
-    schema: str
-    name: str
-    labels: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Table:
     schema: str
     name: str
@@ -39,6 +37,9 @@ class Table:
     key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
+    types: tuple[UserType, ...] = ()  # composites, domains, ranges the columns use, dependencies first
+    extensions: tuple[Extension, ...] = ()  # extensions whose types the columns use
+    existing_types: tuple[tuple[str, str, str], ...] = ()  # user types the target must have already
     inherited: bool = False  # a plain table with inheritance children, which are tables of their own
 
     @property
@@ -67,8 +68,13 @@ class Table:
 
     @cached_property  # read per row on the hot path
     def binary_copy_safe(self) -> bool:
-        """Binary COPY embeds type OIDs in arrays; user types (enums) differ between servers."""
-        return all(c.type_oid < FIRST_USER_OID for c in self.columns)
+        """Binary COPY embeds type OIDs in arrays and composites, and user types' OIDs differ between servers
+        (extension types' binary forms between versions too). Some built-in types do not round-trip either."""
+        return all(c.type_oid < FIRST_USER_OID and c.type_oid not in _TEXT_COPY_TYPES for c in self.columns)
+
+    @property
+    def type_needs(self) -> pgtypes.TypeNeeds:
+        return pgtypes.TypeNeeds(self.enums, self.types, self.extensions, self.existing_types)
 
     def to_json(self) -> dict:
         return {
@@ -77,6 +83,9 @@ class Table:
             "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
                         for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
+            "types": [t.to_json() for t in self.types],
+            "extensions": [[e.name, e.schema] for e in self.extensions],
+            "existing_types": [list(t) for t in self.existing_types],
         }
 
     @classmethod
@@ -86,6 +95,9 @@ class Table:
             estimated_rows=d.get("estimated_rows", 0), inherited=d.get("inherited", False),
             columns=tuple(Column(*c) for c in d["columns"]),
             enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
+            types=tuple(UserType.from_json(t) for t in d.get("types", [])),
+            extensions=tuple(Extension(*e) for e in d.get("extensions", [])),
+            existing_types=tuple(tuple(t) for t in d.get("existing_types", [])),
         )
 
 
@@ -274,11 +286,12 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     ).fetchall()
     columns = tuple(Column(*c) for c in cols)
     key = _find_key(conn, oid, replident, qualified)
-    enums = _enums(conn, columns, qualified)
+    needs = pgtypes.discover(conn, [c.type_oid for c in columns])
     if reltuples < 0:  # never analyzed: count, so progress has a total
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
             sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
-    return Table(schema, name, columns, key, enums, int(reltuples), inherited=kind == "r" and children)
+    return Table(schema, name, columns, key, needs.enums, int(reltuples), needs.types, needs.extensions,
+                 needs.existing, inherited=kind == "r" and children)
 
 
 def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
@@ -320,36 +333,12 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
     )
 
 
-def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType, ...]:
-    user = [c for c in columns if c.type_oid >= FIRST_USER_OID]
-    found: list[EnumType] = []
-    for c in user:
-        row = conn.execute(
-            """SELECT n.nspname, t.typname, t.typtype,
-                      (SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)
-               FROM pg_type a JOIN pg_type t ON t.oid = CASE WHEN a.typelem <> 0 AND a.typlen = -1
-                                                            THEN a.typelem ELSE a.oid END
-               JOIN pg_namespace n ON n.oid = t.typnamespace WHERE a.oid = %s""",
-            (c.type_oid,),
-        ).fetchone()
-        schema, name, kind, labels = row
-        if kind != "e":
-            raise UsageError(
-                f"column {c.name} of {qualified} has type {c.type_sql}, which Sluicegate cannot move yet "
-                f"(built-in types, arrays and enums are supported): leave the table out with --tables"
-            )
-        enum = EnumType(schema, name, tuple(labels))
-        if enum not in found:
-            found.append(enum)
-    return tuple(found)
-
-
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
-    """Create the target table (and its enums) if missing, else check it can take the rows. True if created.
-    `definition`: the source table's TableDefinition (table_definition.py), made in full; without it, only
-    columns, types, collations, NOT NULL and the key."""
-    for enum in table.enums:
-        _ensure_enum(conn, enum)
+    """Create the target table (and the extensions, enums, composite types and domains its columns use) if
+    missing, else check it can take the rows. True if created. `definition`: the source table's
+    TableDefinition (table_definition.py), made in full; without it, only columns, types, collations,
+    NOT NULL and the key."""
+    pgtypes.ensure(conn, table.type_needs, _ensure_enum)
     row = conn.execute(
         """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""",

@@ -184,7 +184,9 @@ def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema:
                              f"unchanged (renaming it is fine): the target finds rows by it")
         key.append(hits[0])
     columns = [Column(c.name, c.type_sql, c.type_oid, c.not_null or c.name in key, c.collation) for c in columns]
-    target = Table(target_schema, target_name, tuple(columns), tuple(key), source.enums, source.estimated_rows)
+    # the source's user types and extensions: a column passed through keeps its type on the target
+    target = Table(target_schema, target_name, tuple(columns), tuple(key), source.enums, source.estimated_rows,
+                   source.types, source.extensions, source.existing_types)
     return CompiledRule(spec.to_text(), source, target, spec.select, view, tuple(outputs), tuple(sorted(needs)),
                         udfs=tuple(sorted((udfs or {}).items())), filtered=condition is not None)
 

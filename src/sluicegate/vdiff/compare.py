@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from ..postgres import keyrange
+from ..postgres import types as pgtypes
 from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
 from ..workflow.faults import fault_point
@@ -256,7 +257,14 @@ def _probe(conn: psycopg.Connection, query: sql.Composable) -> bool:
         return False
 
 
-def text_compared_columns(conn: psycopg.Connection, table: Table) -> tuple[str, ...]:
-    """Columns whose type has no default btree ordering (json, xml, point, box…): compared as text."""
-    query = "SELECT v FROM (SELECT NULL::{} AS v) s ORDER BY v"
-    return tuple(c.name for c in table.columns if not _probe(conn, sql.SQL(query).format(sql.SQL(c.type_sql))))
+def text_compared_columns(conn: psycopg.Connection, table: Table,
+                          source: psycopg.Connection | None = None) -> tuple[str, ...]:
+    """Columns compared as text: those whose type has no default btree ordering (json, xml, point, box…, and
+    arrays, composites and domains of them: the server's type cache looks through those, as it would to
+    compare values), and, given the `source` the table's type OIDs are from, those whose type's equality is
+    not equality of values (citext, PostGIS: pgtypes.TEXT_EQUALITY_*)."""
+    # a NULL of the column's own type (NULL::type would fail for a NOT NULL domain), no value compared
+    query = "SELECT t.{} FROM (SELECT) one LEFT JOIN {} t ON false ORDER BY 1"
+    return tuple(c.name for c in table.columns
+                 if not _probe(conn, sql.SQL(query).format(sql.Identifier(c.name), table.ident))
+                 or source is not None and c.type_oid and pgtypes.equality_is_not_value(source, c.type_oid))

@@ -170,16 +170,16 @@ class VDiffRun:
                     rows = int(fixed) if fixed else self._range_rows(estimate)
                     ranges = plan_ranges(source.conn, table, p.lastpk, rows, estimate)
                     store.add_ranges(self.lock_conn, vd.id, p.table, p.generation, ranges)
-                    if t.rule is not None:
-                        rule = CompiledRule.from_json(t.rule, table)
-                        prepared.rule_jobs.append(RuleRanges(
-                            stream.source_url, self.target_url, vd.id, p.table, t.rule, table.to_json(),
-                            p.generation, ranges, source.name, point.target_snapshot,
-                            text_compared_columns(probe, rule.target), sample))
-                        continue
                     with connect(stream.source_url, role="source") as sprobe:
+                        if t.rule is not None:
+                            rule = CompiledRule.from_json(t.rule, table)
+                            prepared.rule_jobs.append(RuleRanges(
+                                stream.source_url, self.target_url, vd.id, p.table, t.rule, table.to_json(),
+                                p.generation, ranges, source.name, point.target_snapshot,
+                                text_compared_columns(probe, rule.target, sprobe), sample))
+                            continue
                         hash_text = text_hashed_columns([sprobe, probe], table)
-                    text_cols = text_compared_columns(probe, table)
+                        text_cols = text_compared_columns(probe, table, sprobe)
                     prepared.tasks += [
                         RangeTask(stream.source_url, self.target_url, vd.id, table.to_json(), p.generation, i, lo,
                                   hi, source.name, point.target_snapshot, text_cols, hash_text, sample)

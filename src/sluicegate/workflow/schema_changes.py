@@ -23,6 +23,7 @@ from psycopg import sql
 
 from ..errors import SluicegateError, TerminalError, is_retryable
 from ..postgres import catalog, locks
+from ..postgres import types as pgtypes
 from ..postgres.catalog import FIRST_USER_OID, Column, Table
 from ..postgres.connect import first_line
 from ..postgres.pgoutput import Column as RelColumn
@@ -253,7 +254,7 @@ class SchemaFollower:
         source = source_columns(self.src, rel.oid)
         type_of = dict(zip((c.name for c in rel.columns), types))
         columns = list(table.columns)
-        enums = list(table.enums)
+        enums, user_types, extensions = list(table.enums), list(table.types), list(table.extensions)
         for c in change.added:
             type_sql = type_of[c.name]
             have = target.get(c.name)
@@ -275,11 +276,15 @@ class SchemaFollower:
                     f"as the changes carry it ({type_sql}), then `sluicegate workflow start "
                     f"{self.workflow}`; or "
                     f"re-create the workflow")
-            enums += [e for e in self._enums(table, col) if e not in enums]
+            needs = self._user_types(col)
+            enums += [e for e in needs.enums if e not in enums]
+            user_types += [t for t in needs.types if t not in user_types]
+            extensions += [e for e in needs.extensions if e not in extensions]
             self._alter_add(table, col)
             columns.append(Column(c.name, col.type_sql, c.type_oid, col.not_null, col.collation, c.typmod))
         log.info("columns %s added to %s", ", ".join(c.name for c in change.added), table.qualified)
-        return replace(table, columns=tuple(columns), enums=tuple(enums))
+        return replace(table, columns=tuple(columns), enums=tuple(enums), types=tuple(user_types),
+                       extensions=tuple(extensions))
 
     def _initial_default(self, table: Table, col: _SourceColumn) -> sql.Composable | None:
         """What the rows the target already has get in the new column: what they have on the source."""
@@ -314,20 +319,19 @@ class SchemaFollower:
                 f"{table.qualified}: {first_line(exc)}; add it by hand, then `sluicegate workflow start "
                 f"{self.workflow}`", getattr(exc, "sqlstate", None)) from None
 
-    def _enums(self, table: Table, col: _SourceColumn) -> list:
-        """The enum type of a new column, made on the target if missing (the copy does it for the others)."""
+    def _user_types(self, col: _SourceColumn) -> pgtypes.TypeNeeds:
+        """The user types (enums, composites, domains, extensions' types) of a new column, made on the target
+        if missing (the copy does it for the others)."""
         if col.type_oid < FIRST_USER_OID:
-            return []
-        c = Column(col.name, col.type_sql, col.type_oid, col.not_null, col.collation)
+            return pgtypes.TypeNeeds()
         try:
-            enums = catalog._enums(self.src, (c,), table.qualified)
-            for e in enums:
-                catalog._ensure_enum(self.dst, e)
+            needs = pgtypes.discover(self.src, [col.type_oid])
+            pgtypes.ensure(self.dst, needs, catalog._ensure_enum)
         except SluicegateError as exc:
             if exc.retryable:
                 raise
             raise SchemaStop(f"{exc.message}; or re-create the workflow") from None
-        return list(enums)
+        return needs
 
     # -- anything else: stop, unless the target table already matches the source -------------------------
     def _adopt_fixed_target(self, rel: Relation, table: Table, change: ColumnChanges,
@@ -355,14 +359,12 @@ class SchemaFollower:
         for c, type_sql in zip(rel.columns, types):
             _, _, not_null, collation = target[c.name]
             columns.append(Column(c.name, type_sql, c.type_oid, not_null, collation, c.typmod))
-        enums = []
-        for c in columns:
-            if c.type_oid >= FIRST_USER_OID:
-                enums += [e for e in catalog._enums(self.src, (c,), table.qualified) if e not in enums]
+        needs = pgtypes.discover(self.src, [c.type_oid for c in columns])
         log.warning("target table %s matches the source's new columns (%s): following them",
                     table.qualified, "; ".join(change.describe(self._type_name)))
         return replace(table, columns=tuple(columns), key=tuple(self._target_key(table) or new_key),
-                       enums=tuple(enums))
+                       enums=needs.enums, types=needs.types, extensions=needs.extensions,
+                       existing_types=needs.existing)
 
     def _hints(self, table: Table, change: ColumnChanges, types: list[str]) -> list[str]:
         """The statements that make the target table match (as far as they can be written down), with names
