@@ -92,8 +92,8 @@ def check_mappable(described: list[Table]) -> None:
     for t in described:
         if not t.key:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
-                             f"a Delta sink merges changes by key; add one on the source or leave the table "
-                             f"out")
+                             f"a Delta sink merges changes by key (tables without one, REPLICA IDENTITY FULL, "
+                             f"move to PostgreSQL sinks only); add one on the source or leave the table out")
         arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
 
 
