@@ -203,3 +203,29 @@ def test_keyless_refusals(pair, tmp_path):
     with pytest.raises(UsageError, match=r"public\.full_t has no primary key.*last writer wins"):
         create_replicate("r5", pair.source, [pair.target], ["full_t"], None, {}, bidirectional=True)
     assert not pair.dst("SELECT 1 FROM pg_tables WHERE tablename IN ('plain', 'full_t', 'full_copy')")
+
+
+def test_keyless_replicate_to_a_postgres_sink(rc, tmp_path):
+    """A Replicate sink on PostgreSQL copies and applies as MoveTables does: keyless tables move too."""
+    from .cluster_helpers import Consumer, create
+    from .cluster_helpers import caught_up as sink_caught_up
+
+    c = rc
+    c.src("CREATE TABLE logs (a int, b text, j json, p point, big text)")
+    c.src("ALTER TABLE logs REPLICA IDENTITY FULL")
+    c.src("INSERT INTO logs SELECT g % 50, 'v', '{}', '(1,1)', NULL FROM generate_series(1, 500) g")
+    sink = c.sinks[0]
+    out = create(c, sinks=[sink])
+    assert out.returncode == 0, out.stderr
+    consumer = Consumer(c.workflow, sink, tmp_path / "run.log").start()
+    try:
+        wait_for(lambda: sink_caught_up(c, sink), 240, what="sink caught up",
+                 describe=lambda: (tmp_path / "run.log").read_text()[-2000:])
+        c.src("UPDATE logs SET b = 'changed' WHERE ctid = (SELECT ctid FROM logs WHERE a = 1 LIMIT 1)")
+        c.src("DELETE FROM logs WHERE ctid = (SELECT ctid FROM logs WHERE a = 2 LIMIT 1)")
+        c.src("INSERT INTO logs SELECT * FROM logs WHERE a = 3")
+        wait_for(lambda: sink_caught_up(c, sink), 120, what="sink caught up after writes")
+    finally:
+        consumer.kill()
+    assert multiset(c.source, "logs") == multiset(sink, "logs")
+    assert sum(multiset(sink, "logs").values()) == 500 - 1 + 10

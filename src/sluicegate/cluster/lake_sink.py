@@ -69,7 +69,8 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
     """The bootstrap decision of each Delta sink's tables (create.Decision); raises UsageError on what is
     refused outright. Nothing is written. `source_lsn`: the source's WAL position now, which every change
     the new workflow applies comes after."""
-    check_mappable(described)
+    if delta:  # PostgreSQL sinks take any table (keyless ones too)
+        check_mappable(described)
     seen: dict = {}
     out = []
     for sink, url in delta.items():
