@@ -21,6 +21,7 @@ from sluicegate.lake.cli import create as lake_create
 from sluicegate.postgres.catalog import Table, describe_table
 from sluicegate.workflow import copier
 from sluicegate.workflow.create import create_materialize, create_movetables
+from sluicegate.workflow.reshard import create_reshard
 
 from ..conftest import wait_for
 from .helpers import caught_up, reap_group, stream_row
@@ -198,11 +199,16 @@ def test_keyless_refusals(pair, tmp_path):
     assert 'ALTER TABLE public."Odd Name" REPLICA IDENTITY FULL' in str(e.value)
     with pytest.raises(UsageError, match=r"public\.full_t.*no primary key.*without a rule"):
         create_materialize("r3", pair.source, pair.target, ["full_copy: SELECT a, b FROM full_t"], {})
+    with pytest.raises(UsageError, match=r"public\.full_t has no primary key.*Reshard.*sharding column"):
+        create_reshard("r7", {"-80": pair.source, "80-": pair.source}, {"-": pair.target}, ["full_t"], {}, [], {})
+    pair.src("CREATE TABLE keyed (id int PRIMARY KEY)")
+    with pytest.raises(UsageError, match=r"public\.full_t has no primary key.*without --rule"):
+        create_movetables("r6", pair.source, pair.target, ["full_t", "keyed"], ["keyed: SELECT id FROM keyed"], {})
     with pytest.raises(UsageError, match=r"public\.full_t has no primary key.*Delta target"):
         lake_create("r4", pair.source, f"delta:{tmp_path}/lake", ["full_t"], None, [], {})
     with pytest.raises(UsageError, match=r"public\.full_t has no primary key.*last writer wins"):
         create_replicate("r5", pair.source, [pair.target], ["full_t"], None, {}, bidirectional=True)
-    assert not pair.dst("SELECT 1 FROM pg_tables WHERE tablename IN ('plain', 'full_t', 'full_copy')")
+    assert not pair.dst("SELECT 1 FROM pg_tables WHERE tablename IN ('plain', 'full_t', 'full_copy', 'keyed')")
 
 
 def test_keyless_replicate_to_a_postgres_sink(rc, tmp_path):
