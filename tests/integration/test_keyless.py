@@ -152,6 +152,9 @@ def test_keyless_copy_killed_then_replicated_as_multisets(pair, tmp_path):
     assert status.returncode == 0, status.stderr
     tables = {t["table"]: t for t in json.loads(status.stdout)["streams"][0]["tables"]}
     assert tables["public.logs"]["state"] == "Copied" and tables["public.logs"]["lastpk"] is None
+    text = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "status", "kl",
+                           "--target", pair.target], capture_output=True, text=True, timeout=120, check=False)
+    assert text.returncode == 0 and "public.logs" in text.stdout, text.stderr
 
     out = vdiff(pair.target, "kl", "--json")
     assert out.returncode == 0, (out.stdout, out.stderr)
@@ -165,6 +168,8 @@ def test_keyless_copy_killed_then_replicated_as_multisets(pair, tmp_path):
     assert (t["missing"], t["extra"], t["mismatched"]) == (1, 0, 0)
     assert [(s["kind"], s["source"]["a"], s["source"]["b"]) for s in t["samples"]] == [("missing", "9001", "triple")]
     assert report(out)["tables"]["public.marks"]["missing"] == 0
+    out = vdiff(pair.target, "kl", "--tables", "logs")  # the text report: the row, with no key to show
+    assert out.returncode == 1 and "missing    1 row(s) equal to" in out.stdout and "triple" in out.stdout, out
 
 
 def test_keyless_update_of_a_row_the_target_lacks_stops(pair, spark):
