@@ -240,3 +240,36 @@ def test_keyless_replicate_to_a_postgres_sink(rc, tmp_path):
         consumer.kill()
     assert multiset(c.source, "logs") == multiset(sink, "logs")
     assert sum(multiset(sink, "logs").values()) == 500 - 1 + 10
+
+
+def test_keyless_through_transaction_messages(pair):
+    """The Transaction applier (appliers/transactions.py) applies a keyless table's changes as the player does."""
+    from sluicegate.appliers.transactions import TransactionApplier
+    from sluicegate.postgres import capture
+
+    from .test_transaction_messages import Reader
+
+    for run in (pair.src, pair.dst):
+        run("CREATE TABLE logs (a int, b text, j json, big text); ALTER TABLE logs REPLICA IDENTITY FULL")
+    with psycopg.connect(pair.source, autocommit=True) as c:
+        capture.ensure_publication(c, "pub", [describe_table(c, "public", "logs")])
+        start = capture.ensure_slot(c, "sg_test")
+    reader = Reader(pair.source, "sg_test", "pub", start, threshold=1 << 20)
+    with reader.stream:
+        pair.src(f"INSERT INTO logs SELECT g % 3, 'v', '[1]', NULL FROM generate_series(1, 9) g; "
+                 f"INSERT INTO logs VALUES (9, 'toasted', NULL, {BIG})")
+        pair.src("UPDATE logs SET b = 'one' WHERE ctid = (SELECT ctid FROM logs WHERE a = 1 LIMIT 1)")
+        pair.src("DELETE FROM logs WHERE ctid = (SELECT ctid FROM logs WHERE a = 2 LIMIT 1)")
+        pair.src("UPDATE logs SET a = 10 WHERE a = 9")  # the TOASTed value unchanged
+        pair.src("UPDATE logs SET j = NULL WHERE a = 0")
+        with psycopg.connect(pair.source) as c:
+            end = capture.wal_flush_position(c)[0]
+        reader.until(end)
+    applier = TransactionApplier(pair.target, name="t1")
+    try:
+        for x in reader.messages:
+            applier.apply(x)
+    finally:
+        applier.close()
+    assert multiset(pair.source, "logs") == multiset(pair.target, "logs")
+    assert pair.dst("SELECT count(*) FROM logs WHERE a = 10 AND big = " + BIG) == [(1,)]
