@@ -196,6 +196,13 @@ def test_keyless_refusals(pair, tmp_path):
     pair.src('ALTER TABLE "Odd Name" REPLICA IDENTITY NOTHING')
     pair.src("CREATE TABLE full_t (a int, b text)")
     pair.src("ALTER TABLE full_t REPLICA IDENTITY FULL")
+    pair.src("CREATE TABLE full_unique (code text NOT NULL, b text); CREATE UNIQUE INDEX ON full_unique (code); "
+             "ALTER TABLE full_unique REPLICA IDENTITY FULL")
+    with psycopg.connect(pair.source) as c:
+        assert not describe_table(c, "public", "full_t").key and describe_table(c, "public", "full_t").keyless
+        # under FULL, a non-null unique key identifies rows: it is the key, the table is not keyless
+        unique = describe_table(c, "public", "full_unique")
+        assert unique.key == ("code",) and not unique.keyless
     with pytest.raises(UsageError) as e:
         create_movetables("r1", pair.source, pair.target, ["plain"], [], {})
     assert "ALTER TABLE public.plain REPLICA IDENTITY FULL" in str(e.value) and "\n" not in str(e.value)

@@ -171,14 +171,15 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
         (oid,),
     ).fetchall()
     columns = tuple(Column(*c) for c in cols)
-    key = _find_key(conn, oid, replident, qualified)
+    key = _find_key(conn, oid, replident, schema, name)
     enums = _enums(conn, columns, qualified)
     if reltuples < 0:  # never analyzed: count, so progress has a total
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name))).fetchone()[0]
     return Table(schema, name, columns, key, enums, int(reltuples), keyless=not key)
 
 
-def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
+def _find_key(conn, oid: int, replident: str, schema: str, name: str) -> tuple[str, ...]:
+    qualified = f"{schema}.{name}"
     idx = conn.execute(
         """SELECT i.indisprimary, i.indisreplident, ci.relname,
                   array_agg(a.attname ORDER BY k.ord), bool_and(a.attnotnull)
@@ -191,7 +192,6 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
            ORDER BY i.indisprimary DESC, i.indisreplident DESC, ci.relname""",
         (oid,),
     ).fetchall()
-    schema, name = qualified.split(".", 1)
     usable = [r for r in idx if r[4]]
     if replident == "n":
         fix = "DEFAULT" if usable else "FULL"  # DEFAULT identifies rows only by a primary key
