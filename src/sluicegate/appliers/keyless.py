@@ -9,7 +9,8 @@ stages the delta with COPY, deletes |d| physical rows (chosen by ctid) for each 
 inserts d copies of each value with a positive one. Rows match by their columns' text forms, both sides
 rendered by the target's session, so types without an equality operator (json, point, xml) match too; as a
 text[] (array equality takes NULL elements as equal, and hashes), the join is a hash join: one scan of the
-target table per chunk that deletes, where native logical replication scans it once per row.
+target table per chunk that deletes, where native logical replication (before PostgreSQL 16, or without an
+index) scans it once per row.
 
 An old row the target does not have means the target is out of step with the source: a TerminalError, never
 a silent skip.
@@ -26,6 +27,8 @@ from ..postgres.pgoutput import UNCHANGED
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _LINES_PER_WRITE = 1000
+_HASH_JOIN = "SET LOCAL enable_mergejoin = off; SET LOCAL jit = off"
+_PLANNER_DEFAULTS = "SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT"
 
 
 class KeylessRows:
@@ -82,13 +85,14 @@ def plan(conn: psycopg.Connection, table: Table, stage: sql.Identifier) -> dict:
 
     return {
         "copy": sql.SQL("COPY {} (_sg_n, {}) FROM STDIN").format(stage, col_list),
-        # The k-th equal row (by ctid) is deleted while k <= the value's count of deletes.
+        # The k-th equal row (by ctid) is deleted while k <= the value's count of deletes; the rows are then
+        # fetched by a TID scan of the chunk's ctids, not joined with a second scan of the table.
         "delete": sql.SQL(
-            """WITH s AS (SELECT -s._sg_n AS n, {} AS r FROM {} AS s WHERE s._sg_n < 0),
-                    m AS (SELECT d.ctid AS tid, s.n, row_number() OVER (PARTITION BY s.r ORDER BY d.ctid) AS k
-                          FROM {} AS d JOIN s ON {} = s.r)
-               DELETE FROM {} AS d USING m WHERE d.ctid = m.tid AND m.k <= m.n""").format(
-            row_text("s"), stage, table.ident, row_text("d"), table.ident),
+            """DELETE FROM {} WHERE ctid = ANY(ARRAY(
+                 WITH s AS (SELECT -s._sg_n AS n, {} AS r FROM {} AS s WHERE s._sg_n < 0)
+                 SELECT tid FROM (SELECT d.ctid AS tid, s.n, row_number() OVER (PARTITION BY s.r ORDER BY d.ctid) AS k
+                                  FROM {} AS d JOIN s ON {} = s.r) m
+                 WHERE k <= n))""").format(table.ident, row_text("s"), stage, table.ident, row_text("d")),
         "insert": sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS s CROSS JOIN generate_series(1, s._sg_n) "
                           "WHERE s._sg_n > 0").format(
             table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names), stage),
@@ -105,7 +109,12 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
                                ((n, v) for v, n in items[start:start + _LINES_PER_WRITE])))
     wanted = -sum(n for _, n in items if n < 0)
     if wanted:
+        # The planner cannot estimate the text[] join (it guesses millions of rows): it would sort the whole
+        # table for a merge join and compile it with JIT. A hash of the staged rows, probed by one scan, is
+        # the plan (1M rows, 20k updates: ~0.7 s instead of ~3 s). Back to the defaults right after.
+        cur.execute(_HASH_JOIN)
         deleted = cur.execute(plan["delete"]).rowcount
+        cur.execute(_PLANNER_DEFAULTS)
         if deleted != wanted:
             raise TerminalError(
                 f"{wanted - deleted} of {wanted} rows that changes to {table.qualified} update or delete are not "
