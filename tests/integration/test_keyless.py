@@ -92,8 +92,9 @@ def test_keyless_copy_killed_then_replicated_as_multisets(pair, tmp_path):
         plan = copier.plan_cycle(c, Table.from_json(describe_table(c, "public", "logs").to_json()), None,
                                  cycle_rows=1000, chunk_rows=300, slots=2)
         assert plan.done and plan.new_lastpk is None and len(plan.pages) >= 4 and plan.pages[-1][1] is None
-    # small tasks: the copy of logs splits into several page ranges
-    create_movetables("kl", pair.source, pair.target, ["logs", "marks"], [], {"chunk_rows": 300})
+    # small tasks: the copy of logs splits into several page ranges; cycles far smaller than the table, which
+    # is copied in one all the same (no lastpk to resume from)
+    create_movetables("kl", pair.source, pair.target, ["logs", "marks"], [], {"chunk_rows": 300, "cycle_rows": 500})
     spec = {r[0]: r[1] for r in pair.dst("SELECT table_name, spec FROM sluicegate.copy_state")}
     assert spec["public.logs"]["key"] == [] and spec["public.logs"]["keyless"] is True
     assert pair.dst("SELECT relreplident FROM pg_class WHERE relname = 'logs'") == [("f",)]
