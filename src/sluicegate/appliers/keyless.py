@@ -85,11 +85,12 @@ def plan(conn: psycopg.Connection, table: Table, stage: sql.Identifier) -> dict:
 
     return {
         "copy": sql.SQL("COPY {} (_sg_n, {}) FROM STDIN").format(stage, col_list),
-        # The k-th equal row (by ctid) is deleted while k <= the value's count of deletes; the rows are then
-        # fetched by a TID scan of the chunk's ctids, not joined with a second scan of the table.
+        # The k-th equal row (by ctid) is deleted while k <= the value's count of deletes (staged values that
+        # render alike counted together); the rows are then fetched by a TID scan of the chunk's ctids, not
+        # joined with a second scan of the table.
         "delete": sql.SQL(
             """DELETE FROM {} WHERE ctid = ANY(ARRAY(
-                 WITH s AS (SELECT -s._sg_n AS n, {} AS r FROM {} AS s WHERE s._sg_n < 0)
+                 WITH s AS (SELECT sum(-s._sg_n) AS n, {} AS r FROM {} AS s WHERE s._sg_n < 0 GROUP BY 2)
                  SELECT tid FROM (SELECT d.ctid AS tid, s.n, row_number() OVER (PARTITION BY s.r ORDER BY d.ctid) AS k
                                   FROM {} AS d JOIN s ON {} = s.r) m
                  WHERE k <= n))""").format(table.ident, row_text("s"), stage, table.ident, row_text("d")),
