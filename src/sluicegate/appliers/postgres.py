@@ -26,6 +26,7 @@ from ..postgres import keyrange, locks
 from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
+from . import keyless
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
@@ -221,6 +222,11 @@ class PostgresApplier:
     def add_table(self, t: TargetTable) -> None:
         """A table met on the way (the Transaction applier learns tables from the messages)."""
         t.index = len(self.by_name)
+        if t.table.keyless:  # rows matched by value (keyless.py); never the C path, which stages by key
+            t.rows, t.key_indices, t.key_of, t.order_of, t.integer_key = keyless.KeylessRows(), None, None, None, False
+            self.by_name[t.source or (t.table.schema, t.table.name)] = t
+            self._rels.clear()
+            return
         t.key_indices = tuple(t.table.key_indices)
         t.key_of = key_getter(t.key_indices)
         t.order_of = key_order_getter(t.table)
@@ -254,7 +260,7 @@ class PostgresApplier:
         if table is t.table:
             return
         t.table, t._plan = table, None
-        t.order_of = key_order_getter(table)
+        t.order_of = None if table.keyless else key_order_getter(table)
         if t.index in self.staged:
             stage = sql.Identifier(f"sg_stage_{t.index}")
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
@@ -264,8 +270,10 @@ class PostgresApplier:
         t = self._target(ch.relation)
         if t is None:
             return
+        if t.table.keyless:
+            t.rows.stage(t.table, ch.kind, ch.old, ch.new)
         # An insert, a whole-row update or a delete (nearly every change) is staged in C, as _stage would.
-        if _stage_change_c is None or not _stage_change_c(t.rows, t.key_indices, ch, UNCHANGED):
+        elif _stage_change_c is None or not _stage_change_c(t.rows, t.key_indices, ch, UNCHANGED):
             self._stage(t, ch)
         self.pending_rows += 1
         self.pending_bytes += ch.size
@@ -404,7 +412,7 @@ class PostgresApplier:
         """Write the chunk collected so far (in the background, given an executor)."""
         chunk = [(t, t.rows, t.has_keep) for t in self.by_name.values() if t.rows]
         for t, _, _ in chunk:
-            t.rows, t.has_keep = {}, False
+            t.rows, t.has_keep = keyless.KeylessRows() if t.table.keyless else {}, False
         self.pending_rows = self.pending_bytes = 0
         if not chunk:
             return
@@ -440,6 +448,11 @@ class PostgresApplier:
             self._flush_table(t, rows, has_keep)
 
     def _flush_table(self, t: TargetTable, rows: dict, has_keep: bool) -> None:
+        if t.table.keyless:
+            plan = self._plan_for(t)
+            with self.conn.cursor() as cur:
+                self.applied_rows += keyless.flush(cur, t.table, plan, rows)
+            return
         plan = self._plan_for(t)
         with self.conn.cursor() as cur:
             ordered, order = sort_by_key(rows, t.order_of)
@@ -536,6 +549,10 @@ class PostgresApplier:
             return t._plan
         table = t.table
         stage = sql.Identifier(f"sg_stage_{t.index}")
+        if table.keyless:
+            t._plan = keyless.plan(self.conn, table, stage)
+            self.staged.add(t.index)
+            return t._plan
         cols = [sql.Identifier(c) for c in table.column_names]
         col_list = sql.SQL(", ").join(cols)
         if t.index not in self.staged:

@@ -57,6 +57,12 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 if not sources:
                     first = shard
                     new = catalog.resolve_tables(conn, tables)
+                    if cluster.bidirectional:
+                        catalog.refuse_keyless(new, "--bidirectional resolves conflicts by last writer wins "
+                                                    "per key; add a primary key on the source, or leave it out")
+                    elif cluster.source_shards:
+                        catalog.refuse_keyless(new, "a keyspace's shards are told apart by a key range; add a "
+                                                    "primary key on the source, or leave it out")
                 else:
                     _check_same_tables(shard, conn, new, first)
                 if not _check_source_role(conn):

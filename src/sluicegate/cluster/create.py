@@ -82,6 +82,9 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
         try:
             described = check_source_tables(src, source_url, tables, exclude)
+            if bidirectional:
+                catalog.refuse_keyless(described, "--bidirectional resolves conflicts by last writer wins per key; "
+                                                  "add a primary key on the source, or leave the table out")
             for sink in [*sinks, *delta]:
                 _check_no_leftovers(src, name, slot_name(name, sink))
             _check_slots_available(src, len(sinks) + len(delta))

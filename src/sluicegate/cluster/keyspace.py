@@ -96,6 +96,8 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
                 capture.check_source(conn)
                 if shard == first:
                     described = catalog.exclude_tables(catalog.resolve_tables(conn, tables), exclude)
+                    catalog.refuse_keyless(described, "a keyspace's shards are told apart by a key range; add "
+                                                      "a primary key on the source, or leave the table out")
                 _check_same_tables(shard, conn, described, first)
                 if not _check_source_role(conn):
                     _check_table_rights(conn, described)

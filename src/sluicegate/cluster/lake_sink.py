@@ -69,7 +69,8 @@ def check_sinks(name: str, delta: dict[str, str], described: list[Table], overwr
     """The bootstrap decision of each Delta sink's tables (create.Decision); raises UsageError on what is
     refused outright. Nothing is written. `source_lsn`: the source's WAL position now, which every change
     the new workflow applies comes after."""
-    check_mappable(described)
+    if delta:  # PostgreSQL sinks take any table (keyless ones too)
+        check_mappable(described)
     seen: dict = {}
     out = []
     for sink, url in delta.items():
@@ -92,8 +93,8 @@ def check_mappable(described: list[Table]) -> None:
     for t in described:
         if not t.key:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
-                             f"a Delta sink merges changes by key; add one on the source or leave the table "
-                             f"out")
+                             f"a Delta sink merges changes by key (tables without one, REPLICA IDENTITY FULL, "
+                             f"move to PostgreSQL sinks only); add one on the source or leave the table out")
         arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
 
 

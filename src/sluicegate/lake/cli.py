@@ -54,7 +54,8 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     for t in described:
         if not t.key:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
-                             f"a Delta target merges changes by key; add one on the source")
+                             f"a Delta target merges changes by key (tables without one, REPLICA IDENTITY FULL, "
+                             f"move to PostgreSQL targets only); add one on the source")
         arrow_schema(t)  # every column has a mapping (types.py): fails here, not at the first row
         path = loc.table(t.schema, t.name)
         if _is_delta(path) and DeltaTable(path).file_uris():

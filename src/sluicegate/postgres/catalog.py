@@ -34,13 +34,15 @@ class Table:
     schema: str
     name: str
     columns: tuple[Column, ...]
-    key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity
+    key: tuple[str, ...]  # primary key, or the non-null unique key that is the replica identity; () if keyless
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
     types: tuple[UserType, ...] = ()  # composites, domains, ranges the columns use, dependencies first
     extensions: tuple[Extension, ...] = ()  # extensions whose types the columns use
     existing_types: tuple[tuple[str, str, str], ...] = ()  # user types the target must have already
     inherited: bool = False  # a plain table with inheritance children, which are tables of their own
+    # No usable key, REPLICA IDENTITY FULL: rows are identified by their whole value (duplicates allowed).
+    keyless: bool = False
 
     @property
     def qualified(self) -> str:
@@ -86,6 +88,7 @@ class Table:
             "types": [t.to_json() for t in self.types],
             "extensions": [[e.name, e.schema] for e in self.extensions],
             "existing_types": [list(t) for t in self.existing_types],
+            "keyless": self.keyless,
         }
 
     @classmethod
@@ -98,6 +101,7 @@ class Table:
             types=tuple(UserType.from_json(t) for t in d.get("types", [])),
             extensions=tuple(Extension(*e) for e in d.get("extensions", [])),
             existing_types=tuple(tuple(t) for t in d.get("existing_types", [])),
+            keyless=d.get("keyless", False),  # descriptions stored before keyless tables have a key
         )
 
 
@@ -260,7 +264,6 @@ def resolve_name(existing: list[tuple[str, str]], raw: str) -> tuple[str, str]:
 
 
 def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
-    qualified = f"{schema}.{name}"
     oid, replident, reltuples, persistence, kind, children = conn.execute(
         """SELECT c.oid, c.relreplident, c.reltuples::bigint, c.relpersistence, c.relkind,
                   EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)
@@ -285,16 +288,17 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
         (oid,),
     ).fetchall()
     columns = tuple(Column(*c) for c in cols)
-    key = _find_key(conn, oid, replident, qualified)
+    key = _find_key(conn, oid, replident, schema, name)
     needs = pgtypes.discover(conn, [c.type_oid for c in columns])
     if reltuples < 0:  # never analyzed: count, so progress has a total
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
             sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
     return Table(schema, name, columns, key, needs.enums, int(reltuples), needs.types, needs.extensions,
-                 needs.existing, inherited=kind == "r" and children)
+                 needs.existing, inherited=kind == "r" and children, keyless=not key)
 
 
-def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
+def _find_key(conn, oid: int, replident: str, schema: str, name: str) -> tuple[str, ...]:
+    qualified = f"{schema}.{name}"
     idx = conn.execute(
         """SELECT i.indisprimary, i.indisreplident, ci.relname,
                   array_agg(a.attname ORDER BY k.ord), bool_and(a.attnotnull)
@@ -308,29 +312,46 @@ def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]
            ORDER BY i.indisprimary DESC, i.indisreplident DESC, ci.relname""",
         (oid,),
     ).fetchall()
+    usable = [r for r in idx if r[4]]
     if replident == "n":
+        fix = "DEFAULT" if usable else "FULL"  # DEFAULT identifies rows only by a primary key
         raise UsageError(
             f"table {qualified} has REPLICA IDENTITY NOTHING, so its updates and deletes are not replicated: "
-            f"ALTER TABLE ... REPLICA IDENTITY DEFAULT"
+            f"{_alter(conn, schema, name, 'REPLICA IDENTITY ' + fix)}"
         )
     for primary, is_replident, _, columns, not_null in idx:
         if primary and replident in ("d", "f") or (is_replident and not_null):
             return tuple(columns)
-    usable = [r for r in idx if r[4]]
+    if usable and replident == "f":  # the old row carries every column, this key among them
+        return tuple(usable[0][3])
     if usable:
         index = usable[0][2]
-        schema, _, name = qualified.partition(".")
-        # format('%I') quotes only the names that need it, as a person would type them
-        alter = conn.execute("SELECT format('ALTER TABLE %%I.%%I REPLICA IDENTITY USING INDEX %%I', %s::text, %s::text, %s::text)",
-                             (schema, name, index)).fetchone()[0]
         raise UsageError(
             f"table {qualified} has no primary key; its unique key {index} can identify rows once it is the "
-            f"replica identity: {alter}"
+            f"replica identity: {_alter(conn, schema, name, 'REPLICA IDENTITY USING INDEX %I', index)}"
         )
+    if replident == "f":  # every change carries the whole old row: rows are matched by their value
+        return ()
     raise UsageError(
-        f"table {qualified} has no primary key or non-null unique key, so its rows cannot be identified: "
-        f"add a primary key, or leave the table out with --tables"
+        f"table {qualified} has no primary key or non-null unique key, so its updates and deletes do not say "
+        f"which row they change: {_alter(conn, schema, name, 'REPLICA IDENTITY FULL')} on the source "
+        f"(or add a primary key, or leave the table out with --tables)"
     )
+
+
+def _alter(conn, schema: str, name: str, what: str, *args: str) -> str:
+    """`ALTER TABLE schema.name <what>` as a person would type it: format('%I') quotes only the names that need
+    it. `what` may hold more %I, filled from `args`."""
+    template = "ALTER TABLE %I.%I " + what
+    params = sql.SQL(", ").join(sql.Literal(a) for a in (template, schema, name, *args))
+    return conn.execute(sql.SQL("SELECT format({})").format(params)).fetchone()[0]
+
+
+def refuse_keyless(tables, why: str) -> None:
+    """A create-time refusal for what cannot take a table without a key (REPLICA IDENTITY FULL) yet."""
+    for t in tables:
+        if t.keyless:
+            raise UsageError(f"table {t.qualified} has no primary key (REPLICA IDENTITY FULL): {why}")
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
@@ -366,7 +387,8 @@ def create_table_sql(table: Table) -> sql.Composed:
         if c.not_null:
             parts.append(sql.SQL("NOT NULL"))
         defs.append(sql.SQL(" ").join(parts))
-    defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
+    if table.key:
+        defs.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, table.key))))
     return sql.SQL("CREATE TABLE {} ({})").format(table.ident, sql.SQL(", ").join(defs))
 
 

@@ -219,7 +219,7 @@ def _read_one(conn: psycopg.Connection, table: Table, moved: set[str]) -> TableD
         note.add("grants not carried")
     if options:
         note.add(f"storage parameters ({', '.join(options)}) not carried")
-    if replident == "f":
+    if replident == "f" and table.key:  # keyless: carried (create_statements), a reverse workflow needs it
         note.add("REPLICA IDENTITY FULL not carried")
     if conn.execute("SELECT EXISTS (SELECT 1 FROM pg_description WHERE objoid = %s AND classoid = 'pg_class'::regclass)",
                     (oid,)).fetchone()[0]:
@@ -308,15 +308,18 @@ def create_statements(d: TableDefinition, existing_sequences: frozenset[str] = f
         if seq.qualified not in existing_sequences:
             out.append(sql.SQL("CREATE SEQUENCE {} {}").format(sql.Identifier(seq.schema, seq.name), seq.options()))
     defs = [column_sql(c) for c in d.columns]
-    key = sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, d.key)))
-    if d.key_name:
-        key = sql.SQL("CONSTRAINT {} {}").format(sql.Identifier(d.key_name), key)
-    defs.append(key)
+    if d.key:
+        key = sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, d.key)))
+        if d.key_name:
+            key = sql.SQL("CONSTRAINT {} {}").format(sql.Identifier(d.key_name), key)
+        defs.append(key)
     partitioned = sql.SQL(" PARTITION BY {}").format(sql.SQL(d.partition_by)) if d.partition_by else sql.SQL("")
     out.append(sql.SQL("CREATE TABLE {} ({}){}").format(d.ident, sql.SQL(", ").join(defs), partitioned))
     for part in d.partitions:
         out.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(part.schema)))
         out.append(part.statement())
+    if not d.key:  # keyless: as on the source, so that the table can be a source itself after a switch
+        out.append(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(d.ident))
     for seq in d.sequences:
         if seq.owned_by and seq.qualified not in existing_sequences:
             out.append(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(

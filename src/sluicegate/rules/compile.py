@@ -175,6 +175,10 @@ def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema:
             raise UsageError(f"rule {spec.label}: its WHERE is not deterministic ({_sql(condition)}): the copy "
                              f"and the stream would keep different rows")
         needs.update(names.index(r) for r in _references(condition) if r in names)
+    if source.keyless:
+        raise UsageError(f"rule {spec.label}: source table {source.qualified} has no primary key (REPLICA IDENTITY "
+                         f"FULL); a rule's target finds rows by the source's key: move the table without a rule, "
+                         f"or add a primary key on the source")
     key = []
     for k in source.key:
         i = names.index(k)

@@ -91,7 +91,7 @@ def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, hashed_as_text:
     Like a Merkle tree walked on demand: split at every (rows / FANOUT)-th source key, compare the parts'
     summaries, descend into those that differ. One differing row in 200k costs ~1.15 scans, not a copy.
     """
-    if max(source_rows, target_rows) <= ROW_COMPARE_ROWS:
+    if max(source_rows, target_rows) <= ROW_COMPARE_ROWS or table.keyless:  # keyless: no key to split by
         yield lo, hi
         return
     bounds = _split_keys(src, table, lo, hi, max(1, source_rows // FANOUT))
@@ -113,7 +113,7 @@ def _split_keys(conn: psycopg.Connection, table: Table, lo, hi, step: int) -> li
                                 WHERE {range}) s
            WHERE mod(_sg_rn, {step}) = 0 ORDER BY _sg_rn""").format(
         names=keyrange.key_text_names(table), keys=keyrange.key_texts(table), order=keyrange.key_order(table),
-        table=table.ident, range=keyrange.in_range(table, lo, hi),
+        table=table.scan, range=keyrange.in_range(table, lo, hi),
         step=sql.Literal(step))).fetchall()
     return [list(r) for r in rows]
 
@@ -139,6 +139,9 @@ def summary_query(table: Table, lo, hi, text_columns: tuple[str, ...] = ()) -> s
     row = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(c.name)) if c.name in text_columns else sql.Identifier(c.name)
         for c in table.columns)
+    if table.keyless:  # a multiset: equal rows would cancel in a XOR, never in a sum
+        return sql.SQL("SELECT count(*), sum(hash_record_extended(ROW({}), 0)::numeric) FROM {}").format(
+            row, table.scan)
     return sql.SQL("SELECT count(*), bit_xor(hash_record_extended(ROW({}), 0)) FROM {} WHERE {}").format(
         row, table.scan, keyrange.in_range(table, lo, hi))
 
@@ -174,6 +177,8 @@ def join_compare(dst: psycopg.Connection, table: Table, stage: sql.Identifier, l
                  text_columns: tuple[str, ...], sample_size: int, mine: sql.Composable | None = None):
     """The source side (in `stage`) FULL JOINed by key to the target's rows of lo < key <= hi (and `mine`):
     counts of compared/missing/extra/mismatched rows, and the first differing rows as samples."""
+    if table.keyless:
+        return multiset_compare(dst, table, stage, sample_size)
     joined = _joined(table, stage, lo, hi, mine)
     side = sql.Identifier(SIDE)
     s_side, t_side = sql.SQL("s.{}").format(side), sql.SQL("t.{}").format(side)
@@ -200,6 +205,32 @@ def join_compare(dst: psycopg.Connection, table: Table, stage: sql.Identifier, l
         ):
             samples.append({"kind": kind, "key": key, "source": source_row, "target": target_row})
     return {"compared": compared, "missing": missing, "extra": extra, "mismatched": mismatched}, samples
+
+
+def multiset_compare(dst: psycopg.Connection, table: Table, stage: sql.Identifier, sample_size: int):
+    """A table without a key, whole: the source's rows (in `stage`) and the target's as multisets of row values,
+    each row as the text[] of its columns' text forms (both rendered by this session, so types without an
+    equality compare too), counted per value. Missing: copies the source has more of; extra: the target's."""
+    def counted(alias: str, rel: sql.Composable) -> sql.Composable:
+        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(alias, c)) for c in table.column_names)
+        return sql.SQL("SELECT ARRAY[{}]::text[] AS r, count(*) AS n FROM {} AS {} GROUP BY 1").format(
+            cols, rel, sql.Identifier(alias))
+
+    names = sql.SQL("ARRAY[{}]::text[]").format(sql.SQL(", ").join(map(sql.Literal, table.column_names)))
+    diff = sql.SQL("""(SELECT r, COALESCE(s.n, 0) AS sn, COALESCE(t.n, 0) AS tn
+                       FROM ({}) s FULL JOIN ({}) t USING (r) WHERE s.n IS DISTINCT FROM t.n) x""").format(
+        counted("s", stage), counted("t", table.scan))
+    source_rows, missing, extra = dst.execute(sql.SQL(
+        """SELECT (SELECT count(*) FROM {}), COALESCE(sum(GREATEST(sn - tn, 0)), 0),
+                  COALESCE(sum(GREATEST(tn - sn, 0)), 0) FROM {}""").format(stage, diff)).fetchone()
+    samples = []
+    if (missing or extra) and sample_size > 0:
+        for kind, n, row in dst.execute(sql.SQL(
+                """SELECT CASE WHEN sn > tn THEN 'missing' ELSE 'extra' END, abs(sn - tn), jsonb_object({}, r)
+                   FROM {} ORDER BY r LIMIT {}""").format(names, diff, sql.Literal(sample_size))):
+            samples.append({"kind": kind, "key": [], "rows": int(n),
+                            "source": row if kind == "missing" else None, "target": row if kind == "extra" else None})
+    return {"compared": source_rows, "missing": int(missing), "extra": int(extra), "mismatched": 0}, samples
 
 
 def _joined(table: Table, stage: sql.Identifier, lo, hi, mine: sql.Composable | None = None) -> sql.Composable:

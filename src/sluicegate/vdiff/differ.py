@@ -296,7 +296,7 @@ def plan_ranges(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] |
     and walking the whole index for exact bounds would cost as much as a good part of the comparison.
     """
     count = math.ceil(max(estimate, 1) / range_rows)
-    if count <= 1:
+    if count <= 1 or table.keyless:  # keyless: compared whole, as one multiset (compare.multiset_compare)
         return [(lastpk, None)]
     percent = min(100.0, 100.0 * SAMPLED_KEYS_PER_RANGE * count / max(estimate, 1))
     sample = [list(r) for r in snap_conn.execute(

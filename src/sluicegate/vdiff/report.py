@@ -56,8 +56,10 @@ def render(console: Console, report: dict, *, verdict: bool = True) -> None:
         total = t["missing"] + t["extra"] + t["mismatched"]
         console.print(f"{escape(shown_name(name))}: first {count} of {total:,} differing rows")
         for s in t["samples"]:
-            key = ", ".join(s["key"])
-            console.print(f"  {s['kind']:<10} key ({escape(key)})")
+            if s["key"]:
+                console.print(f"  {s['kind']:<10} key ({escape(', '.join(s['key']))})")
+            else:  # a table without a key: rows match by value, and this one differs in count
+                console.print(f"  {s['kind']:<10} {s.get('rows', 1)} row(s) equal to")
             source, target = s["source"], s["target"]
             if source is not None and target is not None:  # a mismatch: just the columns that differ
                 cols = [c for c in source if source[c] != target.get(c)] or list(source)

@@ -62,6 +62,8 @@ def plan_cycle(snap_conn: psycopg.Connection, table: Table, lastpk: list[str] | 
     (`_plan_by_value`), into a multiple of `slots` ranges (the tasks Spark runs at once) so that no slot idles
     through the last wave (_tasks).
     """
+    if table.keyless:
+        return _plan_keyless(snap_conn, table, chunk_rows, slots)
     fast = (_plan_by_pages(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots) if by_pages else None) \
         or _plan_by_value(snap_conn, table, lastpk, cycle_rows, chunk_rows, slots)
     if fast is not None:
@@ -143,6 +145,20 @@ def _plan_by_pages(snap_conn: psycopg.Connection, table: Table, lastpk: list[str
     n = max(1, min(_tasks(est, chunk_rows, slots), pages))
     bounds = [pages * i // n for i in range(n)] + [None]
     return CyclePlan([], list(last), est, True, pages=list(itertools.pairwise(bounds)))
+
+
+def _plan_keyless(snap_conn: psycopg.Connection, table: Table, chunk_rows: int, slots: int) -> CyclePlan:
+    """A table without a key in one cycle, whatever its size: there is no lastpk to resume from (a ctid moves
+    when its row is updated), so the snapshot brings every row at once, split by heap pages (TID range scans,
+    PostgreSQL 14+; before, one task) into tasks Spark runs in parallel. A cycle that does not finish is redone
+    from an empty table (engine.py: clear_above with no lastpk empties it in the transaction that starts the
+    cycle). The table is done (and lastpk stays None): its changes after the snapshot all apply."""
+    est, pages = _estimate(snap_conn, table)
+    if est is None:  # never analyzed: the pages say how much there is, at about 100 rows each
+        est = pages * 100
+    n = max(1, min(_tasks(est, chunk_rows, slots), pages)) if snap_conn.info.server_version >= 140000 else 1
+    bounds = [pages * i // n for i in range(n)] + [None]
+    return CyclePlan([], None, est, True, pages=list(itertools.pairwise(bounds)))
 
 
 def _estimate(snap_conn: psycopg.Connection, table: Table) -> tuple[int | None, int]:

@@ -55,6 +55,9 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
             described = catalog.exclude_tables(described, exclude)
             compiled = _compile_rules(src, specs, described, kind, udfs) if specs else {}
+            if compiled:  # rules replay the whole stream through Spark SQL, row by key (rule_player.py)
+                catalog.refuse_keyless(described, "a workflow with rules applies changes by key; move it in a "
+                                                  "workflow without --rule")
             if kind == "Materialize":
                 described = [rule.source for rule in compiled.values()]
             if not superuser:

@@ -77,6 +77,8 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = (conn, superuser)
         described = catalog.exclude_tables(catalog.resolve_tables(sources[first][0], tables), exclude)
+        catalog.refuse_keyless(described, "Reshard routes rows by a sharding column of a key; add a primary key "
+                                          "on the source, or leave the table out with --exclude-tables")
         for shard, (conn, superuser) in sources.items():
             _check_same_tables(shard, conn, described, first)
             if not superuser:
