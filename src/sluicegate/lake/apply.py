@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..errors import TerminalError
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
-from .types import arrow_schema, convert_column
+from .types import SPECIAL, arrow_schema, convert_columns
 
 OP = "_op"
 
@@ -95,7 +95,7 @@ class NetEffect:
             for i in kept:
                 flags[i].append(i in keep)
         schema = arrow_schema(table)
-        arrays = [convert_column(c, columns[i]) for i, c in enumerate(table.columns)]
+        arrays = convert_columns(table, columns)
         fields = list(schema)
         arrays.append(pa.array(ops, pa.string()))
         fields.append(pa.field(OP, pa.string(), nullable=False))
@@ -126,6 +126,9 @@ def merge_clauses(table: Table, source: pa.Table | pa.Schema,
             updates[col] = f"CASE WHEN s.{quote(_flag(i))} THEN {own} ELSE s.{col} END"
         else:
             updates[col] = f"s.{col}"
+    if SPECIAL in names:
+        # (a column a row keeps, unchanged TOAST, keeps its value; an entry of it in `_sg_special` is not kept)
+        updates[quote(SPECIAL)] = inserts[quote(SPECIAL)] = f"s.{quote(SPECIAL)}"
     return predicate, updates, inserts
 
 

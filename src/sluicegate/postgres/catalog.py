@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import psycopg
@@ -39,6 +39,9 @@ class Table:
     enums: tuple[EnumType, ...] = ()
     estimated_rows: int = 0
     inherited: bool = False  # a plain table with inheritance children, which are tables of their own
+    # describe_types(): the columns' types' structure (composites' attributes, array elements, ...) for
+    # targets that map types without a database (Delta); None in descriptions made before it was kept
+    types: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def qualified(self) -> str:
@@ -76,6 +79,7 @@ class Table:
             "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
                         for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
+            **({"types": self.types} if self.types is not None else {}),
         }
 
     @classmethod
@@ -85,6 +89,7 @@ class Table:
             estimated_rows=d.get("estimated_rows", 0), inherited=d.get("inherited", False),
             columns=tuple(Column(*c) for c in d["columns"]),
             enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
+            types=d.get("types"),
         )
 
 
@@ -288,7 +293,8 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
     if reltuples < 0:  # never analyzed: count, so progress has a total
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
             sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
-    return Table(schema, name, columns, key, enums, int(reltuples), inherited=kind == "r" and children)
+    return Table(schema, name, columns, key, enums, int(reltuples), inherited=kind == "r" and children,
+                 types=describe_types(conn, oid))
 
 
 def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
@@ -344,14 +350,54 @@ def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType,
         ).fetchone()
         schema, name, kind, labels = row
         if kind != "e":
-            raise UsageError(
-                f"column {c.name} of {qualified} has type {c.type_sql}, which Sluicegate cannot move yet "
-                f"(built-in types, arrays and enums are supported): leave the table out with --tables"
-            )
+            continue  # composite, domain, range and extension types: carried by their text form
         enum = EnumType(schema, name, tuple(labels))
         if enum not in found:
             found.append(enum)
     return tuple(found)
+
+
+def describe_types(conn: psycopg.Connection, oid: int) -> dict:
+    """The structure of table `oid`'s column types, as JSON: {"oids": {oid: type}, "dims": {column: n}}, a
+    type being {"kind": typtype, "name", "schema", "elem" and "delim" (arrays), "base" and "basemod"
+    (domains), "attrs": [[name, oid, typmod, ndims]] (composites), "sub" (ranges), "range" (multiranges)},
+    followed down to the built-in base types."""
+    dims = dict(conn.execute(
+        """SELECT attname, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
+             AND attndims > 1""", (oid,)).fetchall())
+    todo = {r[0] for r in conn.execute(
+        "SELECT atttypid::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (oid,)).fetchall()}
+    oids: dict[str, dict] = {}
+    while todo:
+        rows = conn.execute(
+            """SELECT t.oid::int, t.typtype, t.typname, n.nspname,
+                      CASE WHEN t.typcategory = 'A' THEN t.typelem::int END, t.typdelim,
+                      t.typbasetype::int, t.typtypmod, r.rngsubtype::int, mr.rngtypid::int,
+                      (SELECT json_agg(json_build_array(a.attname, a.atttypid::int, a.atttypmod, a.attndims)
+                                       ORDER BY a.attnum)
+                       FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped)
+               FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+               LEFT JOIN pg_range r ON r.rngtypid = t.oid LEFT JOIN pg_range mr ON mr.rngmultitypid = t.oid
+               WHERE t.oid = ANY(%s)""", (sorted(todo),)).fetchall()
+        todo = set()
+        for toid, kind, name, schema, elem, delim, base, basemod, sub, rng, attrs in rows:
+            desc = {"kind": kind, "name": name, "schema": schema}
+            if elem:
+                desc.update(elem=elem, delim=delim)
+            if kind == "d":
+                desc.update(base=base, basemod=basemod)
+            if kind == "c":
+                desc["attrs"] = attrs or []
+            if sub:
+                desc["sub"] = sub
+            if rng:
+                desc["range"] = rng
+            oids[str(toid)] = desc
+            todo |= {o for o in (elem, base if kind == "d" else None, sub, rng) if o}
+            todo |= {a[1] for a in attrs or []} if kind == "c" else set()
+        todo -= {int(o) for o in oids}
+    return {"oids": oids, "dims": dims}
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
