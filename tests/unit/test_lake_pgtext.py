@@ -144,7 +144,7 @@ TYPES = {"oids": {
     "3904": {"kind": "r", "name": "int4range", "sub": 23}, "3910": {"kind": "r", "name": "tstzrange", "sub": 1184},
     "4451": {"kind": "m", "name": "int4multirange", "range": 3904},
     "20006": {"kind": "d", "name": "posint", "base": 23, "basemod": -1},
-}, "dims": {"grid": 2}}
+}, "dims": {"grid": 2}, "columns": ["a", "grid", "c", "h", "r", "m", "g", "i", "d", "e", "t", "id", "n"]}
 RANGE = pa.struct([("lower", pa.int32()), ("upper", pa.int32()), ("lower_inclusive", pa.bool_()),
                    ("upper_inclusive", pa.bool_()), ("empty", pa.bool_())])
 
@@ -170,6 +170,9 @@ def test_mapped_types(column, want):
 
 def test_legacy_description_keeps_text():
     assert arrow_type(col("a", 1007)) == pa.string() and arrow_type(col("i", 1186)) == pa.string()
+    # a column added after the description was made: the first mapping too
+    assert arrow_type(col("added", 1007), TYPES) == pa.string()
+    assert arrow_type(col("added", 1082), TYPES) == pa.date32()
 
 
 def test_values_converted():
@@ -234,3 +237,13 @@ def test_legacy_table_without_special_stops_with_a_way_out():
     assert SPECIAL not in arrow_schema(t).names
     with pytest.raises(TerminalError, match="re-create the workflow"):
         record_batch(t, [("1", "NaN", None, None)])
+
+
+@pytest.mark.parametrize("text", ["2024-01-02 03:04:05.123456+00", "1999-12-31 23:59:59", "0001-01-01 00:00:00+00",
+                                  "2024-02-29 12:00:00.5+05:30", "1969-12-31 23:59:59.999999"])
+def test_fast_path_agrees_with_the_arithmetic(text):
+    from sluicegate.lake import types
+
+    assert types._timestamp(text) == pgtext.parse_timestamp(text)
+    day = text[:10]
+    assert types._date(day) == pgtext.parse_date(day)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
 
@@ -205,8 +206,16 @@ def _range_value(sub: Callable, parsed: tuple) -> dict:
             "lower_inclusive": lo_inc, "upper_inclusive": hi_inc, "empty": empty}
 
 
+def _described(column: Column, types: dict | None) -> dict | None:
+    """`types` if it describes the column, else None (the first mapping): a column added to the source
+    after the description was made."""
+    if types is None or column.name not in types.get("columns", ()):
+        return None
+    return types
+
+
 def arrow_type(column: Column, types: dict | None = None) -> pa.DataType:
-    m = _Mapper(types)
+    m = _Mapper(_described(column, types))
     return m.arrow(column.type_oid, column.typmod, m.dims.get(column.name, 0))
 
 
@@ -247,7 +256,17 @@ def _decimal(text: str):
     return value
 
 
+_EPOCH_ORDINAL = 719163  # date(1970, 1, 1).toordinal()
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
 def _date(text: str) -> int:
+    try:  # the common case, in C; BC, years past 9999 and infinities by pgtext's arithmetic
+        return date.fromisoformat(text).toordinal() - _EPOCH_ORDINAL
+    except ValueError:
+        pass
     days = pgtext.parse_date(text)
     if days == pgtext.INFINITY:
         return DATE_INFINITY
@@ -259,6 +278,11 @@ def _date(text: str) -> int:
 
 
 def _timestamp(text: str) -> int:
+    try:  # as _date
+        at = datetime.fromisoformat(text)
+        return (at - (_EPOCH_UTC if at.tzinfo else _EPOCH)) // _US
+    except ValueError:
+        pass
     micros = pgtext.parse_timestamp(text)
     if micros == pgtext.INFINITY:
         return TS_INFINITY
@@ -276,7 +300,7 @@ def _interval(text: str) -> dict:
 
 def converter(column: Column, types: dict | None = None) -> Callable[[str], object]:
     """PostgreSQL's text of a non-null value -> the Python value Arrow stores for `arrow_type(column)`."""
-    m = _Mapper(types)
+    m = _Mapper(_described(column, types))
     return m.convert(column.type_oid, column.typmod, m.dims.get(column.name, 0))
 
 

@@ -358,16 +358,18 @@ def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType,
 
 
 def describe_types(conn: psycopg.Connection, oid: int) -> dict:
-    """The structure of table `oid`'s column types, as JSON: {"oids": {oid: type}, "dims": {column: n}}, a
+    """The structure of table `oid`'s column types, as JSON: {"oids": {oid: type}, "dims": {column: n},
+    "columns": [the columns described]}, a
     type being {"kind": typtype, "name", "schema", "elem" and "delim" (arrays), "base" and "basemod"
     (domains), "attrs": [[name, oid, typmod, ndims]] (composites), "sub" (ranges), "range" (multiranges)},
     followed down to the built-in base types."""
     dims = dict(conn.execute(
         """SELECT attname, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
              AND attndims > 1""", (oid,)).fetchall())
-    todo = {r[0] for r in conn.execute(
-        "SELECT atttypid::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-        (oid,)).fetchall()}
+    described = conn.execute(
+        """SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
+             AND attgenerated = '' ORDER BY attnum""", (oid,)).fetchall()
+    todo = {r[1] for r in described}
     oids: dict[str, dict] = {}
     while todo:
         rows = conn.execute(
@@ -397,7 +399,7 @@ def describe_types(conn: psycopg.Connection, oid: int) -> dict:
             todo |= {o for o in (elem, base if kind == "d" else None, sub, rng) if o}
             todo |= {a[1] for a in attrs or []} if kind == "c" else set()
         todo -= {int(o) for o in oids}
-    return {"oids": oids, "dims": dims}
+    return {"oids": oids, "dims": dims, "columns": [r[0] for r in described]}
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
