@@ -57,7 +57,8 @@ CREATE TABLE kinds (
 );
 CREATE SCHEMA "Sales Dept";
 CREATE TABLE "Sales Dept"."Order Items" (id int PRIMARY KEY, code char(5), addr inet);
-CREATE TABLE keyed (k inner_t PRIMARY KEY, tags text[], v int);
+CREATE TABLE keyed (k inner_t PRIMARY KEY, tags text[], v int, big int[]);
+ALTER TABLE keyed ALTER big SET STORAGE EXTERNAL;
 """
 
 # Every nullable column NULL in some rows (a different residue per column), edge values in others.
@@ -105,6 +106,8 @@ FROM generate_series(1, {ROWS}) g;
 UPDATE kinds SET ints = '[2:3]={{7,8}}', grid = '{{1,2}}' WHERE id = 20;
 INSERT INTO "Sales Dept"."Order Items" VALUES (1, 'ab', '10.0.0.1'), (2, 'abcde', '10.0.0.0/24');
 INSERT INTO keyed SELECT ROW('k ' || g, g)::inner_t, ARRAY[g::text], g FROM generate_series(1, 50) g;
+UPDATE keyed SET big = array_fill(7, ARRAY[3000], ARRAY[0]) WHERE (k).n <= 5;
+UPDATE keyed SET big = array_fill(8, ARRAY[3000]) WHERE (k).n BETWEEN 6 AND 10;
 """
 
 # Replicated: new rows, every column of some rows updated (to NULL, to edge values, and back), deletes.
@@ -268,6 +271,10 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
     assert keyed == sorted(want_keyed, key=lambda r: (r["k"]["n"], r["k"]["x"] or "")) and len(keyed) == 46
     assert keyed[0]["k"] == {"x": None, "n": 0} and keyed[1]["tags"] == ["1", "x", None]
     assert keyed[11]["k"] == {"x": "moved", "n": 11}
+    # an update left these TOASTed arrays unchanged (not sent): kept, a list or its `_sg_special` text
+    assert keyed[1]["v"] == -1 and keyed[1]["big"] is None
+    assert [k for k, _ in keyed[1][SPECIAL]] == ["big"] and keyed[1][SPECIAL][0][1].startswith("[0:2999]={7,7,")
+    assert keyed[6]["v"] == -6 and keyed[6]["big"] == [8] * 3000 and keyed[6][SPECIAL] is None
 
     # The table named with spaces: copied and streamed values spelled alike, read by arrow and by the vdiff
     items = sorted(got["Sales Dept.Order Items"].to_pylist(), key=lambda r: r["id"])

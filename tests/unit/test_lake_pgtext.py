@@ -247,3 +247,32 @@ def test_fast_path_agrees_with_the_arithmetic(text):
     assert types._timestamp(text) == pgtext.parse_timestamp(text)
     day = text[:10]
     assert types._date(day) == pgtext.parse_date(day)
+
+
+def test_a_kept_toasted_column_keeps_its_special_entry(tmp_path):
+    """An update that does not carry an unchanged TOASTed column keeps the column's value and its
+    `_sg_special` entry; the row's other entries are the update's."""
+    from deltalake import DeltaTable
+
+    from sluicegate.lake.apply import NetEffect, merge
+    from sluicegate.postgres.pgoutput import UNCHANGED
+
+    t = table()
+    DeltaTable.create(str(tmp_path), arrow_schema(t))
+    first = NetEffect(t)
+    first.insert(("1", "NaN", "[0:1]={1,2}", "2024-01-01"))
+    first.insert(("2", "1.00", "{1}", None))
+    first.insert(("3", "NaN", "{5}", None))
+    merge(DeltaTable(str(tmp_path)), t, first, "sluicegate:w", 1)
+    second = NetEffect(t)
+    second.update(None, ("1", "2.50", UNCHANGED, None))  # n's entry goes, a's stays
+    second.update(None, ("2", "NaN", UNCHANGED, None))  # a kept, with no entry: n's new one
+    second.update(None, ("3", "NaN", "{{1}}", None))  # nothing kept
+    merge(DeltaTable(str(tmp_path)), t, second, "sluicegate:w", 2)
+    import pyarrow.dataset as ds
+
+    rows = {r["id"]: r for r in ds.dataset(DeltaTable(str(tmp_path)).file_uris()).to_table().to_pylist()}
+    assert rows[1]["n"] == Decimal("2.50") and rows[1]["a"] is None
+    assert rows[1][SPECIAL] == [("a", "[0:1]={1,2}")]
+    assert rows[2]["a"] == [1] and rows[2][SPECIAL] == [("n", "NaN")]
+    assert rows[3][SPECIAL] == [("n", "NaN"), ("a", "{{1}}")]

@@ -219,6 +219,14 @@ def arrow_type(column: Column, types: dict | None = None) -> pa.DataType:
     return m.arrow(column.type_oid, column.typmod, m.dims.get(column.name, 0))
 
 
+def may_be_special(column: Column, types: dict | None) -> bool:
+    """A value of the column may be one its Arrow type cannot hold (text, bytes, booleans, integers and
+    floats always fit)."""
+    dtype = arrow_type(column, types)
+    return not (pa.types.is_string(dtype) or pa.types.is_binary(dtype) or pa.types.is_boolean(dtype)
+                or pa.types.is_integer(dtype) or pa.types.is_floating(dtype))
+
+
 def has_special(table: Table) -> bool:
     """The table has the `_sg_special` column (every table described with its types' structure)."""
     return table.types is not None
