@@ -63,7 +63,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
                              f"remove it or name another target")
     if notes is not None:
         for q, cols in left_out.items():
-            notes.append(f"table {q}: stored generated column{'s' if len(cols) > 1 else ''} {', '.join(cols)} "
+            notes.append(f"table {q}: generated column{'s' if len(cols) > 1 else ''} {', '.join(cols)} "
                          f"left out of its Delta table (logical replication does not send them); compute "
                          f"{'them' if len(cols) > 1 else 'it'} in the reader")
     lines = []
@@ -83,14 +83,15 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
 
 
 def generated_columns(conn, tables) -> dict[str, list[str]]:
-    """{table: its stored generated columns}, for the tables that have any (describe_table leaves them out)."""
+    """{table: its generated columns (stored, and PostgreSQL 18's virtual ones)}, for the tables that have any
+    (describe_table leaves them out)."""
     from psycopg import sql
 
     out = {}
     for t in tables:
         rows = conn.execute(
             sql.SQL("""SELECT attname FROM pg_attribute WHERE attrelid = {}::regclass AND attnum > 0
-                       AND NOT attisdropped AND attgenerated = 's' ORDER BY attnum""").format(
+                       AND NOT attisdropped AND attgenerated <> '' ORDER BY attnum""").format(
                 sql.Literal(t.ident.as_string(conn)))).fetchall()
         if rows:
             out[t.qualified] = [r[0] for r in rows]

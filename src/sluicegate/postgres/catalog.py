@@ -358,17 +358,16 @@ def _enums(conn, columns: tuple[Column, ...], qualified: str) -> tuple[EnumType,
 
 
 def describe_types(conn: psycopg.Connection, oid: int) -> dict:
-    """The structure of table `oid`'s column types, as JSON: {"oids": {oid: type}, "dims": {column: n},
-    "columns": [the columns described]}, a
-    type being {"kind": typtype, "name", "schema", "elem" and "delim" (arrays), "base" and "basemod"
-    (domains), "attrs": [[name, oid, typmod, ndims]] (composites), "sub" (ranges), "range" (multiranges)},
-    followed down to the built-in base types."""
-    dims = dict(conn.execute(
-        """SELECT attname, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
-             AND attndims > 1""", (oid,)).fetchall())
+    """The structure of table `oid`'s column types, followed down to base types, as JSON:
+    {"oids": {oid: type}, "dims": {column: declared array dimensions, when over 1}, "columns": [names]}, a type
+    being {"kind": typtype, "name", "schema"} and, as it applies, "elem" and "delim" (arrays), "base" and
+    "basemod" (domains), "attrs": [[name, oid, typmod, ndims]] (composites), "sub" (ranges), "range"
+    (multiranges)."""
     described = conn.execute(
-        """SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
-             AND attgenerated = '' ORDER BY attnum""", (oid,)).fetchall()
+        """SELECT attname, atttypid::int, attndims FROM pg_attribute
+           WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum""",
+        (oid,)).fetchall()
+    dims = {name: n for name, _, n in described if n > 1}
     todo = {r[1] for r in described}
     oids: dict[str, dict] = {}
     while todo:
