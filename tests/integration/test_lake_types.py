@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from datetime import date
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -161,6 +163,40 @@ def duckdb_connect():
     return con
 
 
+class KindsWriter(threading.Thread):
+    """Writes while the copy runs (caught up between its cycles): updates of nested, range, interval and date
+    columns of rows 200-300, and new rows (ids from 1001) copied from others."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop_event = threading.Event()
+        self.commits = self.inserted = 0
+        self.error = None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url, autocommit=True) as c:
+                n = 0
+                while not self.stop_event.is_set():
+                    n += 1
+                    with c.transaction():
+                        c.execute("""UPDATE kinds SET ints = ints || %(n)s, h = coalesce(h, '') || hstore('w', %(n)s::text),
+                                     comp.a = %(n)s, iv = iv + interval '1 day 1 us', d = d + 1, r4 = int4range(%(n)s, NULL),
+                                     n = CASE WHEN %(n)s %% 5 = 0 THEN 'NaN' ELSE %(n)s / 7.0 END
+                                     WHERE id = 200 + %(n)s %% 101""", {"n": n})
+                        c.execute("""INSERT INTO kinds (id, ints, texts, nums, moods, grid, comp, comps, pos, h, r4, r8, rn,
+                                       rd, rts, rtz, mr, geom, geog, j, jb, x, iv, d, ts, tz, n, c5, ip)
+                                     SELECT 1000 + %(n)s, ints, texts, nums, moods, grid, comp, comps, pos, h, r4, r8, rn,
+                                       rd, rts, rtz, mr, geom, geog, j, jb, x, iv, d, ts, tz, n, c5, ip
+                                     FROM kinds WHERE id = %(n)s %% 300 + 1""", {"n": n})
+                    self.commits += 1
+                    self.inserted += 1
+                    self.stop_event.wait(0.01)  # an application's pace, not a bulk load
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
 def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
     if not pair.src("SELECT 1 FROM pg_available_extensions WHERE name = 'postgis'"):
         if os.environ.get("CI"):
@@ -174,14 +210,22 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
     target = f"delta:{root}"
     notes: list[str] = []
     moved, _ = lake.create(W, pair.source, target, ["kinds", "keyed", '"Sales Dept"."Order Items"'], None, [],
-                           {"slice_seconds": 1}, notes)
+                           {"slice_seconds": 1, "cycle_rows": 100, "chunk_rows": 50}, notes)
     assert sorted(moved) == ["Sales Dept.Order Items", "public.keyed", "public.kinds"]
     assert any("public.kinds" in n and "gen" in n for n in notes), notes
 
     store = Store(root)
     engine = LakeEngine(target, W, SparkRunner(spark))
-    wait_for(lambda: store.load(W).first_point or engine.step(store.load(W)), timeout=120,
-             what="the copy and the first consistent point")
+    writer = KindsWriter(pair.source)
+    writer.start()
+    try:
+        wait_for(lambda: store.load(W).first_point or engine.step(store.load(W)), timeout=120,
+                 what="the copy and the first consistent point")
+    finally:
+        writer.stop_event.set()
+        writer.join()
+    assert writer.error is None and writer.commits > 5, (writer.error, writer.commits)
+    extra = writer.inserted
     pair.src(CHANGES)
     flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
     wait_for(lambda: store.load(W).position >= flushed or engine.step(store.load(W)), timeout=90,
@@ -201,7 +245,7 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
     assert pa.types.is_map(schema.field("h").type)
     assert schema.field("geom").type == pa.binary() and schema.field("pos").type == pa.int32()
     assert "gen" not in schema.names
-    assert kinds.num_rows == want.num_rows == ROWS + 60 - 20
+    assert kinds.num_rows == want.num_rows == ROWS + 60 - 20 + extra
     same = kinds.select(want.schema.names).cast(want.schema)
     for name in want.schema.names:  # (dates and timestamps compared as stored: the sentinels have no Python form)
         assert same.column(name).equals(want.column(name)), name
@@ -235,7 +279,7 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
                                  [uri]).fetchall())
         assert types["ints"] == "INTEGER[]" and types["h"] == "MAP(VARCHAR, VARCHAR)"
         assert types["comp"].startswith("STRUCT(") and types["geom"] == "BLOB"
-        assert con.execute("SELECT count(*) FROM delta_scan(?)", [uri]).fetchone()[0] == ROWS + 40
+        assert con.execute("SELECT count(*) FROM delta_scan(?)", [uri]).fetchone()[0] == ROWS + 40 + extra
         assert con.execute("SELECT comp.inner_t.x, h['k'], ints[1], tz::varchar, d FROM delta_scan(?) "
                            "WHERE id = 3", [uri]).fetchone() == ('x "3", (y)', "3", 3, "2024-01-01 00:00:03+00",
                                                               date(2024, 1, 4))
@@ -282,7 +326,7 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
 
     report = vdiff.run(W, target, SparkRunner(spark))
     assert report["equal"], report
-    assert report["tables"]["public.kinds"]["rows_compared"] == ROWS + 40
+    assert report["tables"]["public.kinds"]["rows_compared"] == ROWS + 40 + extra
     assert report["tables"]["Sales Dept.Order Items"]["rows_compared"] == 4
     assert report["tables"]["public.keyed"]["rows_compared"] == 46
 
