@@ -29,6 +29,11 @@ def parse_array(text: str, delim: str = ",") -> tuple[list, int]:
         raise Unrepresentable(f"array with explicit bounds {text.partition('=')[0]}")
     if not text.startswith("{"):
         raise ValueError(f"not an array: {text[:40]!r}")
+    if '"' not in text and "\\" not in text and text.rfind("{") == 0 and text.find("}") == len(text) - 1:
+        # one dimension, nothing quoted (the common case): a split ("NULL" unquoted is always NULL)
+        if len(text) == 2:
+            return [], 0
+        return [None if v == "NULL" else v for v in text[1:-1].split(delim)], 1
     value, end, dims = _array_level(text, 0, delim)
     if end != len(text):
         raise ValueError(f"trailing text after array: {text[end:end + 20]!r}")
@@ -95,6 +100,8 @@ def parse_composite(text: str) -> list[str | None]:
     """'(1,"a b",,"")' -> ['1', 'a b', None, '']: an unquoted empty field is NULL, "" the empty string."""
     if not (text.startswith("(") and text.endswith(")")):
         raise ValueError(f"not a composite value: {text[:40]!r}")
+    if '"' not in text and "\\" not in text:  # nothing quoted: a split
+        return [v or None for v in text[1:-1].split(",")]
     fields: list[str | None] = []
     i, end = 1, len(text) - 1
     while True:
