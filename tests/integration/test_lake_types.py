@@ -11,6 +11,7 @@ import glob
 import os
 import threading
 from datetime import date
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -255,6 +256,21 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
         pa.schema([("id", pa.int32()), ("d", pa.int32()), ("ts", pa.int64()), ("tz", pa.int64())])).to_pylist()}
     # edge values precisely
     assert by_id[3]["texts"] == ["a b", "NULL", None, 'q"u\\o,te{}', "", "3"]
+    assert by_id[3]["comps"] == [{"x": "a,b", "n": 1}, None, {"x": None, "n": None}]
+    assert by_id[3]["comp"] == {"a": 3, "inner_t": {"x": 'x "3", (y)', "n": 3}, "tags": ["t", None]}
+    assert by_id[3]["h"] == [("k", "3"), ("n", None), ('q"', "v w")]
+    assert by_id[3]["nums"] is None and by_id[4]["nums"] == [Decimal("0.57"), None]
+    assert by_id[3]["moods"] == ["happy", "sad"]
+    assert by_id[3]["grid"] == [[3, 1], [None, 2]] and by_id[3]["pos"] == 3
+    assert by_id[3]["rn"] == {"lower": "1.00000000000000000000", "upper": "3", "lower_inclusive": True,
+                              "upper_inclusive": False, "empty": False}
+    assert by_id[3]["mr"] == [{"lower": 1, "upper": 3, "lower_inclusive": True, "upper_inclusive": False,
+                               "empty": False},
+                              {"lower": 8, "upper": None, "lower_inclusive": True, "upper_inclusive": False,
+                               "empty": False}]
+    assert by_id[3]["iv"] == {"months": 3 * 12 + 2, "days": -3, "microseconds": (4 * 3600 + 5 * 60) * 10**6 + 3000}
+    assert by_id[3]["jb"] == '{"a": [1, 2], "g": 3}' and by_id[4]["x"] == "<e>4</e>"
+    assert by_id[3]["geog"] == bytes.fromhex("0101000020E6100000000000000000F03F0000000000000840")
     assert by_id[81]["ints"] == [1, None] and by_id[81]["texts"] == ["\\", None, "NULL"]
     assert by_id[81]["grid"] is None and ("grid", "{{{1}},{{NULL}}}") in by_id[81][SPECIAL]
     assert ("nums", "{NaN}") in by_id[81][SPECIAL] and ("n", "NaN") in by_id[81][SPECIAL]

@@ -276,3 +276,9 @@ def test_a_kept_toasted_column_keeps_its_special_entry(tmp_path):
     assert rows[1][SPECIAL] == [("a", "[0:1]={1,2}")]
     assert rows[2]["a"] == [1] and rows[2][SPECIAL] == [("n", "NaN")]
     assert rows[3][SPECIAL] == [("n", "NaN"), ("a", "{{1}}")]
+
+
+def test_a_key_without_a_delta_form_stops_naming_the_way_out():
+    t = Table("public", "t", (Column("k", "numeric(10,2)", 1700, True, None, numeric(10, 2)),), ("k",), types=TYPES)
+    with pytest.raises(TerminalError, match="column k .*cannot key a row by it"):
+        record_batch(t, [("NaN",)])

@@ -315,8 +315,11 @@ def converter(column: Column, types: dict | None = None) -> Callable[[str], obje
 def _terminal(table: Table, column: Column, dtype, exc) -> Exception:
     from ..errors import TerminalError
 
-    return TerminalError(f"table {table.qualified} column {column.name} ({column.type_sql}): a value has no {dtype} "
-                         f"form ({exc}); a Delta table made before `{SPECIAL}` was kept cannot hold it: re-create "
+    where = f"table {table.qualified} column {column.name} ({column.type_sql}): a value has no {dtype} form ({exc})"
+    if column.name in table.key:  # a key must be a value of its column: it finds the row
+        return TerminalError(f"{where}; a Delta table cannot key a row by it: leave the table out "
+                             f"(--exclude-tables), or key it by another column on the source")
+    return TerminalError(f"{where}; a Delta table made before `{SPECIAL}` was kept cannot hold it: re-create "
                          f"the workflow to copy the table again")
 
 
