@@ -71,27 +71,20 @@ def _array_level(text: str, i: int, delim: str) -> tuple[list, int, int]:
         i += 1
 
 
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.|"")*)"', re.DOTALL)
+_UNESCAPE = re.compile(r'\\(.)|""', re.DOTALL)
+
+
 def _quoted(text: str, i: int) -> tuple[str, int]:
     """A double-quoted element at text[i]: backslash escapes the next character (array, hstore, range
     output), "" is one quote (composite and range output). Returns (text, index after the closing quote)."""
-    out = []
-    i += 1
-    while True:
-        if i >= len(text):
-            raise ValueError("unterminated quoted value")
-        ch = text[i]
-        if ch == "\\":
-            out.append(text[i + 1])
-            i += 2
-        elif ch == '"':
-            if text.startswith('"', i + 1):
-                out.append('"')
-                i += 2
-            else:
-                return "".join(out), i + 1
-        else:
-            out.append(ch)
-            i += 1
+    m = _QUOTED.match(text, i)
+    if m is None:
+        raise ValueError("unterminated quoted value")
+    body = m.group(1)
+    if "\\" in body or '""' in body:
+        body = _UNESCAPE.sub(lambda e: e.group(1) or '"', body)
+    return body, m.end()
 
 
 # --- composites -------------------------------------------------------------------------------------------------
