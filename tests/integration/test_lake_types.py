@@ -59,7 +59,9 @@ CREATE TABLE kinds (
   gen int GENERATED ALWAYS AS (id * 2) STORED
 );
 CREATE SCHEMA "Sales Dept";
-CREATE TABLE "Sales Dept"."Order Items" (id int PRIMARY KEY, code char(5), addr inet);
+CREATE DOMAIN code5 AS char(5);
+CREATE DOMAIN host AS inet;
+CREATE TABLE "Sales Dept"."Order Items" (id int PRIMARY KEY, code char(5), addr inet, dcode code5, daddr host);
 CREATE TABLE keyed (k inner_t PRIMARY KEY, tags text[], v int, big int[]);
 ALTER TABLE keyed ALTER big SET STORAGE EXTERNAL;
 """
@@ -107,7 +109,8 @@ SELECT g,
   CASE WHEN g % 19 = 6 THEN NULL ELSE ('10.0.' || (g % 250) || '.1')::inet END
 FROM generate_series(1, {ROWS}) g;
 UPDATE kinds SET ints = '[2:3]={{7,8}}', grid = '{{1,2}}' WHERE id = 20;
-INSERT INTO "Sales Dept"."Order Items" VALUES (1, 'ab', '10.0.0.1'), (2, 'abcde', '10.0.0.0/24');
+INSERT INTO "Sales Dept"."Order Items" VALUES (1, 'ab', '10.0.0.1', 'ab', '10.0.0.1'),
+  (2, 'abcde', '10.0.0.0/24', 'abcde', '10.0.0.0/24');
 INSERT INTO keyed SELECT ROW('k ' || g, g)::inner_t, ARRAY[g::text], g FROM generate_series(1, 50) g;
 UPDATE keyed SET big = array_fill(7, ARRAY[3000], ARRAY[0]) WHERE (k).n <= 5;
 UPDATE keyed SET big = array_fill(8, ARRAY[3000]) WHERE (k).n BETWEEN 6 AND 10;
@@ -132,7 +135,8 @@ UPDATE kinds SET ints = '{{1,NULL}}', texts = '{{"\\\\",NULL,"NULL"}}', nums = '
 UPDATE kinds SET ints = ints || 9, comp.a = -1, h = h || hstore('new', 'v'), n = 1.5, d = '2000-02-29',
   iv = interval '1 day' WHERE id BETWEEN 101 AND 160;
 DELETE FROM kinds WHERE id BETWEEN 161 AND 180;
-INSERT INTO "Sales Dept"."Order Items" VALUES (3, 'ab', '10.0.0.1'), (4, 'abcde', '10.0.0.0/24');
+INSERT INTO "Sales Dept"."Order Items" VALUES (3, 'ab', '10.0.0.1', 'ab', '10.0.0.1'),
+  (4, 'abcde', '10.0.0.0/24', 'abcde', '10.0.0.0/24');
 UPDATE keyed SET v = -v, tags = tags || '{{x,NULL}}'::text[] WHERE (k).n <= 10;
 UPDATE keyed SET k = ROW('moved', (k).n)::inner_t WHERE (k).n BETWEEN 11 AND 15;
 DELETE FROM keyed WHERE (k).n > 45;
@@ -339,6 +343,7 @@ def test_delta_types_copied_and_streamed(pair, spark, tmp_path):
     # The table named with spaces: copied and streamed values spelled alike, read by arrow and by the vdiff
     items = sorted(got["Sales Dept.Order Items"].to_pylist(), key=lambda r: r["id"])
     assert [(r["code"], r["addr"]) for r in items] == [("ab   ", "10.0.0.1"), ("abcde", "10.0.0.0/24")] * 2
+    assert [(r["dcode"], r["daddr"]) for r in items] == [("ab   ", "10.0.0.1"), ("abcde", "10.0.0.0/24")] * 2
 
     report = vdiff.run(W, target, SparkRunner(spark))
     assert report["equal"], report
