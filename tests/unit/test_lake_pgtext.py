@@ -126,7 +126,7 @@ def numeric(p, s):
     return ((p << 16) | s) + 4
 
 
-# Table.types as catalog.describe_types gives it: a composite with a nested composite and an array, hstore,
+# Table.type_tree as catalog.describe_types gives it: a composite with a nested composite and an array, hstore,
 # ranges, arrays of numeric(10,2)/text/enum, geometry
 TYPES = {"oids": {
     "23": {"kind": "b", "name": "int4"}, "25": {"kind": "b", "name": "text"}, "1700": {"kind": "b", "name": "numeric"},
@@ -216,7 +216,7 @@ def table():
     return Table("public", "t", (Column("id", "integer", 23, True, None, -1),
                                  Column("n", "numeric(10,2)", 1700, False, None, numeric(10, 2)),
                                  Column("a", "integer[]", 1007, False, None, -1),
-                                 Column("d", "date", 1082, False, None, -1)), ("id",), types=TYPES)
+                                 Column("d", "date", 1082, False, None, -1)), ("id",), type_tree=TYPES)
 
 
 def test_unrepresentable_values_go_to_special():
@@ -279,6 +279,6 @@ def test_a_kept_toasted_column_keeps_its_special_entry(tmp_path):
 
 
 def test_a_key_without_a_delta_form_stops_naming_the_way_out():
-    t = Table("public", "t", (Column("k", "numeric(10,2)", 1700, True, None, numeric(10, 2)),), ("k",), types=TYPES)
+    t = Table("public", "t", (Column("k", "numeric(10,2)", 1700, True, None, numeric(10, 2)),), ("k",), type_tree=TYPES)
     with pytest.raises(TerminalError, match="column k .*cannot key a row by it"):
         record_batch(t, [("NaN",)])

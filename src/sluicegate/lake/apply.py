@@ -136,12 +136,12 @@ def _special_update(table: Table, names: set[str]) -> str:
     """`_sg_special` of a matched row: the source row's, except that a column the row keeps (unchanged TOAST)
     keeps its entry from the table's row too; entries in column order, as the conversion makes them."""
     sp_s, sp_t = f"s.{quote(SPECIAL)}", f"t.{quote(SPECIAL)}"
-    kept = [(i, c) for i, c in enumerate(table.columns) if _flag(i) in names and may_be_special(c, table.types)]
+    kept = [(i, c) for i, c in enumerate(table.columns) if _flag(i) in names and may_be_special(c, table.type_tree)]
     if not kept:
         return sp_s
     keys, values = [], []
     for i, c in enumerate(table.columns):
-        if not may_be_special(c, table.types):
+        if not may_be_special(c, table.type_tree):
             continue
         name = "'" + c.name.replace("'", "''") + "'"
         entry = f"map_extract({sp_s}, {name})"

@@ -15,7 +15,7 @@ or lower bounds than 1, a date or timestamp past the sentinels) is NULL in its c
 PostgreSQL's exact text, in the table's `_sg_special` map (column name -> text): nothing the source holds
 stops the stream, and nothing is lost.
 
-Tables described before the types' structure was kept (Table.types None) keep the first mapping: only
+Tables described before the types' structure was kept (Table.type_tree None) keep the first mapping: only
 scalars typed, everything else text, no `_sg_special`; their Delta tables were made so.
 """
 
@@ -85,7 +85,7 @@ def _scalar(oid: int, typmod: int | None) -> pa.DataType | None:
 
 
 class _Mapper:
-    """Arrow types and converters of the types in a Table.types description."""
+    """Arrow types and converters of the types in a Table.type_tree description."""
 
     def __init__(self, types: dict | None):
         self.oids = (types or {}).get("oids", {})
@@ -229,12 +229,12 @@ def may_be_special(column: Column, types: dict | None) -> bool:
 
 def has_special(table: Table) -> bool:
     """The table has the `_sg_special` column (every table described with its types' structure)."""
-    return table.types is not None
+    return table.type_tree is not None
 
 
 def arrow_schema(table: Table) -> pa.Schema:
     """The Delta table's schema: the key columns are not nullable; `_sg_special` last."""
-    fields = [pa.field(c.name, arrow_type(c, table.types), nullable=c.name not in table.key) for c in table.columns]
+    fields = [pa.field(c.name, arrow_type(c, table.type_tree), nullable=c.name not in table.key) for c in table.columns]
     if has_special(table):
         fields.append(pa.field(SPECIAL, SPECIAL_TYPE))
     return pa.schema(fields)
@@ -331,8 +331,8 @@ def convert_columns(table: Table, columns: list[list]) -> list[pa.Array]:
     extra: list[list | None] = [None] * rows
     arrays = []
     for column, texts in zip(table.columns, columns):
-        fn = converter(column, table.types)
-        dtype = arrow_type(column, table.types)
+        fn = converter(column, table.type_tree)
+        dtype = arrow_type(column, table.type_tree)
         values = []
         for r, text in enumerate(texts):
             if text is None:
@@ -356,7 +356,7 @@ def convert_columns(table: Table, columns: list[list]) -> list[pa.Array]:
 
 def convert_column(column: Column, texts: list, types: dict | None = None) -> pa.Array:
     """Text values (None for NULL) as one Arrow array of the column's type (no `_sg_special` fallback)."""
-    table = Table("", "", (column,), (), types=None if types is None else types)
+    table = Table("", "", (column,), (), type_tree=None if types is None else types)
     fn = converter(column, types)
     dtype = arrow_type(column, types)
     try:

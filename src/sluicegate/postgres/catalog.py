@@ -41,7 +41,7 @@ class Table:
     inherited: bool = False  # a plain table with inheritance children, which are tables of their own
     # describe_types(): the columns' types' structure (composites' attributes, array elements, ...) for
     # targets that map types without a database (Delta); None in descriptions made before it was kept
-    types: dict | None = field(default=None, hash=False, compare=False)
+    type_tree: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def qualified(self) -> str:
@@ -79,7 +79,7 @@ class Table:
             "columns": [[c.name, c.type_sql, c.type_oid, c.not_null, c.collation, c.typmod]
                         for c in self.columns],
             "enums": [[e.schema, e.name, list(e.labels)] for e in self.enums],
-            **({"types": self.types} if self.types is not None else {}),
+            **({"type_tree": self.type_tree} if self.type_tree is not None else {}),
         }
 
     @classmethod
@@ -89,7 +89,7 @@ class Table:
             estimated_rows=d.get("estimated_rows", 0), inherited=d.get("inherited", False),
             columns=tuple(Column(*c) for c in d["columns"]),
             enums=tuple(EnumType(s, n, tuple(labels)) for s, n, labels in d.get("enums", [])),
-            types=d.get("types"),
+            type_tree=d.get("type_tree"),
         )
 
 
@@ -294,7 +294,7 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
             sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
     return Table(schema, name, columns, key, enums, int(reltuples), inherited=kind == "r" and children,
-                 types=describe_types(conn, oid))
+                 type_tree=describe_types(conn, oid))
 
 
 def _find_key(conn, oid: int, replident: str, qualified: str) -> tuple[str, ...]:
