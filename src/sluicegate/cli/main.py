@@ -200,12 +200,15 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 
+        notes: list[str] = []
         moved, made = lake.create(name, source, target, _table_names(tables, schemas), _excluded(exclude_tables),
                                   _all_rules(rules, rules_file),
-                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule))
+                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule), notes)
         for line in made:
             click.echo(f"created {line}")
         _created(name, f"{len(moved)} tables ({', '.join(moved)})", f" --target {shlex.quote(target)}", [source])
+        for line in notes:
+            click.echo(f"note: {line}", err=True)
         return
     given = [f"--{k.replace('_', '-')}" for k, v in schedule.items() if v is not None]
     if given:

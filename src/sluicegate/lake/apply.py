@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..errors import TerminalError
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
-from .types import arrow_schema, convert_column
+from .types import SPECIAL, arrow_schema, convert_columns, may_be_special
 
 OP = "_op"
 
@@ -95,7 +95,7 @@ class NetEffect:
             for i in kept:
                 flags[i].append(i in keep)
         schema = arrow_schema(table)
-        arrays = [convert_column(c, columns[i]) for i, c in enumerate(table.columns)]
+        arrays = convert_columns(table, columns)
         fields = list(schema)
         arrays.append(pa.array(ops, pa.string()))
         fields.append(pa.field(OP, pa.string(), nullable=False))
@@ -126,7 +126,33 @@ def merge_clauses(table: Table, source: pa.Table | pa.Schema,
             updates[col] = f"CASE WHEN s.{quote(_flag(i))} THEN {own} ELSE s.{col} END"
         else:
             updates[col] = f"s.{col}"
+    if SPECIAL in names:
+        inserts[quote(SPECIAL)] = f"s.{quote(SPECIAL)}"
+        updates[quote(SPECIAL)] = _special_update(table, names)
     return predicate, updates, inserts
+
+
+def _special_update(table: Table, names: set[str]) -> str:
+    """`_sg_special` of a matched row: the source row's, except that a column the row keeps (unchanged TOAST)
+    keeps its entry from the table's row too; entries in column order, as the conversion makes them."""
+    sp_s, sp_t = f"s.{quote(SPECIAL)}", f"t.{quote(SPECIAL)}"
+    kept = [(i, c) for i, c in enumerate(table.columns) if _flag(i) in names and may_be_special(c, table.type_tree)]
+    if not kept:
+        return sp_s
+    keys, values = [], []
+    for i, c in enumerate(table.columns):
+        if not may_be_special(c, table.type_tree):
+            continue
+        name = "'" + c.name.replace("'", "''") + "'"
+        entry = f"map_extract({sp_s}, {name})"
+        if _flag(i) in names:
+            entry = f"CASE WHEN s.{quote(_flag(i))} THEN map_extract({sp_t}, {name}) ELSE {entry} END"
+        keys.append(f"CASE WHEN ({entry})[1] IS NOT NULL THEN make_array({name}) ELSE make_array() END")
+        values.append(f"CASE WHEN ({entry})[1] IS NOT NULL THEN {entry} ELSE make_array() END")
+    any_kept = " OR ".join(f"s.{quote(_flag(i))}" for i, _ in kept)
+    rebuilt = f"map(array_concat({', '.join(keys)}), array_concat({', '.join(values)}))"
+    return (f"CASE WHEN NOT ({any_kept}) THEN {sp_s} "
+            f"WHEN cardinality(array_concat({', '.join(keys)})) = 0 THEN NULL ELSE {rebuilt} END")
 
 
 def merge(dt, table: Table, effect: NetEffect, app: str, version: int, fills: dict[str, str] | None = None) -> dict:

@@ -32,9 +32,9 @@ from .types import arrow_schema
 
 
 def create(name: str, source_url: str, target: str, tables: list[str] | None, exclude: list[str] | None,
-           rules: list[str], options: dict) -> tuple[list[str], list[str]]:
+           rules: list[str], options: dict, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Check the source and the tables, then make each empty Delta table and the workflow's state.
-    Returns (moved tables, lines saying what was made)."""
+    Returns (moved tables, lines saying what was made); `notes` gets what the Delta tables leave out."""
     from deltalake import DeltaTable
 
     pg_state.check_name(name)
@@ -49,6 +49,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
         try:
             described = check_source_tables(src, source_url, tables, exclude)
             _check_no_leftovers(src, name)
+            left_out = generated_columns(src, described)
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
     for t in described:
@@ -61,6 +62,11 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
         if _is_delta(path) and DeltaTable(path).file_uris():
             raise UsageError(f"Delta table {path} already has rows: MoveTables fills empty tables; "
                              f"remove it or name another target")
+    if notes is not None:
+        for q, cols in left_out.items():
+            notes.append(f"table {q}: generated column{'s' if len(cols) > 1 else ''} {', '.join(cols)} "
+                         f"left out of its Delta table (logical replication does not send them); compute "
+                         f"{'them' if len(cols) > 1 else 'it'} in the reader")
     lines = []
     for t in described:
         path = loc.table(t.schema, t.name)
@@ -75,6 +81,22 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     store.create(wf)
     lines.append(f"state {store.describe(name)}")
     return [t.qualified for t in described], lines
+
+
+def generated_columns(conn, tables) -> dict[str, list[str]]:
+    """{table: its generated columns (stored, and PostgreSQL 18's virtual ones)}, for the tables that have any
+    (describe_table leaves them out)."""
+    from psycopg import sql
+
+    out = {}
+    for t in tables:
+        rows = conn.execute(
+            sql.SQL("""SELECT attname FROM pg_attribute WHERE attrelid = {}::regclass AND attnum > 0
+                       AND NOT attisdropped AND attgenerated <> '' ORDER BY attnum""").format(
+                sql.Literal(t.ident.as_string(conn)))).fetchall()
+        if rows:
+            out[t.qualified] = [r[0] for r in rows]
+    return out
 
 
 def _is_delta(uri: str) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from ..postgres.catalog import Table
+from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
 from ..workflow.copier import CopyRange, task_where
 from ..workflow.faults import fault_point
@@ -53,9 +53,10 @@ _CAST_DIFFERS = {1042, 869}
 
 
 def output_text(column) -> sql.Composable:
-    """The column's value as its type's output function writes it (the stream's text), NULL as NULL."""
+    """The column's value as its type's output function writes it (the stream's text), NULL as NULL. A
+    user type (a domain over char(n) or inet, say) may cast as its base type does: format() too."""
     ident = sql.Identifier(column.name)
-    if column.type_oid in _CAST_DIFFERS:
+    if column.type_oid in _CAST_DIFFERS or column.type_oid >= FIRST_USER_OID:
         return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE format('%s', {}) END").format(ident, ident)
     return sql.SQL("{}::text").format(ident)
 

@@ -394,7 +394,7 @@ def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
         literals = None
         if fills and (staged or effect.rows):
             columns = {c.name: c for c in spec.columns}
-            literals = {n: sql_literal(columns[n], v) for n, v in fills.items()}
+            literals = {n: sql_literal(columns[n], v, spec.type_tree) for n, v in fills.items()}
             apply.add_columns(dt, spec, list(fills), tables.workflow)  # a column's first commit: unfilled
             fault_point("lake.replicate.columns_added")
         if staged:

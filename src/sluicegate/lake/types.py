@@ -1,28 +1,50 @@
 """PostgreSQL columns as Arrow (Delta) columns, and PostgreSQL's text form of a value as the Arrow value.
 
-One conversion path for the copy and the stream: the copy reads every column as text (`col::text`) and the
-stream's pgoutput values are text, both with Sluicegate's session settings (ISO dates, UTC, hex bytea). What
-Arrow has no faithful type for (unbounded numeric, json, arrays, enums, intervals, ranges, ...) is kept as
-PostgreSQL's text, which loses nothing; so is `time` (Delta has no time-of-day type).
+One conversion path for the copy and the stream: the copy reads every column as its output function's text
+and the stream's pgoutput values are that text, both with Sluicegate's session settings (ISO dates, UTC,
+hex bytea, IntervalStyle postgres). lake/pgtext.py parses the structured forms.
+
+The mapping (README, "Delta Lake target", has the table): arrays -> lists (nested as the column's declared
+dimensions), composites -> structs, hstore -> map<string, string>, ranges -> struct of bounds, multiranges ->
+lists of those, interval -> struct{months, days, microseconds}, PostGIS geometry/geography -> binary EWKB,
+dates and timestamps by arithmetic (BC and years past 9999 included; ±infinity as sentinels), what Arrow has
+no faithful type for (unbounded numeric, json, xml, enums, time, ...) PostgreSQL's text.
+
+A value a column's Arrow type cannot hold (NaN or ±Infinity in numeric(p,s), an array with other dimensions
+or lower bounds than 1, a date or timestamp past the sentinels) is NULL in its column and kept, as
+PostgreSQL's exact text, in the table's `_sg_special` map (column name -> text): nothing the source holds
+stops the stream, and nothing is lost.
+
+Tables described before the types' structure was kept (Table.type_tree None) keep the first mapping: only
+scalars typed, everything else text, no `_sg_special`; their Delta tables were made so.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from datetime import date, datetime
-from decimal import Decimal
+from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
 
 from ..postgres.catalog import Column, Table
+from . import pgtext
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, OID = 16, 17, 20, 21, 23, 25, 26
 FLOAT4, FLOAT8 = 700, 701
 BPCHAR, VARCHAR, NAME = 1042, 1043, 19
-DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
+DATE, TIMESTAMP, TIMESTAMPTZ, INTERVAL = 1082, 1114, 1184, 1186
 NUMERIC, UUID = 1700, 2950
 MAX_DECIMAL128 = 38
+
+SPECIAL = "_sg_special"
+SPECIAL_TYPE = pa.map_(pa.string(), pa.string())
+# ±infinity: timestamps as DuckDB's own infinities (±(2^63-1) microseconds); dates at the last day delta-rs
+# can write statistics for (262142-12-31, and its mirror): the int32 extremes make delta-rs panic.
+TS_INFINITY = 2**63 - 1
+DATE_INFINITY = 95_026_236
+INTERVAL_TYPE = pa.struct([("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())])
+WKB_TYPES = ("geometry", "geography")
 
 
 def numeric_precision(typmod: int | None) -> tuple[int, int] | None:
@@ -33,22 +55,21 @@ def numeric_precision(typmod: int | None) -> tuple[int, int] | None:
     return (mod >> 16) & 0xFFFF, mod & 0xFFFF
 
 
-def arrow_type(column: Column) -> pa.DataType:
-    oid = column.type_oid
+def _scalar(oid: int, typmod: int | None) -> pa.DataType | None:
     if oid == BOOL:
         return pa.bool_()
     if oid == INT2:
         return pa.int16()
-    if oid in (INT4, OID):
-        return pa.int32() if oid == INT4 else pa.int64()
-    if oid == INT8:
+    if oid == INT4:
+        return pa.int32()
+    if oid in (INT8, OID):
         return pa.int64()
     if oid == FLOAT4:
         return pa.float32()
     if oid == FLOAT8:
         return pa.float64()
     if oid == NUMERIC:
-        ps = numeric_precision(column.typmod)
+        ps = numeric_precision(typmod)
         if ps is not None and ps[0] <= MAX_DECIMAL128 and ps[1] <= ps[0]:
             return pa.decimal128(*ps)
         return pa.string()  # unbounded (any scale) or wider than decimal128: the exact text
@@ -60,13 +81,163 @@ def arrow_type(column: Column) -> pa.DataType:
         return pa.timestamp("us")
     if oid == TIMESTAMPTZ:
         return pa.timestamp("us", tz="UTC")
-    # text, varchar, char, name, uuid, json, jsonb, arrays, enums, interval, inet, ...: PostgreSQL's text
-    return pa.string()
+    return None
+
+
+class _Mapper:
+    """Arrow types and converters of the types in a Table.type_tree description."""
+
+    def __init__(self, types: dict | None):
+        self.oids = (types or {}).get("oids", {})
+        self.dims = (types or {}).get("dims", {})
+        self.legacy = types is None
+
+    def desc(self, oid: int) -> dict | None:
+        return self.oids.get(str(oid))
+
+    def arrow(self, oid: int, typmod: int | None, dims: int = 0) -> pa.DataType:
+        scalar = _scalar(oid, typmod)
+        if scalar is not None:
+            return scalar
+        d = self.desc(oid)
+        if self.legacy or d is None:
+            return pa.string()
+        kind = d["kind"]
+        if kind == "d":
+            return self.arrow(d["base"], d["basemod"], dims)
+        if d.get("elem"):
+            dtype = self.arrow(d["elem"], typmod)
+            for _ in range(max(dims, 1)):
+                dtype = pa.list_(dtype)
+            return dtype
+        if kind == "c":
+            return pa.struct([pa.field(n, self.arrow(o, m, nd)) for n, o, m, nd in d["attrs"]])
+        if kind == "r":
+            sub = self.arrow(d["sub"], -1)
+            return pa.struct([("lower", sub), ("upper", sub), ("lower_inclusive", pa.bool_()),
+                              ("upper_inclusive", pa.bool_()), ("empty", pa.bool_())])
+        if kind == "m":
+            return pa.list_(self.arrow(d["range"], -1))
+        if oid == INTERVAL:
+            return INTERVAL_TYPE
+        if d["name"] == "hstore":
+            return pa.map_(pa.string(), pa.string())
+        if d["name"] in WKB_TYPES:
+            return pa.binary()
+        return pa.string()  # enums, json, xml, time, inet, uuid, money, ...: PostgreSQL's text
+
+    def convert(self, oid: int, typmod: int | None, dims: int = 0) -> Callable[[str], object]:
+        """PostgreSQL's text of a non-null value -> the Python value Arrow stores for `arrow(...)`; raises
+        pgtext.Unrepresentable (or ValueError) for a value the type cannot hold."""
+        dtype = self.arrow(oid, typmod, dims)
+        if pa.types.is_string(dtype):
+            return str
+        if pa.types.is_boolean(dtype):
+            return _bool
+        if pa.types.is_integer(dtype):
+            return int
+        if pa.types.is_floating(dtype):
+            return float  # 'NaN', 'Infinity', '-Infinity' read as Python's
+        if pa.types.is_decimal(dtype):
+            return _decimal
+        if pa.types.is_binary(dtype):
+            return _bytea if oid == BYTEA else _hex
+        if pa.types.is_date(dtype):
+            return _date
+        if pa.types.is_timestamp(dtype):
+            return _timestamp
+        d = self.desc(oid)
+        if d["kind"] == "d":
+            return self.convert(d["base"], d["basemod"], dims)
+        if d.get("elem"):
+            return self._array(self.convert(d["elem"], typmod), max(dims, 1), d.get("delim") or ",")
+        if d["kind"] == "c":
+            return self._composite([(n, self.convert(o, m, nd)) for n, o, m, nd in d["attrs"]])
+        if d["kind"] == "r":
+            return self._range(self.convert(d["sub"], -1))
+        if d["kind"] == "m":
+            sub = self.convert(self.desc(d["range"])["sub"], -1)
+            return lambda text: [_range_value(sub, r) for r in pgtext.parse_multirange(text)]
+        if oid == INTERVAL:
+            return _interval
+        if d["name"] == "hstore":
+            return pgtext.parse_hstore
+        raise AssertionError(f"no converter for {dtype}")
+
+    @staticmethod
+    def _array(element: Callable, dims: int, delim: str) -> Callable[[str], list]:
+        def walk(items: list, depth: int) -> list:
+            if depth == 1:
+                if any(isinstance(v, list) for v in items):
+                    raise pgtext.Unrepresentable("array of more dimensions than the column's")
+                return [None if v is None else element(v) for v in items]
+            if not all(isinstance(v, list) for v in items):
+                raise pgtext.Unrepresentable("array of fewer dimensions than the column's")
+            return [walk(v, depth - 1) for v in items]
+
+        def convert(text: str) -> list:
+            items, found = pgtext.parse_array(text, delim)
+            if found == 0:
+                return []
+            if found != dims:
+                raise pgtext.Unrepresentable(f"array of {found} dimensions in a column of {dims}")
+            return walk(items, dims)
+
+        return convert
+
+    @staticmethod
+    def _composite(attrs: list[tuple[str, Callable]]) -> Callable[[str], dict]:
+        def convert(text: str) -> dict:
+            fields = pgtext.parse_composite(text)
+            if len(fields) != len(attrs):
+                raise ValueError(f"composite value has {len(fields)} fields, its type {len(attrs)}")
+            return {n: None if v is None else fn(v) for (n, fn), v in zip(attrs, fields)}
+
+        return convert
+
+    @staticmethod
+    def _range(sub: Callable) -> Callable[[str], dict]:
+        return lambda text: _range_value(sub, pgtext.parse_range(text))
+
+
+def _range_value(sub: Callable, parsed: tuple) -> dict:
+    lo, hi, lo_inc, hi_inc, empty = parsed
+    return {"lower": None if lo is None else sub(lo), "upper": None if hi is None else sub(hi),
+            "lower_inclusive": lo_inc, "upper_inclusive": hi_inc, "empty": empty}
+
+
+def _described(column: Column, types: dict | None) -> dict | None:
+    """`types` if it describes the column, else None (the first mapping): a column added to the source
+    after the description was made."""
+    if types is None or column.name not in types.get("columns", ()):
+        return None
+    return types
+
+
+def arrow_type(column: Column, types: dict | None = None) -> pa.DataType:
+    m = _Mapper(_described(column, types))
+    return m.arrow(column.type_oid, column.typmod, m.dims.get(column.name, 0))
+
+
+def may_be_special(column: Column, types: dict | None) -> bool:
+    """A value of the column may be one its Arrow type cannot hold (text, bytes, booleans, integers and
+    floats always fit)."""
+    dtype = arrow_type(column, types)
+    return not (pa.types.is_string(dtype) or pa.types.is_binary(dtype) or pa.types.is_boolean(dtype)
+                or pa.types.is_integer(dtype) or pa.types.is_floating(dtype))
+
+
+def has_special(table: Table) -> bool:
+    """The table has the `_sg_special` column (every table described with its types' structure)."""
+    return table.type_tree is not None
 
 
 def arrow_schema(table: Table) -> pa.Schema:
-    """The Delta table's schema: the key columns are not nullable."""
-    return pa.schema([pa.field(c.name, arrow_type(c), nullable=c.name not in table.key) for c in table.columns])
+    """The Delta table's schema: the key columns are not nullable; `_sg_special` last."""
+    fields = [pa.field(c.name, arrow_type(c, table.type_tree), nullable=c.name not in table.key) for c in table.columns]
+    if has_special(table):
+        fields.append(pa.field(SPECIAL, SPECIAL_TYPE))
+    return pa.schema(fields)
 
 
 def _bool(text: str) -> bool:
@@ -79,87 +250,156 @@ def _bytea(text: str) -> bytes:
     raise ValueError(f"bytea value not in hex form: {text[:20]!r}")
 
 
-def _timestamp(text: str) -> datetime:
-    # ISO output: '2024-01-02 03:04:05.123456' (no zone) or '…+00' (timestamptz under TimeZone=UTC)
-    if text.endswith(("+00", "-00")):
-        text += ":00"
-    return datetime.fromisoformat(text)
+def _hex(text: str) -> bytes:
+    """PostGIS's output: hex EWKB (the SRID inside)."""
+    return bytes.fromhex(text)
 
 
-def _decimal(dtype: pa.Decimal128Type) -> Callable[[str], Decimal]:
-    def convert(text: str) -> Decimal:
-        value = Decimal(text)
-        if not value.is_finite():
-            raise ValueError(f"numeric value {text} has no decimal128 form")
-        return value
+def _decimal(text: str):
+    from decimal import Decimal
 
-    return convert
+    value = Decimal(text)
+    if not value.is_finite():
+        raise pgtext.Unrepresentable(f"numeric value {text} has no decimal128 form")
+    return value
 
 
-def converter(column: Column) -> Callable[[str], object]:
+_EPOCH_ORDINAL = 719163  # date(1970, 1, 1).toordinal()
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def _date(text: str) -> int:
+    try:  # the common case, in C; BC, years past 9999 and infinities by pgtext's arithmetic
+        return date.fromisoformat(text).toordinal() - _EPOCH_ORDINAL
+    except ValueError:
+        pass
+    days = pgtext.parse_date(text)
+    if days == pgtext.INFINITY:
+        return DATE_INFINITY
+    if days == pgtext.NEG_INFINITY:
+        return -DATE_INFINITY
+    if not -DATE_INFINITY < days < DATE_INFINITY:
+        raise pgtext.Unrepresentable(f"date {text} is past the Delta date range")
+    return days
+
+
+def _timestamp(text: str) -> int:
+    try:  # as _date
+        at = datetime.fromisoformat(text)
+        return (at - (_EPOCH_UTC if at.tzinfo else _EPOCH)) // _US
+    except ValueError:
+        pass
+    micros = pgtext.parse_timestamp(text)
+    if micros == pgtext.INFINITY:
+        return TS_INFINITY
+    if micros == pgtext.NEG_INFINITY:
+        return -TS_INFINITY
+    if not -TS_INFINITY < micros < TS_INFINITY:
+        raise pgtext.Unrepresentable(f"timestamp {text} is past 64-bit microseconds")
+    return micros
+
+
+def _interval(text: str) -> dict:
+    months, days, micros = pgtext.parse_interval(text)
+    return {"months": months, "days": days, "microseconds": micros}
+
+
+def converter(column: Column, types: dict | None = None) -> Callable[[str], object]:
     """PostgreSQL's text of a non-null value -> the Python value Arrow stores for `arrow_type(column)`."""
-    dtype = arrow_type(column)
-    if pa.types.is_boolean(dtype):
-        return _bool
-    if pa.types.is_integer(dtype):
-        return int
-    if pa.types.is_floating(dtype):
-        return float  # 'NaN', 'Infinity', '-Infinity' read as Python's
-    if pa.types.is_decimal(dtype):
-        return _decimal(dtype)
-    if pa.types.is_binary(dtype):
-        return _bytea
-    if pa.types.is_date(dtype):
-        return date.fromisoformat
-    if pa.types.is_timestamp(dtype):
-        return _timestamp
-    return str
+    m = _Mapper(_described(column, types))
+    return m.convert(column.type_oid, column.typmod, m.dims.get(column.name, 0))
 
 
-def convert_column(column: Column, texts: list) -> pa.Array:
-    """Text values (None for NULL) as one Arrow array of the column's type."""
-    fn = converter(column)
-    dtype = arrow_type(column)
+def _terminal(table: Table, column: Column, dtype, exc) -> Exception:
+    from ..errors import TerminalError
+
+    where = f"table {table.qualified} column {column.name} ({column.type_sql}): a value has no {dtype} form ({exc})"
+    if column.name in table.key:  # a key must be a value of its column: it finds the row
+        return TerminalError(f"{where}; a Delta table cannot key a row by it: leave the table out "
+                             f"(--exclude-tables), or key it by another column on the source")
+    return TerminalError(f"{where}; a Delta table made before `{SPECIAL}` was kept cannot hold it: re-create "
+                         f"the workflow to copy the table again")
+
+
+def convert_columns(table: Table, columns: list[list]) -> list[pa.Array]:
+    """Text values (None for NULL) of each of the table's columns -> the arrays of `arrow_schema(table)`
+    (`_sg_special` included): a value its column cannot hold is NULL there and its text in `_sg_special`."""
+    rows = len(columns[0]) if columns else 0
+    special = has_special(table)
+    extra: list[list | None] = [None] * rows
+    arrays = []
+    for column, texts in zip(table.columns, columns):
+        fn = converter(column, table.type_tree)
+        dtype = arrow_type(column, table.type_tree)
+        values = []
+        for r, text in enumerate(texts):
+            if text is None:
+                values.append(None)
+                continue
+            try:
+                values.append(fn(text))
+            except (ValueError, ArithmeticError, IndexError, KeyError) as exc:
+                if not special or column.name in table.key:
+                    raise _terminal(table, column, dtype, exc) from None
+                values.append(None)
+                extra[r] = (extra[r] or []) + [(column.name, text)]
+        try:
+            arrays.append(pa.array(values, type=dtype))
+        except (pa.ArrowInvalid, OverflowError) as exc:
+            raise _terminal(table, column, dtype, exc) from None
+    if special:
+        arrays.append(pa.array(extra, type=SPECIAL_TYPE))
+    return arrays
+
+
+def convert_column(column: Column, texts: list, types: dict | None = None) -> pa.Array:
+    """Text values (None for NULL) as one Arrow array of the column's type (no `_sg_special` fallback)."""
+    table = Table("", "", (column,), (), type_tree=None if types is None else types)
+    fn = converter(column, types)
+    dtype = arrow_type(column, types)
     try:
         return pa.array([None if v is None else fn(v) for v in texts], type=dtype)
     except (ValueError, ArithmeticError, pa.ArrowInvalid) as exc:
-        from ..errors import TerminalError
-
-        raise TerminalError(f"column {column.name} ({column.type_sql}): a value has no {dtype} form ({exc}); "
-                            f"a Delta target cannot hold it") from None
+        raise _terminal(table, column, dtype, exc) from None
 
 
 def record_batch(table: Table, rows: list[tuple]) -> pa.RecordBatch:
     """Rows of text values in the table's column order -> a batch of the Delta table's schema."""
-    schema = arrow_schema(table)
-    columns = list(zip(*rows)) if rows else [() for _ in table.columns]
-    return pa.RecordBatch.from_arrays([convert_column(c, list(v)) for c, v in zip(table.columns, columns)],
-                                      schema=schema)
+    columns = [list(v) for v in zip(*rows)] if rows else [[] for _ in table.columns]
+    return pa.RecordBatch.from_arrays(convert_columns(table, columns), schema=arrow_schema(table))
 
 
 def _sql_type(dtype: pa.DataType) -> str:
     """The type's name in delta-rs's (DataFusion's) SQL."""
     if pa.types.is_decimal(dtype):
         return f"DECIMAL({dtype.precision},{dtype.scale})"
-    if pa.types.is_timestamp(dtype):
-        return "TIMESTAMP WITH TIME ZONE" if dtype.tz else "TIMESTAMP"
     return {pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
-            pa.float64(): "DOUBLE", pa.date32(): "DATE"}[dtype]
+            pa.float64(): "DOUBLE"}[dtype]
 
 
-def sql_literal(column: Column, text: str | None) -> str:
+def sql_literal(column: Column, text: str | None, types: dict | None = None) -> str:
     """PostgreSQL's text of a value of `column` as a delta-rs SQL expression of the column's Arrow type (the
     same value `converter` gives), for MERGE clauses."""
     if text is None:
         return "NULL"
-    value = convert_column(column, [text])[0].as_py()
-    dtype = arrow_type(column)
+    dtype = arrow_type(column, types)
+    try:
+        value = converter(column, types)(text)
+    except (ValueError, ArithmeticError) as exc:
+        raise _terminal(Table("", "", (column,), ()), column, dtype, exc) from None
     if pa.types.is_boolean(dtype):
         return "TRUE" if value else "FALSE"
     if pa.types.is_binary(dtype):
         return f"decode('{value.hex()}', 'hex')"
     if pa.types.is_string(dtype):
         return "'" + value.replace("'", "''") + "'"
+    if pa.types.is_date(dtype):
+        return f"arrow_cast(CAST({value} AS INT), 'Date32')"
+    if pa.types.is_timestamp(dtype):
+        zone = ', Some("UTC")' if dtype.tz else ", None"
+        return f"arrow_cast(CAST({value} AS BIGINT), 'Timestamp(Microsecond{zone})')"
     if pa.types.is_floating(dtype):
         if math.isnan(value):
             shown = "NaN"
@@ -169,8 +409,11 @@ def sql_literal(column: Column, text: str | None) -> str:
             shown = repr(value)
     elif pa.types.is_decimal(dtype):
         shown = format(value, "f")
-    elif pa.types.is_timestamp(dtype) or pa.types.is_date(dtype):
-        shown = value.isoformat()
-    else:
+    elif pa.types.is_integer(dtype):
         shown = str(value)
+    else:
+        from ..errors import TerminalError
+
+        raise TerminalError(f"column {column.name} ({column.type_sql}) was added with a default for older rows; "
+                            f"a Delta target fills such columns of scalar types only: re-create the workflow")
     return f"CAST('{shown}' AS {_sql_type(dtype)})"

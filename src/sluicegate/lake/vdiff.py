@@ -43,6 +43,7 @@ from ..postgres.snapshot import take_snapshot
 from . import location, pointreq
 from .player import LakePlayTask, play
 from .state import COPYING, ERROR, INIT, RUNNING, open_store, update_retrying
+from .types import SPECIAL
 
 log = logging.getLogger("sluicegate")
 
@@ -287,6 +288,18 @@ def _source_frame(runner, source_url: str, spec: Table, snap, range_rows: int | 
     return spark.createDataFrame(rdd, "task string").mapInArrow(_read_tasks, schema)
 
 
+def _has_map(dtype) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.MapType):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return _has_map(dtype.elementType)
+    if isinstance(dtype, T.StructType):
+        return any(_has_map(f.dataType) for f in dtype.fields)
+    return False
+
+
 def compare(source, target, spec: Table, sample: int) -> dict:
     """Full outer join on the key: counts, and the first `sample` differing rows by key."""
     from pyspark.sql import functions as F
@@ -296,9 +309,18 @@ def compare(source, target, spec: Table, sample: int) -> dict:
     if missing_cols:
         raise TerminalError(f"Delta table of {spec.qualified} has no column {missing_cols[0]}: was it replaced? "
                             f"Re-create the workflow to copy it again")
+    if SPECIAL in source.columns:
+        names.append(SPECIAL)
     types = dict(source.dtypes)
-    s = source.select(*[F.col(c).alias(f"s{i}") for i, c in enumerate(names)], F.lit(True).alias(SIDE_S))
-    t = target.select(*[F.col(c).cast(types[c]).alias(f"t{i}") for i, c in enumerate(names)],
+    fields = {f.name: f.dataType for f in source.schema.fields}
+
+    def comparable(col, name: str):
+        # Spark cannot compare maps (hstore, `_sg_special`): compare their JSON, whose order is the value's
+        return F.to_json(col) if _has_map(fields[name]) else col
+
+    s = source.select(*[comparable(F.col(c), c).alias(f"s{i}") for i, c in enumerate(names)],
+                      F.lit(True).alias(SIDE_S))
+    t = target.select(*[comparable(F.col(c).cast(types[c]), c).alias(f"t{i}") for i, c in enumerate(names)],
                       F.lit(True).alias(SIDE_T))
     keys = [names.index(k) for k in spec.key]
     on = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import psycopg
@@ -43,6 +43,9 @@ class Table:
     inherited: bool = False  # a plain table with inheritance children, which are tables of their own
     # No usable key, REPLICA IDENTITY FULL: rows are identified by their whole value (duplicates allowed).
     keyless: bool = False
+    # describe_types(): the columns' types' structure (composites' attributes, array elements, ...) for
+    # targets that map types without a database (Delta); None in descriptions made before it was kept
+    type_tree: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def qualified(self) -> str:
@@ -89,6 +92,7 @@ class Table:
             "extensions": [[e.name, e.schema] for e in self.extensions],
             "existing_types": [list(t) for t in self.existing_types],
             "keyless": self.keyless,
+            **({"type_tree": self.type_tree} if self.type_tree is not None else {}),
         }
 
     @classmethod
@@ -102,6 +106,7 @@ class Table:
             extensions=tuple(Extension(*e) for e in d.get("extensions", [])),
             existing_types=tuple(tuple(t) for t in d.get("existing_types", [])),
             keyless=d.get("keyless", False),  # descriptions stored before keyless tables have a key
+            type_tree=d.get("type_tree"),
         )
 
 
@@ -294,7 +299,8 @@ def describe_table(conn: psycopg.Connection, schema: str, name: str) -> Table:
         reltuples = conn.execute(sql.SQL("SELECT count(*) FROM {}{}").format(
             sql.SQL("ONLY " if kind == "r" else ""), sql.Identifier(schema, name))).fetchone()[0]
     return Table(schema, name, columns, key, needs.enums, int(reltuples), needs.types, needs.extensions,
-                 needs.existing, inherited=kind == "r" and children, keyless=not key)
+                 needs.existing, inherited=kind == "r" and children, keyless=not key,
+                 type_tree=describe_types(conn, oid))
 
 
 def _find_key(conn, oid: int, replident: str, schema: str, name: str) -> tuple[str, ...]:
@@ -352,6 +358,50 @@ def refuse_keyless(tables, why: str) -> None:
     for t in tables:
         if t.keyless:
             raise UsageError(f"table {t.qualified} has no primary key (REPLICA IDENTITY FULL): {why}")
+
+
+def describe_types(conn: psycopg.Connection, oid: int) -> dict:
+    """The structure of table `oid`'s column types, followed down to base types, as JSON:
+    {"oids": {oid: type}, "dims": {column: declared array dimensions, when over 1}, "columns": [names]}, a type
+    being {"kind": typtype, "name", "schema"} and, as it applies, "elem" and "delim" (arrays), "base" and
+    "basemod" (domains), "attrs": [[name, oid, typmod, ndims]] (composites), "sub" (ranges), "range"
+    (multiranges)."""
+    described = conn.execute(
+        """SELECT attname, atttypid::int, attndims FROM pg_attribute
+           WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum""",
+        (oid,)).fetchall()
+    dims = {name: n for name, _, n in described if n > 1}
+    todo = {r[1] for r in described}
+    oids: dict[str, dict] = {}
+    while todo:
+        rows = conn.execute(
+            """SELECT t.oid::int, t.typtype, t.typname, n.nspname,
+                      CASE WHEN t.typcategory = 'A' THEN t.typelem::int END, t.typdelim,
+                      t.typbasetype::int, t.typtypmod, r.rngsubtype::int, mr.rngtypid::int,
+                      (SELECT json_agg(json_build_array(a.attname, a.atttypid::int, a.atttypmod, a.attndims)
+                                       ORDER BY a.attnum)
+                       FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped)
+               FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+               LEFT JOIN pg_range r ON r.rngtypid = t.oid LEFT JOIN pg_range mr ON mr.rngmultitypid = t.oid
+               WHERE t.oid = ANY(%s)""", (sorted(todo),)).fetchall()
+        todo = set()
+        for toid, kind, name, schema, elem, delim, base, basemod, sub, rng, attrs in rows:
+            desc = {"kind": kind, "name": name, "schema": schema}
+            if elem:
+                desc.update(elem=elem, delim=delim)
+            if kind == "d":
+                desc.update(base=base, basemod=basemod)
+            if kind == "c":
+                desc["attrs"] = attrs or []
+            if sub:
+                desc["sub"] = sub
+            if rng:
+                desc["range"] = rng
+            oids[str(toid)] = desc
+            todo |= {o for o in (elem, base if kind == "d" else None, sub, rng) if o}
+            todo |= {a[1] for a in attrs or []} if kind == "c" else set()
+        todo -= {int(o) for o in oids}
+    return {"oids": oids, "dims": dims, "columns": [r[0] for r in described]}
 
 
 def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> bool:
