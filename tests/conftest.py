@@ -184,6 +184,12 @@ def versions_pair_sampled(request):
     yield from _versions_pair(request)
 
 
+@pytest.fixture(params=["15", *(pytest.param(v, marks=pytest.mark.slow) for v in ("15-18", "18"))])
+def versions_pair_system(request):
+    """versions_pair for the longest tests: the system's PostgreSQL in the default set, 18 in the slow set."""
+    yield from _versions_pair(request)
+
+
 @pytest.fixture(scope="session")
 def spark():
     from sluicegate.spark.session import get_spark

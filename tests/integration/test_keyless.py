@@ -86,8 +86,8 @@ def make_tables(pair, rows: int = 3000) -> None:
     pair.src("ANALYZE logs")
 
 
-def test_keyless_copy_killed_then_replicated_as_multisets(versions_pair_sampled, tmp_path):
-    pair = versions_pair_sampled  # on the system's PostgreSQL, on 18, and from 15 to 18
+def test_keyless_copy_killed_then_replicated_as_multisets(versions_pair_system, tmp_path):
+    pair = versions_pair_system  # on the system's PostgreSQL, on 18, and from 15 to 18
     make_tables(pair)
     with psycopg.connect(pair.source) as c:  # the copy's plan: one cycle, in parallel page ranges, all open ended
         plan = copier.plan_cycle(c, Table.from_json(describe_table(c, "public", "logs").to_json()), None,
