@@ -24,7 +24,7 @@ from sluicegate.postgres.catalog import Table
 from sluicegate.workflow.create import create_materialize, create_movetables
 
 from ..conftest import EngineThread, wait_for
-from .helpers import assert_same, reap_group
+from .helpers import assert_same, reap_group, run_sql
 from .test_lake_movetables import by_key, delta_rows, source_rows, start_driver
 from .test_rules import _cli
 from .test_types import race_copy, settled
@@ -461,3 +461,46 @@ def test_added_column_of_a_new_user_type_follows(pair, spark):
         assert assert_same(pair, "public.items", ["id"]) > 200
         spec = pair.dst("SELECT spec FROM sluicegate.copy_state")[0][0]
         assert [t[2] for t in spec["types"]] == ["level", "tagged"] and spec["extensions"] == [["hstore", "public"]]
+
+
+# -- the same tables through Replicate, to two sinks -------------------------------------------------------------
+
+def test_every_type_through_replicate_to_two_sinks(rc, tmp_path):
+    """Replicate's sinks copy and apply with MoveTables' data path: the user, extension and awkward built-in
+    types reach both sinks, with changes while the consumers run and one consumer killed -9 in between."""
+    from .cluster_helpers import Consumer, create
+    from .cluster_helpers import caught_up as sink_caught_up
+
+    c = rc
+    c.src(SCHEMA)
+    for table in TABLES:
+        c.src(table[2])
+    with psycopg.connect(c.source, autocommit=True) as conn:
+        for table in TABLES:
+            _insert(conn, table, 1, ROWS // 2)
+    out = create(c, "--tables", ",".join(t[0] for t in TABLES))
+    assert out.returncode == 0, out.stdout + out.stderr
+    consumers = [Consumer(c.workflow, sink, tmp_path / f"run{i}.log").start() for i, sink in enumerate(c.sinks)]
+    try:
+        with psycopg.connect(c.source, autocommit=True) as conn:
+            for r in range(1, 6):
+                _writes(conn, r)
+            wait_for(lambda: sink_caught_up(c, c.sinks[0]), 240, what="first sink caught up",
+                     describe=lambda: (tmp_path / "run0.log").read_text()[-2000:])
+            consumers[0].kill()  # -9, its process group with it
+            for r in range(6, 12):
+                _writes(conn, r)
+        consumers[0].start()
+        for i, sink in enumerate(c.sinks):
+            wait_for(lambda sink=sink: sink_caught_up(c, sink), 240, what=f"sink {i} caught up",
+                     describe=lambda i=i: (tmp_path / f"run{i}.log").read_text()[-2000:])
+    finally:
+        for consumer in consumers:
+            consumer.kill()
+    digest = "SELECT count(*), md5(string_agg(t::text, E'\\n' ORDER BY t::text)) FROM {} t"
+    for name, *_ in TABLES:
+        query = sql.SQL(digest).format(sql.Identifier(name))
+        expected = run_sql(c.source, query)
+        assert expected[0][0] > ROWS // 3
+        for sink in c.sinks:
+            assert run_sql(sink, query) == expected, f"{name} on {sink}"
