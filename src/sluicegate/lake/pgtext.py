@@ -98,19 +98,8 @@ def parse_composite(text: str) -> list[str | None]:
     fields: list[str | None] = []
     i, end = 1, len(text) - 1
     while True:
-        buf, quoted = [], False
-        while i < end and text[i] != ",":
-            if text[i] == '"':
-                part, i = _quoted(text, i)
-                buf.append(part)
-                quoted = True
-            elif text[i] == "\\":
-                buf.append(text[i + 1])
-                i += 2
-            else:
-                buf.append(text[i])
-                i += 1
-        fields.append("".join(buf) if buf or quoted else None)
+        value, i = _field(text, i, end, ",")
+        fields.append(value)
         if i >= end:
             return fields
         i += 1
@@ -174,8 +163,15 @@ def _range_at(text: str, i: int):
 
 
 def _range_bound(text: str, i: int) -> tuple[str | None, int]:
+    return _field(text, i, len(text), ",)]")
+
+
+def _field(text: str, i: int, end: int, stops: str) -> tuple[str | None, int]:
+    """A composite attribute or a range bound from text[i] up to one of `stops` (or `end`): quoted parts and
+    backslash escapes read as PostgreSQL writes them; nothing at all (not even "") is NULL. (value, where it
+    stopped)."""
     buf, quoted = [], False
-    while i < len(text) and text[i] not in ",)]":
+    while i < end and text[i] not in stops:
         if text[i] == '"':
             part, i = _quoted(text, i)
             buf.append(part)

@@ -275,14 +275,7 @@ def _date(text: str) -> int:
         return date.fromisoformat(text).toordinal() - _EPOCH_ORDINAL
     except ValueError:
         pass
-    days = pgtext.parse_date(text)
-    if days == pgtext.INFINITY:
-        return DATE_INFINITY
-    if days == pgtext.NEG_INFINITY:
-        return -DATE_INFINITY
-    if not -DATE_INFINITY < days < DATE_INFINITY:
-        raise pgtext.Unrepresentable(f"date {text} is past the Delta date range")
-    return days
+    return _within(pgtext.parse_date(text), DATE_INFINITY, f"date {text} is past the Delta date range")
 
 
 def _timestamp(text: str) -> int:
@@ -291,14 +284,18 @@ def _timestamp(text: str) -> int:
         return (at - (_EPOCH_UTC if at.tzinfo else _EPOCH)) // _US
     except ValueError:
         pass
-    micros = pgtext.parse_timestamp(text)
-    if micros == pgtext.INFINITY:
-        return TS_INFINITY
-    if micros == pgtext.NEG_INFINITY:
-        return -TS_INFINITY
-    if not -TS_INFINITY < micros < TS_INFINITY:
-        raise pgtext.Unrepresentable(f"timestamp {text} is past 64-bit microseconds")
-    return micros
+    return _within(pgtext.parse_timestamp(text), TS_INFINITY, f"timestamp {text} is past 64-bit microseconds")
+
+
+def _within(value: int, sentinel: int, past: str) -> int:
+    """PostgreSQL's ±infinity as the ±sentinel; a finite value at or past a sentinel cannot be told from it."""
+    if value == pgtext.INFINITY:
+        return sentinel
+    if value == pgtext.NEG_INFINITY:
+        return -sentinel
+    if not -sentinel < value < sentinel:
+        raise pgtext.Unrepresentable(past)
+    return value
 
 
 def _interval(text: str) -> dict:
