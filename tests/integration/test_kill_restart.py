@@ -31,6 +31,19 @@ def start_driver(pair, workflow: str, log: Path, fault: str | None = None, fault
     )
 
 
+def kill_at(pair, workflow: str, point: str, tmp_path, log) -> None:
+    """Start `workflow run` as its own process, and kill -9 it once it reaches the fault point `point`."""
+    driver = start_driver(pair, workflow, log, fault=point, fault_dir=tmp_path)
+    try:
+        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=240,
+                 what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
+        assert driver.poll() is None, log.read_text()[-2000:]
+        os.kill(driver.pid, signal.SIGKILL)
+    finally:
+        reap_group(driver)
+    (tmp_path / point).unlink()
+
+
 # CI runs a kill in the copy and one in replication; the rest with SLUICEGATE_ALL_TESTS=1.
 POINTS = [
     "copy.before_progress",      # copy: rows committed on the target, lastpk not yet advanced
@@ -52,14 +65,7 @@ def test_kill_9_then_resume(pair, tmp_path, point):
     writer.start()
     log = tmp_path / "driver.log"
     try:
-        driver = start_driver(pair, "k9", log, fault=point, fault_dir=tmp_path)
-        try:
-            wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=240,
-                     what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
-            assert driver.poll() is None, log.read_text()[-2000:]
-            os.kill(driver.pid, signal.SIGKILL)
-        finally:
-            reap_group(driver)
+        kill_at(pair, "k9", point, tmp_path, log)
         s = stream_row(pair, "k9")
         confirmed = slot_confirmed(pair, s["slot"])
         assert confirmed is None or s["position"] is None or confirmed <= s["position"]

@@ -6,7 +6,6 @@ Every comparison is a digest of the rows' text forms on each side, independent o
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
@@ -18,7 +17,7 @@ from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, wait_for
 from .helpers import caught_up, reap_group, stream_row
-from .test_kill_restart import start_driver
+from .test_kill_restart import kill_at, start_driver
 from .test_vdiff import report, vdiff
 
 pytestmark = pytest.mark.spark
@@ -101,19 +100,6 @@ class ShapeWriter(threading.Thread):
                     self.stop_event.wait(0.01)  # a steady rate, not a flood the catchup never ends
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
-
-
-def kill_at(pair, workflow: str, point: str, tmp_path, log) -> None:
-    """Start `workflow run` as its own process, and kill -9 it once it reaches the fault point `point`."""
-    driver = start_driver(pair, workflow, log, fault=point, fault_dir=tmp_path)
-    try:
-        wait_for(lambda: (tmp_path / point).exists() or driver.poll() is not None, timeout=240,
-                 what=f"fault point {point}", describe=lambda: log.read_text()[-2000:])
-        assert driver.poll() is None, log.read_text()[-2000:]
-        os.kill(driver.pid, signal.SIGKILL)
-    finally:
-        reap_group(driver)
-    (tmp_path / point).unlink()
 
 
 def test_shapes_move_and_every_change_lands(versions_pair, tmp_path):
