@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import shlex
@@ -433,7 +434,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
                 _run_reshard(name, target, runner, stop)
             finally:
                 view.stop()
-                governor.stop_soon()
+                governor.close()
             return
     view = _progress(name, target, kind, no_progress, interval)
     engine = Engine(target, name, runner, stop=stop)
@@ -457,7 +458,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
         engine.close()
         view.stop()
         if governor is not None:
-            governor.stop_soon()
+            governor.close()
     if final == st.ERROR:
         with connect(url, role="target") as conn:
             msg = st.load_workflow(conn, running).streams[0].message
@@ -838,6 +839,9 @@ _log_options_everywhere(cli)
 
 
 def main() -> None:
+    # A crash inside a native library (the JVM bridge, pyarrow, delta-rs, libpq) leaves every thread's stack on
+    # stderr instead of a bare "Segmentation fault".
+    faulthandler.enable()
     cli(prog_name="sluicegate")
 
 

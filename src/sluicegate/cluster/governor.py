@@ -117,9 +117,13 @@ class Governor:
         self.thread.start()
         return self
 
-    def stop_soon(self) -> None:
-        """The consumer is leaving (its stop event may not be set: the stream went to Error)."""
+    def close(self, timeout: float = 30.0) -> None:
+        """The consumer is leaving (its stop event may not be set: the stream went to Error). Waits for a round
+        in flight: a thread still inside pyarrow's S3 client or psycopg while the interpreter finalizes can
+        crash the process (SIGSEGV at exit), and a release half done should finish."""
         self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
 
     def _run(self) -> None:
         while not self.stop.is_set():

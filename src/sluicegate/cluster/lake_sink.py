@@ -220,7 +220,7 @@ def at_start(target: str, name: str) -> list[str]:
 
 def start_consumer(target: str, name: str, stop):
     """What `workflow run` does around a Delta sink's engine: print the decision, start the governor (its
-    `stop_soon` when the engine returns). None for a MoveTables."""
+    `close` when the engine returns). None for a MoveTables."""
     wf = open_store(target).load(name)
     if wf.kind != KIND:
         return None

@@ -166,7 +166,7 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
         final = engine.run()
     finally:
         if governor is not None:
-            governor.stop_soon()
+            governor.close()
     if final == ERROR:
         raise SluicegateError(f"workflow {name} stopped in Error: {store.load(name).message}")
     return final
