@@ -812,6 +812,7 @@ def demo(rows, keep, workdir):
 
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
+from .check import check_group
 from .lake import lake_group
 from .log import log_group
 from .replicate import replicate_group
@@ -825,6 +826,8 @@ cli.add_command(lake_group)
 cli.add_command(log_group)
 cli.add_command(replicate_group)
 cli.add_command(vstream_group)
+cli.add_command(check_group({"movetables": movetables_create, "materialize": materialize_create,
+                             "reshard": reshard_create, "replicate": replicate_group.commands["create"]}))
 
 def _log_options_everywhere(group: click.Group) -> None:
     """-v, --log-level and --log-file after the subcommand too (`sluicegate workflow run W -v`)."""

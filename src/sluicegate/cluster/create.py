@@ -22,10 +22,13 @@ from psycopg import sql
 
 from ..appliers import lww
 from ..errors import UsageError
-from ..postgres import capture, catalog, locks, origins, replication, table_definition
+from ..postgres import capture, catalog, locks, replication, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify, same_database
+from ..preflight.needs import BIDIRECTIONAL
+from ..preflight.probes import privileged
+from ..preflight.report import refuse
 from ..workflow import state as st
 from ..workflow.create import (
     _check_no_leftovers,
@@ -171,12 +174,8 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
                 raise UsageError(f"{side} {describe(url)} has track_commit_timestamp = off; bidirectional "
                                  f"replication resolves conflicts by commit time: ALTER SYSTEM SET "
                                  f"track_commit_timestamp = on, then restart that server")
-            missing = origins.missing_rights(conn)
-            if missing:
-                user = conn.info.user
-                raise UsageError(f"{side} {describe(url)}: user {user} may not use replication origins: "
-                                 f"GRANT EXECUTE ON FUNCTION {', '.join(missing)} TO {user} (as a superuser), "
-                                 f"or connect as a superuser")
+            # the origin functions and the settings both directions' appliers use (preflight/needs.py)
+            refuse(privileged(conn, f"{side} {describe(url)}", {BIDIRECTIONAL}))
         except psycopg.Error as exc:
             raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None
     try:  # B as the source of B->A

@@ -22,8 +22,6 @@ from ..errors import RetryableError, TerminalError
 
 POOL = 16  # sessions of one direction writing at once: the copy's parallel tasks, a play task, the driver
 _LOCK_SPACE = "sluicegate-origin"
-_FUNCTIONS = ("pg_replication_origin_create(text)", "pg_replication_origin_session_setup(text)",
-              "pg_replication_origin_xact_setup(pg_lsn, timestamp with time zone)")
 
 
 def acquire(conn, prefix: str) -> str:
@@ -70,17 +68,6 @@ def drop(conn, prefix: str) -> list[str]:
     return [f"replication origin {n}" for n in names]
 
 
-def missing_rights(conn) -> list[str]:
-    """The origin functions this session's user may not run (a superuser may run them all)."""
-    cur = conn.cursor()
-    out = []
-    for fn in _FUNCTIONS:
-        cur.execute("SELECT has_function_privilege(%s, 'EXECUTE')", (fn,))
-        if not cur.fetchone()[0]:
-            out.append(fn)
-    return out
-
-
 def _translate(exc: Exception, name: str) -> Exception:
     code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
     text = " ".join(str(exc).split())
@@ -88,8 +75,11 @@ def _translate(exc: Exception, name: str) -> Exception:
         return RetryableError(f"replication origin {name} is still in use on the sink ({text}); will retry",
                               code)
     if code == "42501":
+        from ..preflight.needs import BIDIRECTIONAL, names
+
         return TerminalError(f"the sink user may not use replication origin {name} ({text}): connect as a "
-                             f"superuser, or GRANT EXECUTE ON FUNCTION {', '.join(_FUNCTIONS)} TO the user",
+                             f"superuser, or GRANT EXECUTE ON FUNCTION {', '.join(names('function', {BIDIRECTIONAL}))} "
+                             f"TO the user (`sluicegate check replicate … --bidirectional` prints each statement)",
                              code)
     if code and code.startswith(("08", "57")):
         return RetryableError(f"setting up replication origin {name}: {text}", code)

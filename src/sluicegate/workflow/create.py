@@ -7,6 +7,7 @@ from psycopg import sql
 
 from ..cluster.model import direction
 from ..errors import SluicegateError, UsageError
+from ..names import quote_name
 from ..postgres import capture, catalog, locks, origins, replication, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import (
@@ -19,6 +20,9 @@ from ..postgres.connect import (
     strip_password,
 )
 from ..postgres.identity import DatabaseIdentity, identify, same_database
+from ..preflight.plan import Plan
+from ..preflight.plan import check as preflight
+from ..preflight.report import refuse
 from ..rules.compile import CompiledRule
 from ..rules.spec import RuleSpec, parse_rules
 from . import copier
@@ -68,6 +72,9 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
                 if kind == "MoveTables" else {}
         except psycopg.Error as exc:  # e.g. permission denied reading a table: say which side
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+        # What the run will do as these users (switch-traffic's reverse stream included): refused now, not then.
+        refuse(preflight(Plan(kind, [source_url], [target_url], [quote_name(t.schema, t.name) for t in described],
+                              rules=bool(compiled), workflow=name)))
         with connect(target_url, role="target") as dst:
             try:
                 check_not_the_source(src, dst, "target", target_url)

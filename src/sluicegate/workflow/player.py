@@ -96,11 +96,13 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         if task.clusters[0] or task.replica_role:
             # The tombstone triggers must take the applier's deletes for what they are (appliers/lww.py).
             dst.execute("SET session_replication_role = replica")
-            # In a lock cycle with the application's transaction, PostgreSQL aborts the one whose
-            # deadlock_timeout runs out first: let that be the applier (it retries its batch), never the
-            # application (1 s by default). Needs the same privilege as the setting above.
+        if task.clusters[0]:
+            # Active-active: in a lock cycle with the application's transaction, PostgreSQL aborts the one
+            # whose deadlock_timeout runs out first: let that be the applier (it retries its batch), never the
+            # application (1 s by default). A MoveTables' target has no application writing yet: it keeps
+            # its default, and its user needs no grant for it (preflight/needs.py).
             dst.execute("SET deadlock_timeout = '20ms'")
-            dst.commit()
+        dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task

@@ -1,0 +1,93 @@
+"""`sluicegate check KIND …`: the preflight of a planned workflow (preflight/), with the flags of `KIND create`.
+
+Each subcommand takes exactly the parameters of the create command it checks (made from them, so the two never
+drift apart); `--workflow` is optional. Exit status: 0 nothing in the way (warnings may be printed), 1 problems,
+2 a usage error."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import click
+
+
+def _from_create(create: click.Command, kind: str) -> click.Command:
+    params = []
+    for p in create.params:
+        p = copy.copy(p)
+        if p.name == "name":
+            p.required = False
+        params.append(p)
+    params.append(click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."))
+
+    def callback(**kw):
+        from .main import friendly
+
+        friendly(_check)(kind, kw)
+
+    return click.Command(kind.lower(), params=params, callback=callback,
+                         help=f"Check, as `{kind.lower()} create` would be run, that a {kind} workflow's run will "
+                              f"have what it needs on every database: settings, a replication connection, "
+                              f"privileges, tables. Prints each problem with the SQL that fixes it.")
+
+
+def _check(kind: str, kw: dict) -> None:
+    from ..postgres.catalog import split_list, with_schemas
+    from ..preflight.plan import Plan, check
+    from ..preflight.report import errors
+
+    def shards(values) -> list[str]:
+        return [v.partition("=")[2].strip() for v in values or ()]
+
+    names = split_list(kw["tables"]) if kw.get("tables") else None
+    if kw.get("schemas"):
+        names = with_schemas(names, split_list(kw["schemas"]))
+    plan = Plan(
+        kind="Materialize" if kind == "materialize" else {"movetables": "MoveTables", "reshard": "Reshard",
+                                                           "replicate": "Replicate"}[kind],
+        sources=[kw["source"]] if kw.get("source") else shards(kw.get("source_shards")),
+        targets=[kw["target"]] if kw.get("target") else list(kw.get("sinks") or ()) or shards(kw.get("target_shards")),
+        tables=names, exclude=split_list(kw["exclude_tables"]) if kw.get("exclude_tables") else None,
+        rules=bool(kw.get("rules") or kw.get("rules_file")) or kind == "materialize",
+        bidirectional=bool(kw.get("bidirectional")), workflow=kw.get("name"))
+    if not plan.sources:
+        raise click.UsageError("name the source: --source URL (or --source-shard RANGE=URL)")
+    rules = list(kw.get("rules") or ())
+    if kw.get("rules_file"):
+        from ..rules.spec import load_rules_file
+
+        rules += load_rules_file(kw["rules_file"])
+    if rules and plan.kind == "Materialize":  # its tables are the rules' FROM tables (Spark's parser says which)
+        plan.tables = _rule_sources(rules) or plan.tables
+    problems = check(plan)
+    if kw["as_json"]:
+        click.echo(json.dumps({"ok": not errors(problems), "problems": [p.to_json() for p in problems]}, indent=2))
+    else:
+        for p in problems:
+            click.echo(p.line())
+        bad = len(errors(problems))
+        click.echo(f"{bad} problem(s), {len(problems) - bad} warning(s)" if problems else
+                   "ok: every database has what the workflow's run needs", err=bool(problems))
+    if errors(problems):
+        raise SystemExit(1)
+
+
+def _rule_sources(rules: list[str]) -> list[str] | None:
+    from ..rules.compile import from_name
+    from ..rules.spec import parse_rules
+    from ..spark.session import get_spark
+
+    specs = parse_rules(rules)
+    if any(s.is_pattern for s in specs):
+        return None  # a pattern matches by name: every table of schema public (or --tables) is checked
+    spark = get_spark()
+    return [from_name(spark, s) for s in specs]
+
+
+def check_group(creates: dict[str, click.Command]) -> click.Group:
+    group = click.Group("check", help="Preflight: prove, before `create`, that a workflow's run will have what "
+                                      "it needs (the flags are create's).")
+    for kind, create in creates.items():
+        group.add_command(_from_create(create, kind))
+    return group

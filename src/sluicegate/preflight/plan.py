@@ -1,0 +1,137 @@
+"""A planned workflow and what it asks of each database it touches.
+
+A MoveTables or Reshard is made to switch traffic: from then on its target is read as a source (its slot and
+publication) and its source is written as a target (the reverse stream's state), so both are checked for both
+roles. An active-active Replicate's two clusters are each source and sink too. A Delta sink asks nothing of a
+database but its source's."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import psycopg
+
+from ..errors import SluicegateError
+from ..postgres.catalog import Table
+from ..postgres.connect import connect, describe, first_line
+from . import needs as nd
+from . import probes
+from .report import Problem
+
+SWITCHES = ("MoveTables", "Reshard")  # kinds whose traffic switches to the target (workflow/traffic.py)
+
+
+@dataclass
+class Plan:
+    kind: str  # MoveTables, Materialize, Reshard, Replicate
+    sources: list[str]  # a source's URL, or a keyspace's shards'
+    targets: list[str]  # target or sink URLs: PostgreSQL, or delta:…
+    tables: list[str] | None = None  # as --tables/--schemas give them; None: all of schema public
+    exclude: list[str] | None = None
+    rules: bool = False  # rules transform rows: no foreign keys carried, no switch of traffic
+    bidirectional: bool = False
+    workflow: str | None = None  # its publication may already exist (add-tables, a second sink)
+
+    @property
+    def switches(self) -> bool:
+        return self.kind in SWITCHES and not self.rules
+
+    def slots_per_source(self) -> int:
+        """Slots a source gives the workflow: one per sink (Replicate) or per target shard (Reshard)."""
+        return max(1, len(self.targets)) if self.kind in ("Replicate", "Reshard") else 1
+
+
+def check(plan: Plan) -> list[Problem]:
+    """Every problem of the plan, on every database, sources first."""
+    problems: list[Problem] = []
+    tables: list[Table] = []
+    fks = False
+    publication = None
+    if plan.workflow:
+        from ..workflow.state import object_name
+
+        publication = object_name("sg", plan.workflow)
+    for url in plan.sources:
+        where = f"source {describe(url)}"
+        conn = _connect(url, "source", where, problems)
+        if conn is None:
+            continue
+        with conn, _reported(where, problems):
+            found, p = probes.source_tables(conn, where, plan.tables, plan.exclude)
+            tables = tables or found
+            fks = fks or (plan.kind != "Replicate" and not plan.rules and probes.foreign_keys_between(conn, found))
+            p += probes.settings(conn, where, plan.slots_per_source(), plan.bidirectional)
+            p += probes.source_role(conn, where, found, publication)
+            p += probes.replication_access(conn, url, where)
+            if plan.bidirectional or plan.switches:  # written as a target too: its state (it owns the tables)
+                p += probes.target_rights(conn, where, [])
+            p += probes.privileged(conn, where, _uses(plan, fks))
+            problems += p
+    for url in plan.targets:
+        if url.startswith("delta:"):
+            continue
+        where = f"{'sink' if plan.kind == 'Replicate' else 'target'} {describe(url)}"
+        conn = _connect(url, "target", where, problems)
+        if conn is None:
+            continue
+        with conn, _reported(where, problems):
+            p = probes.target_rights(conn, where, tables)
+            uses = _uses(plan, fks)
+            p += _fk_problems(conn, where, uses) if nd.REPLICA_ROLE in uses and not plan.bidirectional else \
+                probes.privileged(conn, where, uses)
+            if plan.bidirectional or plan.switches:  # read as a source too
+                existing = [t for t in tables if probes._table_exists(conn, t)]
+                p += probes.settings(conn, where, 1, plan.bidirectional)
+                p += probes.source_role(conn, where, existing, publication)
+                p += probes.replication_access(conn, url, where)
+            problems += p
+    return _merged(problems)
+
+
+def _merged(problems: list[Problem]) -> list[Problem]:
+    """One problem per fix and database (a GRANT CREATE ON DATABASE serves the publication and the state)."""
+    out: dict[tuple, Problem] = {}
+    for p in problems:
+        key = (p.database, p.fix) if p.fix else (p.database, p.what)
+        if key in out:
+            first = out[key]
+            out[key] = replace(first, what=f"{first.what}; and {p.what.split(': ', 1)[-1]}"
+                               if p.what != first.what else first.what)
+        else:
+            out[key] = p
+    return list(out.values())
+
+
+def _uses(plan: Plan, fks: bool) -> set[str]:
+    uses = set()
+    if plan.bidirectional:
+        uses.add(nd.BIDIRECTIONAL)
+    if fks:
+        uses.add(nd.REPLICA_ROLE)
+    return uses
+
+
+def _fk_problems(conn: psycopg.Connection, where: str, uses: set[str]) -> list[Problem]:
+    """A MoveTables without session_replication_role runs, without the foreign keys: create leaves them out
+    (with a note), so this is a warning."""
+    return [Problem(p.database, p.what + "; without it `create` leaves the foreign keys between the moved tables "
+                    "out", p.fix, p.action, p.restart, "warning", p.area)
+            for p in probes.privileged(conn, where, uses)]
+
+
+@contextmanager
+def _reported(where: str, problems: list[Problem]):
+    """A database error that stops the checks of one database is a problem of that database, not a crash."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        problems.append(Problem(where, f"checking stopped: {first_line(exc)}", area="connection"))
+
+
+def _connect(url: str, role: str, where: str, problems: list[Problem]) -> psycopg.Connection | None:
+    try:
+        return connect(url, role=role, autocommit=True, connect_timeout=10)
+    except SluicegateError as exc:
+        problems.append(Problem(where, f"cannot connect: {exc}", area="connection"))
+        return None
