@@ -226,15 +226,22 @@ def test_keyless_refusals(pair, tmp_path):
 
 
 def test_keyless_replicate_to_a_postgres_sink(rc, tmp_path):
-    """A Replicate sink on PostgreSQL copies and applies as MoveTables does: keyless tables move too."""
+    """A Replicate sink on PostgreSQL copies and applies as MoveTables does: keyless tables move too. Identity
+    columns GENERATED ALWAYS (a keyless table's, a key) keep the source's values (issue 34)."""
     from .cluster_helpers import Consumer, create
     from .cluster_helpers import caught_up as sink_caught_up
+    from .cluster_helpers import run as run_sql
+    from .helpers import table_rows
 
     c = rc
-    c.src("CREATE TABLE logs (a int, b text, j json, p point, big text)")
+    c.src("CREATE TABLE logs (a int, b text, j json, p point, big text, n int GENERATED ALWAYS AS IDENTITY)")
     c.src("ALTER TABLE logs REPLICA IDENTITY FULL")
     c.src("INSERT INTO logs SELECT g % 50, 'v', '{}', '(1,1)', NULL FROM generate_series(1, 500) g")
+    c.src("CREATE TABLE orders (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v int)")
+    c.src("INSERT INTO orders (v) SELECT g FROM generate_series(1, 10) g")
     sink = c.sinks[0]
+    # made by hand like the source's (create would make n BY DEFAULT: postgres/table_definition.py)
+    run_sql(sink, "CREATE TABLE logs (a int, b text, j json, p point, big text, n int GENERATED ALWAYS AS IDENTITY)")
     out = create(c, sinks=[sink])
     assert out.returncode == 0, out.stderr
     consumer = Consumer(c.workflow, sink, tmp_path / "run.log").start()
@@ -243,11 +250,17 @@ def test_keyless_replicate_to_a_postgres_sink(rc, tmp_path):
                  describe=lambda: (tmp_path / "run.log").read_text()[-2000:])
         c.src("UPDATE logs SET b = 'changed' WHERE ctid = (SELECT ctid FROM logs WHERE a = 1 LIMIT 1)")
         c.src("DELETE FROM logs WHERE ctid = (SELECT ctid FROM logs WHERE a = 2 LIMIT 1)")
-        c.src("INSERT INTO logs SELECT * FROM logs WHERE a = 3")
+        c.src("INSERT INTO logs (a, b, j, p, big) SELECT a, b, j, p, big FROM logs WHERE a = 3")
+        c.src("INSERT INTO orders (v) SELECT g FROM generate_series(11, 20) g")
+        c.src("UPDATE orders SET v = -v WHERE id <= 5")
         wait_for(lambda: sink_caught_up(c, sink), 120, what="sink caught up after writes")
     finally:
         consumer.kill()
     assert multiset(c.source, "logs") == multiset(sink, "logs")
+    assert run_sql(sink, "SELECT attidentity FROM pg_attribute WHERE attrelid = 'orders'::regclass "
+                         "AND attname = 'id'") == [("a",)]  # the sink's table is made like the source's
+    assert table_rows(c.source, "orders", ["id"]) == table_rows(sink, "orders", ["id"])
+    assert len(table_rows(sink, "orders", ["id"])) == 20
     assert sum(multiset(sink, "logs").values()) == 500 - 1 + 10
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import threading
 import time
 
@@ -464,3 +465,92 @@ def test_random_concurrent_writes_converge_to_the_later_commit(bidi, tmp_path, s
                       key=lambda r: int(r[1:].split(",")[0]))
     assert sum(len(w.writes) for w in writers) > 100
     assert table_rows(p.a, "public.items", ["id"]) == expected
+
+
+class IdentityWriter(threading.Thread):
+    """Inserts (the key from the side's identity sequence), updates and deletes of random rows, on one side."""
+
+    def __init__(self, url: str, seed: int):
+        super().__init__(daemon=True)
+        self.url, self.rng = url, random.Random(seed)
+        self.stop_event, self.inserted, self.error = threading.Event(), [], None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url, autocommit=True) as c:
+                while not self.stop_event.is_set():
+                    op = self.rng.random()
+                    if op < 0.5:
+                        self.inserted.append(c.execute("INSERT INTO items (qty, note) VALUES (%s, 'new') "
+                                                       "RETURNING id", (self.rng.randint(0, 99),)).fetchone()[0])
+                    elif op < 0.85:
+                        c.execute("UPDATE items SET qty = qty + 1, note = 'upd' WHERE id = "
+                                  "(SELECT id FROM items ORDER BY random() LIMIT 1)")
+                    else:
+                        c.execute("DELETE FROM items WHERE id = (SELECT id FROM items ORDER BY random() LIMIT 1)")
+                    self.stop_event.wait(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_generated_always_identity_keys_both_ways(bidi, tmp_path):
+    """Issue 34: a GENERATED ALWAYS identity key, each side's sequence set as create's advice says (odd keys on
+    one side, even on the other): inserts, updates and deletes on both sides at once while both consumers
+    run; every insert replicates (OVERRIDING SYSTEM VALUE) and the two sides end equal."""
+    p = bidi
+    ddl = "CREATE TABLE items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, qty int, note text)"
+    run(p.a, ddl)
+    run(p.a, "INSERT INTO items (qty, note) SELECT g % 7, 'base' FROM generate_series(1, 200) g")
+    run(p.b, ddl)  # empty: create copies into it
+    out = p.create()
+    assert out.returncode != 0 and "key column id draws from a sequence" in out.stderr, out.stderr
+    # The advice's own statements, above every key either side has, odd on the source and even on the sink.
+    advice = dict(re.findall(r"on (source|sink): (ALTER TABLE [^;]+)", out.stderr))
+    assert advice == {side: f'ALTER TABLE "public"."items" ALTER COLUMN "id" SET INCREMENT BY 2 RESTART WITH {n}'
+                      for side, n in (("source", 203), ("sink", 204))}, out.stderr
+    _nothing_created(p.a, p.b)
+    run(p.a, advice["source"])
+    run(p.b, advice["sink"])
+    out = p.create()
+    assert out.returncode == 0, out.stderr
+    consumers = [Consumer(W, p.a, tmp_path / "a.log").start()]
+    writers = [IdentityWriter(url, seed) for url, seed in ((p.a, 1), (p.b, 2))]
+    try:
+        wait_for(lambda: stream(p.a, W)["state"] == "Running", 180, what="B->A running")
+        consumers.append(Consumer(W, p.b, tmp_path / "b.log").start())
+        wait_for(lambda: caught_up(p.b, p.a), 180, what="B copied and caught up",
+                 describe=lambda: (stream(p.b, W), (tmp_path / "b.log").read_text()[-2000:]))
+        # Issue 34's message nit: a second driver is refused before any progress line, naming the holder.
+        began = time.monotonic()
+        second = cli("workflow", "run", W, "--target", p.a, "--no-progress", timeout=120)
+        assert second.returncode != 0 and second.stdout == "", second.stdout + second.stderr
+        assert "already being run" in second.stderr and f"pid {consumers[0].proc.pid} " in second.stderr, \
+            second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+        assert time.monotonic() - began < 30
+        assert run(p.a, "SELECT driver_pid FROM sluicegate.workflows WHERE name = %s", (W,))[0][0] == \
+            consumers[0].proc.pid  # the refused driver did not record itself as the driver
+
+        for w in writers:
+            w.start()
+        wait_for(lambda: all(len(w.inserted) >= 100 for w in writers) or any(w.error for w in writers), 60,
+                 what="both sides writing")
+        for w in writers:
+            w.stop_event.set()
+            w.join()
+            assert w.error is None, w.error
+        wait_for(lambda: caught_up(p.a, p.b) and caught_up(p.b, p.a) and equal(p), 120, what="both sides equal",
+                 describe=lambda: (stream(p.a, W), stream(p.b, W)))
+        for side in (p.a, p.b):
+            assert stream(side, W)["state"] == "Running"
+        a_keys, b_keys = writers[0].inserted, writers[1].inserted
+        assert all(k % 2 == 1 and k >= 203 for k in a_keys) and all(k % 2 == 0 and k >= 204 for k in b_keys)
+        # each side's inserts reached the other (those not deleted since)
+        for side, keys in ((p.b, a_keys), (p.a, b_keys)):
+            present = run(side, "SELECT count(*) FROM items WHERE id = ANY(%s)", (keys,))[0][0]
+            assert present >= len(keys) // 2, (present, len(keys))
+    finally:
+        for w in writers:
+            w.stop_event.set()
+        for c in consumers:
+            c.kill()

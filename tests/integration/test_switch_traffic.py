@@ -205,6 +205,11 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         # reverse-traffic: writes back to the source, the forward workflow resumes
         reversed_, gap = _switch(pair, "reverse-traffic", clients)
         assert reversed_["traffic"] == "reversed"
+        # the source's sequence is the one set, from the target's (issue 34: it said "(source …)")
+        assert reversed_["sequences"] == [line for line in reversed_["sequences"] if
+                                          line.startswith("sequence public.events_id_seq on the source set to ")
+                                          and "(target public.events_id_seq at " in line], reversed_
+        assert len(reversed_["sequences"]) == 1, reversed_
         bound = 2.0 + reversed_["lag_seconds"]
         assert reversed_["blocked_seconds"] < bound, reversed_
         assert gap < bound + 1.0, f"a client waited {gap:.2f} s for a write (reverse: {reversed_})"
@@ -235,6 +240,8 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         # switch again (quiet), then complete: neither side keeps anything of Sluicegate's but the data
         out = _cli("movetables", "switch-traffic", "mt", "--target", pair.target)
         assert out.returncode == 0 and "blocked for" in out.stdout, out.stdout + out.stderr
+        assert "\n  sequence public.events_id_seq on the target set to " in out.stdout, out.stdout
+        assert "(source public.events_id_seq at " in out.stdout and "sequence sequence" not in out.stdout, out.stdout
         pair.dst("INSERT INTO events (client, k) VALUES (-2, 1)")  # the target's sequence is past the source's
         wait_for(lambda: pair.src("SELECT count(*) FROM events WHERE client = -2") == [(1,)], timeout=60,
                  what="the second switch's reverse stream", describe=lambda: log.read_text()[-1500:])
@@ -245,6 +252,9 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
             assert _sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
                                                 "functions": 0}, url
         assert_same(pair, "events", ["id"])
+        out = _cli("workflow", "status", "mt", "--target", pair.target)  # nothing left: says why (issue 34)
+        assert out.returncode != 0 and "`movetables complete`" in out.stderr, out.stderr
+        assert "create 'mt' first" not in out.stderr, out.stderr
         # writable again, no trigger left (complete leaves the source's sequences where they are)
         pair.src("INSERT INTO events (id, client, k) SELECT max(id) + 1, -3, 1 FROM events")
         assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]

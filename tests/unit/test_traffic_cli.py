@@ -36,3 +36,13 @@ def test_status_text_shows_the_traffic_and_an_interrupted_command(capsys):
     assert "traffic: switched" in text
     assert "reverse workflow w_reverse: Running at 0/16B3748, lag 0.25s" in text
     assert "switch-traffic w` again" in text
+
+
+def test_the_report_prints_each_sequence_line_once(capsys):
+    from sluicegate.cli.traffic import _report
+    from sluicegate.workflow.traffic import SwitchResult
+
+    line = "sequence public.customers_id_seq on the source set to 1001 (target public.customers_id_seq at 900)"
+    _report(SwitchResult("w", "reversed", 0x16B3748, 0.01, 0.0, [line]), as_json=False)
+    text = capsys.readouterr().out
+    assert f"\n  {line}\n" in text and "sequence sequence" not in text

@@ -24,6 +24,7 @@ from psycopg import sql
 from ..errors import TerminalError
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
+from .identity import overriding_clause, writes_always_identity
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _LINES_PER_WRITE = 1000
@@ -79,6 +80,9 @@ def plan(conn: psycopg.Connection, table: Table, stage: sql.Identifier) -> dict:
     conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS "
                          "SELECT NULL::int AS _sg_n, {} FROM {} WITH NO DATA").format(stage, col_list, table.ident))
 
+    # an identity column GENERATED ALWAYS takes the source's values, as the copy (COPY) wrote them
+    overriding = overriding_clause(writes_always_identity(conn, table))
+
     def row_text(alias: str) -> sql.Composable:
         return sql.SQL("ARRAY[{}]::text[]").format(
             sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(alias, c)) for c in table.column_names))
@@ -94,9 +98,9 @@ def plan(conn: psycopg.Connection, table: Table, stage: sql.Identifier) -> dict:
                  SELECT tid FROM (SELECT d.ctid AS tid, s.n, row_number() OVER (PARTITION BY s.r ORDER BY d.ctid) AS k
                                   FROM {} AS d JOIN s ON {} = s.r) m
                  WHERE k <= n))""").format(table.ident, row_text("s"), stage, table.ident, row_text("d")),
-        "insert": sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS s CROSS JOIN generate_series(1, s._sg_n) "
+        "insert": sql.SQL("INSERT INTO {} ({}){} SELECT {} FROM {} AS s CROSS JOIN generate_series(1, s._sg_n) "
                           "WHERE s._sg_n > 0").format(
-            table.ident, col_list, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names), stage),
+            table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names), stage),
         "clear": sql.SQL("TRUNCATE {}").format(stage),
     }
 

@@ -32,6 +32,7 @@ from psycopg import sql
 from ..errors import TerminalError
 from ..postgres import keyrange
 from ..postgres.catalog import Table
+from .identity import overriding_clause, writes_always_identity
 from .postgres import staged_columns
 
 LOCAL_ORIGIN = 0  # roident of a transaction without a replication origin: written on this cluster
@@ -392,10 +393,12 @@ class LwwTable:
                               "AND s._sg_found = 'r' AND {}").format(t.ident, assign, stage, match)
             if non_key else None,
             # A row the application inserted after the classification is a version like any other.
+            # An identity key GENERATED ALWAYS keeps the peer's value (each side's sequence draws its own).
             "insert": sql.SQL(
-                "INSERT INTO {} AS d ({}) SELECT {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
+                "INSERT INTO {} AS d ({}){} SELECT {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
                 "AND s._sg_found <> 'r' ON CONFLICT ({}) {}"
-            ).format(t.ident, cols, s_cols, stage, keys, self._insert_conflict(stage, non_key)),
+            ).format(t.ident, cols, overriding_clause(writes_always_identity(self.conn, t)), s_cols, stage, keys,
+                     self._insert_conflict(stage, non_key)),
             "tombstone": sql.SQL(
                 "INSERT INTO sluicegate.tombstones AS tb (table_name, key, deleted_at, cluster_id) "
                 "SELECT {}, {}, s._sg_time, s._sg_cluster FROM {} AS s WHERE s._sg_op = 'D' AND s._sg_win "

@@ -27,6 +27,7 @@ from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
 from . import keyless
+from .identity import overriding_clause
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
@@ -580,7 +581,7 @@ class PostgresApplier:
                       AND current_setting('session_replication_role') <> 'replica'""",
             (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
         ).fetchone()
-        overriding = sql.SQL(" OVERRIDING SYSTEM VALUE" if always else "")
+        overriding = overriding_clause(always)
         plan = {
             "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
             # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the

@@ -349,6 +349,20 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
         return
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
+    from ..workflow import run_lock
+
+    # One driver per workflow: a second one is refused here, before its Spark, heartbeat or progress lines
+    # (its heartbeat would record it as the driver); the engine keeps holding it (a Reshard's: per stream).
+    lock = run_lock.take(target, name)
+    try:
+        _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
+                    metrics_port, metrics_addr)
+    finally:
+        lock.close()
+
+
+def _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
+                metrics_port, metrics_addr) -> None:
     kind = wf.kind
     # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases): no
     # SparkSession (Spark SQL's state) to build, and a JVM that only coordinates.
@@ -382,7 +396,7 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
         from ..spark.runner import SparkRunner
 
         runners.append(SparkRunner(spark))
-        _run(name, target, kind, runners[0], stop, no_progress, progress_interval)
+        _run(name, target, kind, runners[0], stop, no_progress, progress_interval, lock)
     finally:
         if metrics is not None:
             metrics.stop()
@@ -405,7 +419,7 @@ def _progress(name, target, kind, no_progress, interval):
     return view
 
 
-def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
+def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> None:
     from ..postgres.connect import connect
     from ..workflow import state as st
     from ..workflow.engine import Engine
@@ -437,7 +451,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval) -> None:
                 governor.close()
             return
     view = _progress(name, target, kind, no_progress, interval)
-    engine = Engine(target, name, runner, stop=stop)
+    engine = Engine(target, name, runner, stop=stop, lock_conn=lock)
     running, url = name, target
     try:
         final = _run_engine(engine, kind)

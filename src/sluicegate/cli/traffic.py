@@ -67,8 +67,8 @@ def _report(result, as_json: bool) -> None:
     click.echo(f"workflow {result.workflow}: traffic {result.traffic} to {where} at {format_lsn(result.position)}; "
                f"writes to the moved tables were blocked for {result.blocked_seconds:.3f} s "
                f"(lag at the start {result.lag_seconds or 0:.3f} s)")
-    for seq in result.sequences:
-        click.echo(f"  sequence {seq}")
+    for line in result.sequences:  # each says "sequence …" itself
+        click.echo(f"  {line}")
 
 
 @click.command("switch-traffic")

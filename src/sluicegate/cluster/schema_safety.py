@@ -26,6 +26,15 @@ class KeySequence:
     sequence: str
     increment: int
     next_class: int  # the residue (mod increment) of every value it will give
+    identity: bool = False  # an identity column's own sequence (ALTER TABLE … ALTER COLUMN changes it)
+    high: int = 0  # no key this side has or its sequence gives next is above it
+
+    def fix(self, table: Table, conn: psycopg.Connection, increment: int, start: int) -> str:
+        """The statement that makes this sequence give start, start + increment, … from now on."""
+        if self.identity:
+            return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET INCREMENT BY {} RESTART WITH {}").format(
+                table.ident, sql.Identifier(self.column), sql.Literal(increment), sql.Literal(start)).as_string(conn)
+        return f"ALTER SEQUENCE {self.sequence} INCREMENT BY {increment} RESTART WITH {start}"
 
 
 def unique_indexes(conn: psycopg.Connection, table: Table) -> list[tuple[str, str]]:
@@ -45,7 +54,7 @@ def unique_indexes(conn: psycopg.Connection, table: Table) -> list[tuple[str, st
 def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
     """The table's key columns whose default draws from a sequence (serial, identity, a nextval default)."""
     rows = conn.execute(
-        """SELECT a.attname,
+        """SELECT a.attname, a.attidentity <> '',
                   COALESCE(
                     pg_get_serial_sequence(format('%%I.%%I', n.nspname, c.relname), a.attname)::regclass,
                     (SELECT d.refobjid::regclass FROM pg_depend d JOIN pg_class s ON s.oid = d.refobjid
@@ -57,7 +66,7 @@ def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
            WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attisdropped
            ORDER BY a.attnum""", (table.schema, table.name, list(table.key))).fetchall()
     out = []
-    for column, seq in rows:
+    for column, identity, seq in rows:
         if seq is None:
             continue
         name, schema, rel, increment = conn.execute(
@@ -69,8 +78,12 @@ def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
         # residue is last_value's either way.
         query = sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, rel))
         last = conn.execute(query).fetchone()[0]
+        # The keys already there (rows copied in, or written with explicit values) may be above the sequence:
+        # a restart must clear them too. The key's index makes this cheap when the column leads it.
+        top = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(sql.Identifier(column), table.ident)).fetchone()[0]
         step = abs(increment)
-        out.append(KeySequence(column, name, step, last % step if step else 0))
+        out.append(KeySequence(column, name, step, last % step if step else 0, identity,
+                               max(last, top) if isinstance(top, int) else last))
     return out
 
 
@@ -83,10 +96,11 @@ def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str
     """One line per unsafe table, with the fix; `names` says how to call the two sides in it."""
     out = []
     for t in tables:
-        seqs = {}
+        seqs, missing = {}, set()
         for side, conn in zip(names, (a, b), strict=True):
             if not table_exists(conn, t):
                 seqs[side] = {}
+                missing.add(side)
                 continue
             for index, cols in unique_indexes(conn, t):
                 out.append(f"table {t.qualified} has unique index {index} ({cols}) on {side} besides its "
@@ -105,10 +119,34 @@ def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str
                               for side, s in zip(names, (sa, sb), strict=True) if s is not None)
             out.append(f"table {t.qualified}: key column {column} draws from a sequence ({which}): both "
                        f"clusters would make the same keys; use UUID keys, or give the sequence on each side "
-                       f"the same INCREMENT BY n >= 2 and a different START modulo n (e.g. ALTER SEQUENCE … "
-                       f"INCREMENT BY 2 RESTART WITH 1 on one side and 2 on the other), or pass "
-                       f"--allow-unsafe-schema")
+                       f"the same INCREMENT BY n >= 2 and a different START modulo n, above every key either "
+                       f"side has: {interleave(t, a, names, (sa, sb), missing)}; or pass --allow-unsafe-schema")
     return out
+
+
+def restarts(high: int, increment: int, sides: int = 2) -> list[int]:
+    """RESTART values, one per side, above `high` and in distinct residue classes mod `increment` (side i
+    gets residue i + 1)."""
+    base = high + 1
+    base += -base % increment  # the next multiple of increment: base + i + 1 then has residue i + 1
+    return [base + i for i in range(1, sides + 1)]
+
+
+def interleave(t: Table, conn: psycopg.Connection, names: tuple[str, str],
+               seqs: tuple[KeySequence | None, KeySequence | None], missing: set[str] = frozenset()) -> str:
+    """The statements that put each side's sequence in its own residue class, as `on SIDE: SQL`. A side without
+    one gets the other side's statement: to run once `create` made the table there (`missing`), or once its
+    column draws from a sequence too."""
+    known = [s for s in seqs if s is not None]
+    same = {s.increment for s in known}
+    increment = same.pop() if len(same) == 1 and known[0].increment >= 2 else 2
+    starts = restarts(max(s.high for s in known), increment)
+    out = []
+    for side, s, start in zip(names, seqs, starts, strict=True):
+        stmt = (s or known[0]).fix(t, conn, increment, start)
+        when = "" if s else " (once the table exists there)" if side in missing else " (with a sequence like it)"
+        out.append(f"on {side}{when}: {stmt}")
+    return "; ".join(out)
 
 
 def toast_notes(conn: psycopg.Connection, side: str, tables: list[Table]) -> list[str]:

@@ -429,11 +429,13 @@ def next_value(source_last: int, source_called: bool, target_last: int, target_c
 
 
 def advance_sequences(src_conn: psycopg.Connection, dst_conn: psycopg.Connection, tables,
-                      margin: int = SEQUENCE_MARGIN) -> list[str]:
+                      margin: int = SEQUENCE_MARGIN, sides: tuple[str, str] = ("source", "target")) -> list[str]:
     """Set every sequence the target tables' columns draw from past the value of the source's sequence of the
     same column (`margin` steps beyond, never lower than the target's own), in `dst_conn`'s current
     transaction (the caller commits). `tables`: Tables or qualified names ('public.orders'). Returns a line
-    per sequence saying what was set, or why not."""
+    per sequence saying what was set, or why not; `sides` names `src_conn`'s and `dst_conn`'s databases in
+    them (a reverse switch advances the source's sequences from the target's)."""
+    frm, to = sides
     lines = []
     for t in tables:
         schema, name = (t.schema, t.name) if isinstance(t, Table) else t.split(".", 1)
@@ -441,14 +443,14 @@ def advance_sequences(src_conn: psycopg.Connection, dst_conn: psycopg.Connection
         for column, seq_schema, seq_name in table_sequences(dst_conn, schema, name):
             target_seq = f"{seq_schema}.{seq_name}"
             if column not in source:
-                lines.append(f"sequence {target_seq} ({schema}.{name}.{column}): the source column has no "
-                             f"sequence; left as it is")
+                lines.append(f"sequence {target_seq} on the {to} ({schema}.{name}.{column}): the {frm}'s column "
+                             f"has no sequence; left as it is")
                 continue
             s_last, s_called, _ = _sequence_state(src_conn, *source[column])
             d_last, d_called, increment = _sequence_state(dst_conn, seq_schema, seq_name)
             value = next_value(s_last, s_called, d_last, d_called, increment, margin)
             dst_conn.execute("SELECT setval(%s::regclass, %s, true)",
                              (sql.Identifier(seq_schema, seq_name).as_string(dst_conn), value))
-            lines.append(f"sequence {target_seq} set to {value} (source {source[column][0]}.{source[column][1]} "
-                         f"at {s_last if s_called else 'its start'})")
+            lines.append(f"sequence {target_seq} on the {to} set to {value} ({frm} {source[column][0]}."
+                         f"{source[column][1]} at {s_last if s_called else 'its start'})")
     return lines

@@ -31,7 +31,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
-from . import copier, metrics
+from . import copier, metrics, run_lock
 from . import state as st
 from .copy_task import copy_range
 from .faults import fault_point
@@ -73,16 +73,17 @@ class Settings:
 class Engine:
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
                  max_backoff: float = 30.0, serve_vdiffs: bool = True, stream_id: int | None = None,
-                 copying: set | None = None):
+                 copying: set | None = None, lock_conn: psycopg.Connection | None = None):
         """`stream_id`: run that one stream of the workflow (a Reshard runs an Engine per stream).
-        `copying`: shared by the engines of one driver, the tags of those whose stream is not yet replicating."""
+        `copying`: shared by the engines of one driver, the tags of those whose stream is not yet replicating.
+        `lock_conn`: the session that already holds this engine's run lock (run_lock.take); the engine closes it."""
         self.target_url = target_url
         self.workflow = workflow
         self.stream_id = stream_id
         self.runner = runner
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
-        self.lock_conn: psycopg.Connection | None = None
+        self.lock_conn: psycopg.Connection | None = lock_conn
         self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
@@ -400,14 +401,9 @@ class Engine:
                 return
             except psycopg.Error:
                 self._drop_lock_conn()
-        conn = connect(self.target_url, role="target", autocommit=True)
         # A Reshard's streams each have their own driver thread: one lock per stream then.
         key = self.workflow if self.stream_id is None else f"{self.workflow}/stream {self.stream_id}"
-        got = conn.execute("SELECT pg_try_advisory_lock(hashtext('sluicegate'), hashtext(%s))", (key,)).fetchone()[0]
-        if not got:
-            conn.close()
-            raise UsageError(f"workflow {self.workflow!r} is already being run by another `sluicegate workflow run`")
-        self.lock_conn = conn
+        self.lock_conn = run_lock.take(self.target_url, self.workflow, key)
 
     def _drop_lock_conn(self) -> None:
         if self.lock_conn is not None:

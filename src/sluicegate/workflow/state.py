@@ -271,9 +271,18 @@ def append_tables(conn: psycopg.Connection, stream_id: int, tables: list[Table],
         )
 
 
+def missing_schema(name: str) -> str:
+    """A target without schema sluicegate: no workflow is left there. Nothing records what ended them (the
+    last one's complete, cancel or delete drops the schema, leaving the target as it was): say so."""
+    return (f"no workflow {name!r} on this target: schema sluicegate is missing, so no workflow is left here "
+            f"(`movetables complete` or `cancel`, or `workflow delete`, of the last one drops it; or none was "
+            f"created here): if {name!r} was completed, its tables are the target's own now; to start it, "
+            f"create it")
+
+
 def load_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     if not has_schema(conn):
-        raise UsageError(f"no Sluicegate workflows on this target (schema sluicegate is missing): create {name!r} first")
+        raise UsageError(missing_schema(name))
     try:
         return _read_workflow(conn, name)
     except psycopg.errors.UndefinedTable:

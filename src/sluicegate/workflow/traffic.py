@@ -297,7 +297,7 @@ def reverse_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, ti
         _wait_applied(sides.source_url, rev_stream.id, position, target_url, timeout, "reverse", name)
         fault_point("reverse.caught_up")
         with connect(sides.source_url, role="source", autocommit=True) as seq_src:
-            sequences = advance_sequences(dst, seq_src, tables)
+            sequences = advance_sequences(dst, seq_src, tables, sides=("target", "source"))
             # Everything on the source before this is applied on the target or is the reverse applier's own.
             resume = capture.wal_insert_position(seq_src)
             seq_src.execute("SELECT pg_current_xact_id()")  # flushed: the forward slot can be confirmed there
