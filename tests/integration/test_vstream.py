@@ -209,7 +209,7 @@ def test_transactions_from_a_position(pair, server, tmp_path):
     assert all(j["end_segment"] and j["segment_id"] == 1 and j["source_id"] for j in (j1, j2, j3))
     p1, p2, p3 = (msgs[-1].context.position for _, msgs in got)
     assert p1 < p2 < p3
-    assert confirmed(pair, "c1") < p1  # reading moved nothing: only a client's request confirms
+    assert confirmed(pair, "c1") < p1  # reading moved nothing: only a client's acknowledgement confirms
 
     # Resume from the end of the first transaction: the slot is confirmed there, the rest comes again.
     with Collector(server.address, "c1", position=p1) as again:
@@ -246,6 +246,66 @@ def test_transactions_from_a_position(pair, server, tmp_path):
     pair.src("CREATE TABLE c (id int PRIMARY KEY)")
     with pytest.raises(UsageError, match=r"public\.c is not in .*ALTER PUBLICATION sg_vstream_c1 ADD TABLE "):
         list(client.stream(server.address, "c1", tables=["c"]))
+
+
+def test_python_client_acknowledges(pair, server):
+    """stream(...).ack() through a server and reading the source directly; Ack on the wire with no stream."""
+    import grpc
+
+    from sluicegate.changes import change_pb2 as pb
+    from sluicegate.vstream.server import ACK_METHOD
+
+    pair.src("CREATE TABLE a (id int PRIMARY KEY)")
+    xids = []
+    with Collector(server.address, "api"), psycopg.connect(pair.source, autocommit=True) as c:
+        for i in range(4):  # the Collector made the slot and publication
+            with c.transaction():
+                xids.append(xid_of(c))
+                c.execute("INSERT INTO a VALUES (%s)", (i,))
+
+    def until(events, xid) -> dict[int, int]:
+        """Read on (one iteration of `events` throughout: ending it closes the stream) up to `xid`."""
+        got = {}
+        for ev in events.iterator:
+            if isinstance(ev, m.Transaction) and ev.end_segment:
+                got[ev.context.transaction_id] = ev.context.position
+                if ev.context.transaction_id == xid:
+                    return got
+        raise AssertionError("the stream ended")
+
+    events = client.stream(server.address, "api")
+    events.iterator = iter(events)
+    ends = until(events, xids[1])
+    assert list(ends) == xids[:2]
+    with pytest.raises(UsageError, match="handed out only up to"):
+        events.ack(ends[xids[1]] + 1)
+    events.ack(ends[xids[0]])  # the first is handled; the second is not (yet)
+    events.close()
+    assert events.acked == ends[xids[0]]
+    wait_for(lambda: confirmed(pair, "api") == ends[xids[0]], timeout=10, what="the slot at the first",
+             describe=lambda: (format_lsn(confirmed(pair, "api")), {x: format_lsn(p) for x, p in ends.items()}))
+    # Reading the source directly, from where the slot stands: the second transaction comes again.
+    direct = client.stream(pair.source, "api")
+    direct.iterator = iter(direct)
+    ends = until(direct, xids[2])
+    assert list(ends) == xids[1:3]
+    direct.ack()  # everything handed out
+    direct.close()
+    wait_for(lambda: confirmed(pair, "api") == ends[xids[2]], timeout=10, what="the slot at the third")
+    # Ack on the wire (any gRPC client), no stream open: confirmed with SQL; the answer says where it stands.
+    again = client.stream(server.address, "api")
+    again.iterator = iter(again)
+    fourth = until(again, xids[3])[xids[3]]
+    again.close()
+    wait_for(lambda: not slot_active(pair, "api"), timeout=30, what="the stream's walsender gone")
+    with grpc.insecure_channel(server.address) as channel:
+        ack = channel.unary_unary(ACK_METHOD, request_serializer=pb.VStreamRequest.SerializeToString,
+                                  response_deserializer=pb.Heartbeat.FromString)
+        assert ack(pb.VStreamRequest(client_id="api", position=fourth), timeout=30).position == fourth
+        assert confirmed(pair, "api") == fourth
+        with pytest.raises(grpc.RpcError) as bad:
+            ack(pb.VStreamRequest(client_id="api", position=flushed(pair) + 2**32), timeout=30)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ahead of" in bad.value.details()
 
 
 def test_takeover_by_the_same_client_id(pair, server):
@@ -431,6 +491,115 @@ def complete_json(lines: list[dict]) -> list[tuple[int, list]]:
     return out
 
 
+def last_position(lines: list[dict]) -> str:
+    """The last resume point printed: on a line that ends a transaction, or on a heartbeat."""
+    return [j["heartbeat"]["position"] if "heartbeat" in j else j["position"]
+            for j in lines if "heartbeat" in j or j["end_segment"]][-1]
+
+
+def test_restart_with_the_same_client_id_resumes_after_its_acknowledgements(pair, server, tmp_path):
+    """The CLI acknowledges what it wrote; its slot keeps that, so the same --client-id started again without
+    --position resumes right after it: after SIGTERM with no transaction twice, after kill -9 with every
+    transaction at least once, each whole, in order."""
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, pad text)")
+    err = tmp_path / "c1.err"
+    runs: list[Path] = []
+    procs: list[subprocess.Popen] = []
+
+    def start() -> Path:
+        out = tmp_path / f"run{len(runs) + 1}.jsonl"
+        procs.append(subprocess.Popen(cli_args("vstream", "--server", server.address, "--client-id", "c1",
+                                               "--json"),
+                                      stdout=out.open("wb"), stderr=err.open("ab"), start_new_session=True))
+        runs.append(out)
+        return out
+
+    def read(out: Path, n: int, what: str) -> None:
+        wait_for(lambda: len(complete_json(json_lines(out))) >= n, timeout=60, what=what,
+                 describe=lambda: err.read_text()[-2000:])
+
+    writer = TxnWriter(pair.source, seed=11)
+    try:
+        run1 = start()
+        wait_for(lambda: any("heartbeat" in j for j in json_lines(run1)), timeout=60, what="the slot made")
+        writer.start()
+        read(run1, 30, "30 transactions in run 1")
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=30) == 0, err.read_text()
+        assert "client c1 resumes there when started again" in err.read_text()
+        # The slot stands where run 1's last acknowledgement put it: the last resume point it printed.
+        stopped_at = parse_lsn(last_position(json_lines(run1)))
+        wait_for(lambda: confirmed(pair, "c1") == stopped_at, timeout=10, what="the slot at run 1's position",
+                 describe=lambda: format_lsn(confirmed(pair, "c1")))
+        at_stop = len(writer.committed)
+        wait_for(lambda: len(writer.committed) >= at_stop + 20, timeout=60, what="writes while stopped")
+
+        run2 = start()  # the same client id, no --position
+        read(run2, 30, "30 transactions in run 2")
+        # It acknowledges as it goes (not only when it stops): the slot moves while it streams.
+        thirtieth = [j for j in json_lines(run2) if "heartbeat" not in j and j["end_segment"]][29]["position"]
+        wait_for(lambda: confirmed(pair, "c1") >= parse_lsn(thirtieth), timeout=10,
+                 what="run 2's acknowledgements past its 30th transaction")
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        wait_for(lambda: not slot_active(pair, "c1"), timeout=30, what="run 2's stream ended")
+        killed_at = confirmed(pair, "c1")
+        run3 = start()
+        read(run3, 10, "transactions in run 3")
+        writer.stop_event.set()
+        writer.join(timeout=60)
+        assert writer.error is None, writer.error
+        last = writer.committed[-1][0]
+        wait_for(lambda: last in [x for x, _ in complete_json(json_lines(run3))], timeout=60,
+                 what="the writer's last transaction in run 3")
+        procs[2].send_signal(signal.SIGTERM)
+        assert procs[2].wait(timeout=30) == 0, err.read_text()
+    finally:
+        writer.stop_event.set()
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    got1, got2, got3 = (complete_json(json_lines(out)) for out in runs)
+    committed = writer.committed
+    # SIGTERM, then the same id again: every transaction exactly once, in commit order, each whole.
+    assert got1 + got2 == committed[:len(got1) + len(got2)]
+    assert len(got1) >= 30 and len(got2) >= 30
+    # kill -9: run 3 starts at or before the first transaction run 2 did not finish (nothing missing), with
+    # only whole transactions again (at least once), and goes on to the end.
+    assert got3 == committed[len(committed) - len(got3):]
+    repeated = len(got1) + len(got2) - committed.index(got3[0])
+    # What comes again is exactly what run 2 printed after its last acknowledgement (never ahead of it).
+    lines2 = json_lines(runs[1])
+    assert stopped_at < killed_at <= parse_lsn(last_position(lines2))
+    ends2 = {j["transaction_id"]: parse_lsn(j["position"]) for j in lines2 if "heartbeat" not in j and j["end_segment"]}
+    assert repeated == sum(1 for x, _ in got2 if ends2[x] > killed_at)
+    assert 0 <= repeated <= len(got2) - 30
+    print(f"after kill -9: {repeated} of run 2's {len(got2)} transactions again")
+
+
+def test_restart_reading_the_source_directly_resumes(pair):
+    """The same without a server (--source): the acknowledgement goes to the slot through the replication
+    connection, before the CLI lets go of it."""
+    pair.src("CREATE TABLE a (id int PRIMARY KEY)")
+    args = cli_args("vstream", "--source", pair.source, "--client-id", "direct", "--no-heartbeats",
+                    "--max-messages", "2")
+    with Collector(pair.source, "direct", heartbeat_seconds=0.2):  # makes the slot and publication
+        pass
+    xids = []
+    with psycopg.connect(pair.source, autocommit=True) as c:
+        for i in range(4):
+            with c.transaction():
+                xids.append(xid_of(c))
+                c.execute("INSERT INTO a VALUES (%s)", (i,))
+    seen = []
+    for _ in range(2):
+        out = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "client direct resumes there" in out.stderr, out.stderr
+        seen += [int(line.split()[1]) for line in out.stdout.splitlines()]
+    assert seen == xids
+
+
 def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
     pair.src("CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, pad text)")
     srv = ServerProcess(pair.source, tmp_path / "server.log", "--threshold", "4KiB",
@@ -459,8 +628,7 @@ def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
         lines = json_lines(run1)
-        ends = [j for j in lines if "heartbeat" not in j and j["end_segment"]]
-        restart = ends[-1]["position"]  # the last position printed on an end_segment line
+        restart = last_position(lines)  # its acknowledgements never pass what it printed
         third = client("resumer", run2, "--position", restart)
         wait_for(lambda: len(complete_json(json_lines(run2))) >= 40, timeout=120, what="40 more transactions")
         writer.stop_event.set()
@@ -477,9 +645,9 @@ def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
             wait_for(lambda out=out: any(parse_lsn(j["heartbeat"]["position"]) >= end
                                          for j in json_lines(out) if "heartbeat" in j),
                      timeout=120, what=f"{out.name} past the writer's end")
-        third.send_signal(signal.SIGTERM)  # stops cleanly, saying where to resume
+        third.send_signal(signal.SIGTERM)  # stops cleanly, saying where it resumes
         assert third.wait(timeout=30) == 0
-        assert "resume with --position" in (tmp_path / "resumer.err").read_text()
+        assert "client resumer resumes there" in (tmp_path / "resumer.err").read_text()
     finally:
         writer.stop_event.set()
         for proc in procs:

@@ -84,8 +84,8 @@ def _on_stop_signals(action) -> None:
               help="Names this client's replication slot and publication on the source (sg_vstream_<id>).")
 @click.option("--position", default=None, metavar="LSN",
               help="Resume after this position: the last `position` seen with end_segment, or a heartbeat's. "
-                   "Default: where the appliers say they stand (postgres, translog), else where the client's "
-                   "slot stands (0).")
+                   "Default: where the appliers say they stand (postgres, translog), else after what this "
+                   "client id last acknowledged (0: its slot, which keeps it).")
 @click.option("--tables", default=None, metavar="A,B",
               help="Only these tables (the client's publication is made for them on its first request).")
 @click.option("--json", "as_json", is_flag=True,
@@ -114,7 +114,10 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
 
     Without --json or --applier, prints one summary line per message. Reconnects after a lost connection
     from the last complete position (a transaction it cut comes again whole, after a ROLLBACK line for it).
-    SIGTERM or Ctrl-C stops cleanly and prints the position to resume from on stderr.
+    Acknowledges each transaction (and heartbeat) once written and flushed: started again with the same
+    --client-id, it resumes right after (after SIGTERM or Ctrl-C nothing comes again; after a kill -9, the
+    last second's transactions or so may, each whole). With appliers that keep their own position
+    (postgres, translog) it resumes where they stand and acknowledges only what they applied.
     """
     if ctx.invoked_subcommand:
         return
@@ -128,6 +131,10 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
     chain = [load_replicator(spec) for spec in replicators]
     sinks = [load_applier(spec) for spec in (("json",) if as_json else ()) + tuple(appliers)]
     summary = not sinks
+    # Appliers that keep their own position (postgres, translog) are where a restart resumes: the slot is then
+    # acknowledged only up to what they applied, never past it (heartbeats and dropped transactions would
+    # put it ahead of them, and a resume from their position would be refused as gone).
+    keeping = any(callable(getattr(sink, "position", None)) for sink in sinks)
     start = _position(position) if position is not None else _resume_point(sinks)
     events = stream(server or source, client_id, start, _tables(tables), _threshold(threshold),
                     streaming=not no_streaming, decoding_work_mem=decoding_work_mem)
@@ -140,6 +147,8 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
                 if not no_heartbeats and (as_json or summary):
                     out.write(_heartbeat_line(ev, as_json) + "\n")
                     out.flush()
+                if not keeping:
+                    events.ack()
                 continue
             count += 1
             txn = ev
@@ -153,16 +162,31 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
                 if summary:
                     out.write(summary_line(txn) + "\n")
                     out.flush()
+            # Written and flushed (the appliers flush at a transaction's end): acknowledged. A message that is
+            # not a transaction's last does not move the position: its transaction is acknowledged whole.
+            if not keeping:
+                events.ack()
+            elif txn is not None and ev.end_segment:
+                events.ack(ev.context.position)
             if max_messages and count >= max_messages:
                 break
     except BrokenPipeError:  # `sluicegate vstream … | head`: the reader has seen enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
-        events.close()
         for sink in sinks:
             sink.close()
-    click.echo(f"vstream: stopped after {count} messages; resume with --position "
-               f"{format_lsn(events.position)}", err=True)
+        events.close()  # after the appliers finished writing: its last acknowledgement goes out
+    if keeping:
+        click.echo(f"vstream: stopped after {count} messages; client {client_id} resumes where its appliers "
+                   f"stand when started again (--position overrides)", err=True)
+    elif events.position <= events.acked:  # everything handed out is acknowledged
+        at = f" at position {format_lsn(events.position)}" if events.position else ""
+        click.echo(f"vstream: stopped after {count} messages{at}; client {client_id} resumes there when "
+                   f"started again (--position overrides)", err=True)
+    else:
+        why = f" ({events.ack_error})" if events.ack_error else ""
+        click.echo(f"vstream: stopped after {count} messages; position {format_lsn(events.position)} was not "
+                   f"acknowledged{why}: resume with --position {format_lsn(events.position)}", err=True)
 
 
 def _resume_point(sinks) -> int:

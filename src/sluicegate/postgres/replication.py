@@ -149,16 +149,17 @@ class ChangeStream:
             return 0
         return max(self.boundary, int(self.cur.wal_end or 0))
 
-    def confirm(self, position: int) -> None:
+    def confirm(self, position: int, exact: bool = True) -> None:
         """Tell the server the target has durably applied everything before `position`.
 
         psycopg2 moves its flush position to a keepalive's WAL end on its own once every message received was
         confirmed, and sends that with the next feedback (ours or its periodic one, which start() turns off).
         Harmless for data (the server had sent nothing before it), but the slot would pass the target's
         position, and a fast-forward stops at an exact one: while the server has said it is past `position`,
-        send nothing and keep the slot where it is.
+        send nothing and keep the slot where it is. `exact=False` (a VStream client's acknowledgement) lets it
+        pass: psycopg2 forwards only once every message received was confirmed, so nothing unread is passed.
         """
-        if int(self.cur.wal_end or 0) > position:
+        if exact and int(self.cur.wal_end or 0) > position:
             return
         if position > self.confirmed:
             self.cur.send_feedback(write_lsn=position, flush_lsn=position, force=True)

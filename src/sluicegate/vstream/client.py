@@ -3,7 +3,16 @@
 :func:`stream` gives an iterator that survives lost connections: it reconnects (with backoff) from the last
 complete position it handed out — the ``context.position`` of the last message with ``end_segment``, or of
 the last heartbeat — and asks for that position, which tells the server everything before it is handled
-(the slot is confirmed up to it; nothing else moves it).
+(the slot is confirmed up to it): asking for more acknowledges what was handed out.
+
+Acknowledging, so that a new process with the same client id resumes where this one stopped: call
+``events.ack()`` once the last event handed out is durably handled (written, flushed, committed), or
+``events.ack(position)`` with an earlier resume point. The slot on the source keeps the acknowledged
+position (see source.py); a later stream from position 0 starts right after it. Acks reach the server at
+most every `ack_interval` seconds, and once more when the stream is closed (``close()``, ``cancel()`` then
+the end of the iteration), so after a clean stop nothing comes again; after a crash (kill -9) the
+transactions handled in the last `ack_interval` seconds or so come again, each whole (at least once).
+Reading the source directly, an ack goes to the slot through the replication connection at the next read.
 
 A transaction cut by the lost connection (some segments handed out, not its ``end_segment``) comes again
 whole, from segment 1. So that a reader never has to guess, the iterator first hands out a ROLLBACK message
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -31,6 +41,7 @@ from ..errors import SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres.connect import redact
 from . import source
+from .server import ACK_METHOD
 
 log = logging.getLogger(__name__)
 Heartbeat = pb.Heartbeat
@@ -39,6 +50,8 @@ Event = m.Transaction | Heartbeat
 # Worth another try: the server or the network went away, or the server is restarting.
 _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
           grpc.StatusCode.INTERNAL}
+ACK_INTERVAL = 1.0  # seconds: at most one Ack call per interval; bounds what a crash makes come again
+ACK_TIMEOUT = 10.0
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),  # a single row bigger than the threshold travels alone
     ("grpc.keepalive_time_ms", 20_000),  # notice a server that vanished without closing the connection
@@ -53,8 +66,10 @@ def is_source_url(text: str) -> bool:
 
 def stream(server_or_source: str, client_id: str, position: int = 0, tables: Iterable[str] | None = None,
            threshold: int = 0, streaming: bool = True, heartbeat_seconds: float = 1.0,
-           decoding_work_mem: str | None = None, max_backoff: float = 30.0) -> Stream:
-    """Transaction messages and heartbeats for `client_id` from `position` (0: where its slot stands).
+           decoding_work_mem: str | None = None, max_backoff: float = 30.0,
+           ack_interval: float = ACK_INTERVAL) -> Stream:
+    """Transaction messages and heartbeats for `client_id` from `position` (0: where its slot stands: after
+    the client id's last acknowledgement; see the module docstring for `ack()`).
 
     `server_or_source`: HOST:PORT of a VStream server, or a libpq URL to read the source in this process (the
     same stream, without a server). `tables`: keep only these (the publication is made for them on the
@@ -62,23 +77,31 @@ def stream(server_or_source: str, client_id: str, position: int = 0, tables: Ite
     `heartbeat_seconds` and `decoding_work_mem` options apply when reading the source directly.
     """
     return Stream(server_or_source, client_id, position, list(tables or []), threshold, streaming,
-                  heartbeat_seconds, decoding_work_mem, max_backoff)
+                  heartbeat_seconds, decoding_work_mem, max_backoff, ack_interval)
 
 
 class Stream:
-    """Iterate it for events; `position` is where a new stream would resume; `cancel()` (from any thread)
-    ends the iteration."""
+    """Iterate it for events; `position` is where a new stream would resume; `ack()` acknowledges; `acked` is
+    the last acknowledgement sent; `cancel()` (from any thread) ends the iteration."""
 
     def __init__(self, target: str, client_id: str, position: int, tables: list[str], threshold: int,
                  streaming: bool, heartbeat_seconds: float, decoding_work_mem: str | None,
-                 max_backoff: float):
+                 max_backoff: float, ack_interval: float = ACK_INTERVAL):
         if not client_id:
             raise UsageError("a VStream client needs a client id (--client-id): it names its slot")
         self.target, self.client_id, self.position = target, client_id, position
         self.tables, self.threshold, self.streaming = tables, threshold, streaming
         self.heartbeat_seconds, self.decoding_work_mem = heartbeat_seconds, decoding_work_mem
-        self.max_backoff = max_backoff
+        self.max_backoff, self.ack_interval = max_backoff, ack_interval
         self.reconnects = 0
+        # The last acknowledgement handed to the server (or to the reader of the slot): the request's position
+        # is one (the server confirms the slot up to it).
+        self.acked = position
+        self.ack_error = ""  # why the last one did not get there
+        self._to_ack = position
+        self._ack_sent_at = 0.0
+        self._acks: source.Acks | None = None  # reading the source directly: the current stream's
+        self._reading = None  # reading the source directly: the current stream (a generator)
         self._stop = threading.Event()
         self._call = None
         self._open: dict[int, tuple[int, str]] = {}  # transaction id -> (last segment_id, source_id): cut off
@@ -120,9 +143,12 @@ class Stream:
 
     def _connect(self) -> Iterator[Event]:
         if self._direct:
-            yield from source.transactions(
+            self._acks = source.Acks()
+            self._reading = source.transactions(
                 self.target, self.client_id, self.position, self.tables, self.threshold or DEFAULT_THRESHOLD,
-                self.streaming, self.heartbeat_seconds, self.decoding_work_mem, stop=self._stop)
+                self.streaming, self.heartbeat_seconds, self.decoding_work_mem, stop=self._stop,
+                acks=self._acks)
+            yield from self._reading
             return
         request = pb.VStreamRequest(client_id=self.client_id, position=self.position, tables=self.tables,
                                     threshold=self.threshold, streaming=self.streaming)
@@ -153,6 +179,59 @@ class Stream:
                                 statements=[rollback], segment_id=segment_id + 1, end_segment=True)
         self._open.clear()
 
+    # -- acknowledging ----------------------------------------------------------------------------
+    def ack(self, position: int | None = None) -> None:
+        """Everything before `position` (default: `self.position`, the last resume point handed out) is
+        durably handled: a new stream of this client id from position 0 resumes after it. Call it from the
+        thread that iterates. Raises UsageError for a position past what was handed out."""
+        at = self.position if position is None else position
+        if at > self.position:
+            raise UsageError(f"VStream client {self.client_id} cannot acknowledge {format_lsn(at)}: it was "
+                             f"handed out only up to {format_lsn(self.position)}")
+        if at <= self._to_ack:
+            return
+        self._to_ack = at
+        # Direct: a cheap hand-over to the reader. Through a server: one call per interval (the rest waits for
+        # the next ack or close()).
+        if self._direct or time.monotonic() - self._ack_sent_at >= self.ack_interval:
+            self._send_ack()
+
+    def _send_ack(self) -> None:
+        at = self._to_ack
+        if at <= self.acked:
+            return
+        self._ack_sent_at = time.monotonic()
+        try:
+            if self._direct:
+                if self._acks is None or not self._acks.offer(at):  # no stream holds the slot
+                    source.acknowledge(self.target, self.client_id, at)
+            elif self._channel is None:
+                raise UsageError(f"VStream client {self.client_id} is closed: acknowledge before close()")
+            else:
+                call = self._channel.unary_unary(ACK_METHOD, request_serializer=pb.VStreamRequest.SerializeToString,
+                                                 response_deserializer=pb.Heartbeat.FromString)
+                call(pb.VStreamRequest(client_id=self.client_id, position=at), timeout=ACK_TIMEOUT)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise UsageError(exc.details() or "") from None
+            why = ("the server does not keep acknowledgements (an older Sluicegate)"
+                   if exc.code() == grpc.StatusCode.UNIMPLEMENTED else f"{exc.code().name}: {exc.details()}")
+            self._ack_failed(at, why)
+            return
+        except SluicegateError as exc:
+            if not exc.retryable:
+                raise
+            self._ack_failed(at, str(exc))
+            return
+        self.acked, self.ack_error = at, ""
+
+    def _ack_failed(self, at: int, why: str) -> None:
+        """A later ack (or the reconnect's request) carries it again; until then a restart repeats a little."""
+        if why != self.ack_error:
+            log.warning("vstream client %s: cannot acknowledge position %s yet: %s", self.client_id,
+                        format_lsn(at), redact(why))
+        self.ack_error = why
+
     # -- ending -------------------------------------------------------------------------------------
     def cancel(self) -> None:
         """Stop (from any thread, e.g. a signal handler's helper): the iteration ends without an error."""
@@ -162,9 +241,20 @@ class Stream:
             call.cancel()
 
     def close(self) -> None:
+        """End the stream and send the last acknowledgement (a clean stop leaves nothing to come again)."""
         self._stop.set()
         if self._call is not None:
             self._call.cancel()
+        if self._reading is not None:  # ends the read of the slot, confirming what was acknowledged
+            try:
+                self._reading.close()
+            except ValueError:  # running in the iterating thread: it ends by itself (`_stop`)
+                pass
+        if self._direct or self._channel is not None:  # not closed yet
+            try:
+                self._send_ack()
+            except SluicegateError as exc:
+                self._ack_failed(self._to_ack, str(exc))
         if self._channel is not None:
             self._channel.close()
             self._channel = None

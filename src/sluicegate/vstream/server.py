@@ -10,6 +10,14 @@ with an id already streaming takes over: the older stream ends with ABORTED (its
 the slot is free), because the usual reason is a client that restarted while its old connection lingers.
 The client library treats ABORTED as final, so two live processes with one id do not fight forever.
 
+Acknowledgements: `Ack` (a unary call: VStreamRequest with client_id and position, answered by a Heartbeat
+with the position the slot now stands at) says the client has durably handled everything before that
+resume point. The client's slot on the source keeps it (see source.py: the stream holding the slot confirms
+it, else SQL does), so a client that reconnects with position 0 resumes right after it, whatever restarted
+meanwhile. Ack is served by a handler registered here rather than generated from change.proto (its
+messages are the existing ones), so that no protoc run is needed; a client of another language calls
+`/sluicegate.v1.VStream/Ack` with those two messages.
+
 Errors end a stream with a status a client can act on: INVALID_ARGUMENT (bad request: fix it),
 FAILED_PRECONDITION (the changes asked for are gone: re-bootstrap), UNAVAILABLE (a passing fault, the source
 restarting, this server stopping: reconnect from the last position), ABORTED (taken over), UNKNOWN (a bug).
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_STREAMS = 64  # worker threads: one per open stream
+SERVICE = "sluicegate.v1.VStream"
+ACK_METHOD = f"/{SERVICE}/Ack"
+TAKEOVER_WAIT = 5.0  # seconds a new stream waits for the one it takes over to end (and confirm its acks)
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     # Clients ping every 20 s (client.CHANNEL_OPTIONS), also while a paused reader leaves the stream quiet.
@@ -51,6 +63,9 @@ class _Active:
     client_id: str
     stop: threading.Event = field(default_factory=threading.Event)
     why: str = ""  # why it was stopped from outside: "taken over", "server stopping"
+    acks: source.Acks = field(default_factory=source.Acks)
+    sent: int = 0  # the last resume point sent: a client cannot have handled more
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class VStreamService(pb_grpc.VStreamServicer):
@@ -60,6 +75,9 @@ class VStreamService(pb_grpc.VStreamServicer):
         self.heartbeat_seconds, self.decoding_work_mem = heartbeat_seconds, decoding_work_mem
         self._lock = threading.Lock()
         self._active: dict[str, _Active] = {}
+        # Acks a stream accepted, until that client's next stream starts: one that came as the stream ended may
+        # not have reached the slot before its walsender was gone (see Stream).
+        self._acked: dict[str, int] = {}
 
     def Stream(self, request: pb.VStreamRequest, context: grpc.ServicerContext):
         if not request.client_id:
@@ -68,47 +86,81 @@ class VStreamService(pb_grpc.VStreamServicer):
         if threshold < MIN_THRESHOLD:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"threshold {threshold} is below the minimum of {MIN_THRESHOLD} bytes")
-        me = self._register(request.client_id)
+        me = self._register(request.client_id, request.position)
         context.add_callback(me.stop.set)  # the client went away (cancelled, connection lost)
         peer = context.peer()
         log.info("client %s (%s) streams from %s", request.client_id, peer, format_lsn(request.position))
         try:
+            with self._lock:  # an explicit position overrides what the client acknowledged before
+                acked = self._acked.pop(request.client_id, 0) if not request.position else 0
             events = source.transactions(
                 self.source_url, request.client_id, request.position, list(request.tables) or self.tables,
-                threshold, request.streaming, self.heartbeat_seconds, self.decoding_work_mem, stop=me.stop)
+                threshold, request.streaming, self.heartbeat_seconds, self.decoding_work_mem, stop=me.stop,
+                acks=me.acks, acked=acked)
             for ev in events:
                 if isinstance(ev, pb.Transaction):
+                    if ev.end_segment:
+                        me.sent = max(me.sent, ev.context.position)
                     yield pb.VStreamResponse(transaction=ev)
                 else:
+                    me.sent = max(me.sent, ev.position)
                     yield pb.VStreamResponse(heartbeat=ev)
             if me.why:  # stopped from outside (not by the client, which is gone and hears nothing)
                 context.abort(*_stopped_status(me))
         except SluicegateError as exc:
             if me.why:  # the takeover ended our walsender: that is the error we see
                 context.abort(*_stopped_status(me))
-            code = (grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, UsageError)
-                    else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, TerminalError)
-                    else grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.UNKNOWN)
             log.warning("client %s: %s", request.client_id, exc)
-            context.abort(code, redact(str(exc)))
+            context.abort(*_error_status(exc))
         finally:
             self._unregister(me)
             log.info("client %s (%s) stream ended", request.client_id, peer)
 
-    def _register(self, client_id: str) -> _Active:
-        me = _Active(client_id)
+    def Ack(self, request: pb.VStreamRequest, context: grpc.ServicerContext) -> pb.Heartbeat:
+        """The client has durably handled everything before `request.position` (a resume point it received):
+        its slot is confirmed up to it. The answer's position: where the slot stands (or will, within a poll,
+        when the client's stream holds the slot: that stream confirms it, at the latest as it ends)."""
+        client_id, position = request.client_id, request.position
+        if not client_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "client_id is required: it names the slot")
+        if not position:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "position is required: the last resume point the client has handled")
+        with self._lock:
+            active = self._active.get(client_id)
+        known = max(active.sent, active.acks.start) if active is not None else 0
+        if known and position > known:  # (0: the stream is still starting)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"client {client_id} acknowledged {format_lsn(position)}, past the last position "
+                          f"sent to it ({format_lsn(known)})")
+        if active is not None and active.acks.offer(position):
+            with self._lock:
+                self._acked[client_id] = max(self._acked.get(client_id, 0), position)
+            return pb.Heartbeat(position=position, time_us=time.time_ns() // 1000)
+        try:  # no stream of this client here holds the slot
+            confirmed = source.acknowledge(self.source_url, client_id, position)
+        except SluicegateError as exc:
+            log.warning("client %s: %s", client_id, exc)
+            context.abort(*_error_status(exc))
+        return pb.Heartbeat(position=confirmed, time_us=time.time_ns() // 1000)
+
+    def _register(self, client_id: str, position: int) -> _Active:
+        me = _Active(client_id, sent=position)
         with self._lock:
             old = self._active.get(client_id)
             if old is not None:
                 old.why = "taken over"
                 old.stop.set()
             self._active[client_id] = me
+        if old is not None:  # let it confirm what its client acknowledged before the slot changes hands
+            old.done.wait(TAKEOVER_WAIT)
         return me
 
     def _unregister(self, me: _Active) -> None:
         with self._lock:
             if self._active.get(me.client_id) is me:
                 del self._active[me.client_id]
+        me.done.set()
 
     def stop_all(self) -> None:
         """End every stream with UNAVAILABLE (its client reconnects, to this server once it is back)."""
@@ -116,6 +168,13 @@ class VStreamService(pb_grpc.VStreamServicer):
             for active in self._active.values():
                 active.why = "server stopping"
                 active.stop.set()
+
+
+def _error_status(exc: SluicegateError) -> tuple[grpc.StatusCode, str]:
+    code = (grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, UsageError)
+            else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, TerminalError)
+            else grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.UNKNOWN)
+    return code, redact(str(exc))
 
 
 def _stopped_status(me: _Active) -> tuple[grpc.StatusCode, str]:
@@ -135,6 +194,10 @@ class VStreamServer:
                                 maximum_concurrent_rpcs=MAX_STREAMS,
                                 options=SERVER_OPTIONS)
         pb_grpc.add_VStreamServicer_to_server(self.service, self.grpc)
+        self.grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Ack": grpc.unary_unary_rpc_method_handler(
+                self.service.Ack, request_deserializer=pb.VStreamRequest.FromString,
+                response_serializer=pb.Heartbeat.SerializeToString)}),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             self.port = self.grpc.add_insecure_port(address)

@@ -9,16 +9,20 @@ that is not in the publication is refused with that advice, never silently answe
 
 Resume semantics (Drizzle's, over a position):
 
-* A request carries the last position the client saw on a message with ``end_segment`` (its
-  ``context.position``: the end of that transaction's commit) or on a heartbeat. That says the client has
-  durably handled everything before it, so the slot is confirmed up to it (``capture.advance_slot``): the
-  request is the only thing that moves the slot; the server never confirms on its own.
+* A resume point is the position on a message with ``end_segment`` (its ``context.position``: the end of
+  that transaction's commit) or on a heartbeat. Only the client moves its slot, by acknowledging a resume
+  point it has durably handled: with a request's position (``capture.advance_slot``), or with
+  :class:`Acks` while it streams (the reader sends it as a standby status update between reads, and once
+  more before it lets go of the slot), or with :func:`acknowledge` when no stream holds the slot. The slot
+  is durable state on the source, so the acknowledged position outlives the client, the server and their
+  restarts; the server never confirms on its own.
 * The stream starts there: every transaction whose commit ends at or before the position is skipped (the
   walsender does so, and so does :func:`_skip_done`, as workflow/player.py does), and every later one is sent
   in full. A transaction the client had only partly received before its connection broke comes again from
   segment 1, so a client drops the segments of a transaction whose ``end_segment`` it did not see.
-* Position 0 means the slot's confirmed position. A position before it is refused: the changes between were
-  consumed and are gone, and the client has to re-bootstrap (copy again, or use a new client id).
+* Position 0 means the slot's confirmed position: where the client's last acknowledgement put it. A
+  position before it is refused: the changes between were consumed and are gone, and the client has to
+  re-bootstrap (copy again, or use a new client id).
 
 Heartbeats: when nothing was sent for ``heartbeat_seconds``, a Heartbeat whose position is a resume point
 too: everything that committed before it has been sent (transactions of tables outside the publication or
@@ -32,7 +36,9 @@ from the replication connection until the consumer asks for the next event (a ge
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -50,6 +56,7 @@ from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, DecodeError
 from ..postgres.replication import ChangeStream
 
+log = logging.getLogger(__name__)
 Heartbeat = pb.Heartbeat
 PREFIX = "sg_vstream_"
 _NAME_MAX = 63  # NAMEDATALEN - 1
@@ -77,42 +84,94 @@ def capture_name(client_id: str) -> str:
     return PREFIX + clean
 
 
+class Acks:
+    """A client's acknowledgements to the stream that holds its slot (any thread may `offer`).
+
+    While a walsender holds the slot, SQL cannot move it (pg_replication_slot_advance: "slot is active"),
+    so the reader confirms the latest acknowledgement through its own replication connection. `close()` is
+    the reader's last look before it lets go of the slot; after it `offer` says no and the caller confirms
+    with :func:`acknowledge` instead, so no acknowledgement falls between the two."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest = 0
+        self._closed = False
+        self.start = 0  # where the stream started: everything before it is acknowledged already
+
+    def offer(self, position: int) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._latest = max(self._latest, position)
+            return True
+
+    def latest(self) -> int:
+        with self._lock:
+            return self._latest
+
+    def close(self) -> int:
+        with self._lock:
+            self._closed = True
+            return self._latest
+
+
 def transactions(source_url: str, client_id: str, position: int = 0, tables: Iterable[str] | None = None,
                  threshold: int = DEFAULT_THRESHOLD, streaming: bool = True, heartbeat_seconds: float = 1.0,
-                 decoding_work_mem: str | None = None, stop=None) -> Iterator[m.Transaction | Heartbeat]:
+                 decoding_work_mem: str | None = None, stop=None, acks: Acks | None = None,
+                 acked: int = 0) -> Iterator[m.Transaction | Heartbeat]:
     """The client's Transaction messages (and heartbeats) from `position` on; see the module docstring.
 
     `tables`: names (``t`` or ``schema.t``) the publication is made for on the first request and that every
     request keeps (the Segmenter's table filter); None or empty: the whole publication. `stop` (anything with
-    ``is_set()``) ends the generator within a fraction of a second, also while the source is idle.
+    ``is_set()``) ends the generator within a fraction of a second, also while the source is idle. `acks`:
+    where the client's acknowledgements arrive while this stream holds the slot. `acked`: with position 0, an
+    acknowledgement the slot may have missed (a server's memory of one that came as a stream ended).
     Raises UsageError (bad request), TerminalError (the changes asked for are gone) or RetryableError.
     """
     stop = stop or Stop
+    acks = acks or Acks()
     names = [t for t in (tables or []) if t.strip()]
     name = capture_name(client_id)
-    with connect(source_url, role="source", autocommit=True) as ctl:
-        capture.check_source(ctl)
-        keep = _ensure_publication(ctl, name, names)
-        start = _take_slot(ctl, name, client_id, position)
-        source_id = _source_id(ctl)
-        stream = ChangeStream(source_url, name, name, start, streaming=streaming,
-                              decoding_work_mem=decoding_work_mem)
+    try:
+        with connect(source_url, role="source", autocommit=True) as ctl:
+            capture.check_source(ctl)
+            keep = _ensure_publication(ctl, name, names)
+            start = acks.start = _take_slot(ctl, name, client_id, position, acked)
+            source_id = _source_id(ctl)
+            stream = ChangeStream(source_url, name, name, start, streaming=streaming,
+                                  decoding_work_mem=decoding_work_mem)
+    except BaseException:
+        acks.close()
+        raise
     with stream:
         try:
             yield from _read(stream, Segmenter(source_id, threshold, start, keep), start, heartbeat_seconds,
-                             stop)
+                             stop, acks)
         except RetryableError:
             with connect(source_url, role="source", autocommit=True) as ctl:
                 _check_slot(ctl, name, client_id, start)  # a lost slot is terminal: say so, never skip ahead
             raise
+        finally:
+            _confirm(stream, acks.close())
+
+
+def _confirm(stream: ChangeStream, position: int) -> None:
+    """Confirm the slot up to an acknowledged position. A connection already broken cannot: the slot stays at
+    the previous acknowledgement, and the client gets those transactions again (whole) when it resumes."""
+    if position > stream.confirmed:
+        try:
+            stream.confirm(position, exact=False)
+        except Exception as exc:  # noqa: BLE001 - see above: at least once, never lost
+            log.info("slot %s not confirmed up to %s: %s", stream.slot, format_lsn(position), exc)
 
 
 def _read(stream: ChangeStream, seg: Segmenter, start: int, heartbeat_seconds: float,
-          stop) -> Iterator[m.Transaction | Heartbeat]:
+          stop, acks: Acks) -> Iterator[m.Transaction | Heartbeat]:
     framing = Framing(streaming=True)
     last_sent = time.monotonic()
     poll = min(_POLL, heartbeat_seconds) if heartbeat_seconds > 0 else _POLL
     while not stop.is_set():
+        _confirm(stream, acks.latest())
         # Each read ends at a transaction boundary after `poll` seconds (busy) or `poll` idle seconds.
         raw = _until_stopped(stream.messages(_MANY, poll, poll), stop)
         try:
@@ -179,7 +238,7 @@ def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) ->
     return set(wanted) or None
 
 
-def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int) -> int:
+def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int, acked: int = 0) -> int:
     """Create the slot on the first request; end an earlier reader of it; confirm it up to `position`.
     The position to start from."""
     info = capture.slot_info(ctl, name)
@@ -188,6 +247,8 @@ def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int
     info = _check_slot(ctl, name, client_id, position)
     capture.release_slot(ctl, name, info)  # a dead connection's walsender: the client is back
     confirmed = info.confirmed_flush or 0
+    if not position and acked > confirmed:
+        position = acked  # acknowledged as the previous stream ended, before its walsender confirmed it
     flushed = capture.wal_flush_position(ctl)[0]
     if position > flushed:  # skipping up to it would lose every change before it
         raise UsageError(f"VStream client {client_id} asked for position {format_lsn(position)}, ahead of "
@@ -208,6 +269,39 @@ def _check_slot(ctl: psycopg.Connection, name: str, client_id: str, position: in
     return capture.check_slot(ctl, name, at, way_out, consumer=f"the position client {client_id} asked for")
 
 
+def acknowledge(source_url: str, client_id: str, position: int, wait: float = 5.0) -> int:
+    """Confirm a client's slot up to `position` while no stream holds it; the slot's confirmed position.
+
+    A walsender still on its way out (its client just stopped) is waited for, up to `wait` seconds; one that
+    stays is a stream of this client id elsewhere (another server): a RetryableError, never ended from here.
+    """
+    name = capture_name(client_id)
+    with connect(source_url, role="source", autocommit=True) as ctl:
+        deadline = time.monotonic() + wait
+        while True:
+            info = _check_slot(ctl, name, client_id, 0)
+            confirmed = info.confirmed_flush or 0
+            if confirmed >= position:
+                return confirmed
+            if not info.active_pid:
+                break
+            if time.monotonic() > deadline:
+                raise RetryableError(f"replication slot {name} is held by pid {info.active_pid} (a stream of "
+                                     f"VStream client {client_id} elsewhere?): position {format_lsn(position)} "
+                                     f"is acknowledged by that stream's client, or here once it ends")
+            time.sleep(0.05)
+        flushed = capture.wal_flush_position(ctl)[0]
+        if position > flushed:
+            raise UsageError(f"VStream client {client_id} acknowledged position {format_lsn(position)}, ahead "
+                             f"of the source's WAL ({format_lsn(flushed)}): a position of another source?")
+        try:
+            capture.advance_slot(ctl, name, position)
+        except psycopg.errors.ObjectInUse:
+            raise RetryableError(f"replication slot {name} was taken by a new stream of VStream client "
+                                 f"{client_id}: acknowledge position {format_lsn(position)} to it") from None
+        return position
+
+
 def _source_id(ctl: psycopg.Connection) -> str:
     """'<system identifier>/<database>': names the source in every message's context."""
     db = ctl.execute("SELECT current_database()").fetchone()[0]
@@ -225,4 +319,5 @@ def drop(source_url: str, client_id: str) -> list[str]:
         return capture.drop_capture(ctl, name, name)
 
 
-__all__ = ["DEFAULT_THRESHOLD", "Heartbeat", "Stop", "capture_name", "drop", "transactions"]
+__all__ = ["DEFAULT_THRESHOLD", "Acks", "Heartbeat", "Stop", "acknowledge", "capture_name", "drop",
+           "transactions"]
