@@ -253,7 +253,7 @@ def test_python_client_acknowledges(pair, server):
     import grpc
 
     from sluicegate.changes import change_pb2 as pb
-    from sluicegate.vstream.server import ACK_METHOD
+    from sluicegate.changes import change_pb2_grpc as pb_grpc
 
     pair.src("CREATE TABLE a (id int PRIMARY KEY)")
     xids = []
@@ -299,8 +299,7 @@ def test_python_client_acknowledges(pair, server):
     again.close()
     wait_for(lambda: not slot_active(pair, "api"), timeout=30, what="the stream's walsender gone")
     with grpc.insecure_channel(server.address) as channel:
-        ack = channel.unary_unary(ACK_METHOD, request_serializer=pb.VStreamRequest.SerializeToString,
-                                  response_deserializer=pb.Heartbeat.FromString)
+        ack = pb_grpc.VStreamStub(channel).Ack
         assert ack(pb.VStreamRequest(client_id="api", position=fourth), timeout=30).position == fourth
         assert confirmed(pair, "api") == fourth
         with pytest.raises(grpc.RpcError) as bad:

@@ -39,6 +39,11 @@ class VStreamStub:
                 request_serializer=sluicegate_dot_changes_dot_change__pb2.VStreamRequest.SerializeToString,
                 response_deserializer=sluicegate_dot_changes_dot_change__pb2.VStreamResponse.FromString,
                 _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/sluicegate.v1.VStream/Ack',
+                request_serializer=sluicegate_dot_changes_dot_change__pb2.VStreamRequest.SerializeToString,
+                response_deserializer=sluicegate_dot_changes_dot_change__pb2.Heartbeat.FromString,
+                _registered_method=True)
 
 
 class VStreamServicer:
@@ -50,6 +55,14 @@ class VStreamServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ack(self, request, context):
+        """The client has durably handled everything before `position` (client_id and position only); the answer's
+        position is where the client's slot stands.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VStreamServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_VStreamServicer_to_server(servicer, server):
                     servicer.Stream,
                     request_deserializer=sluicegate_dot_changes_dot_change__pb2.VStreamRequest.FromString,
                     response_serializer=sluicegate_dot_changes_dot_change__pb2.VStreamResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=sluicegate_dot_changes_dot_change__pb2.VStreamRequest.FromString,
+                    response_serializer=sluicegate_dot_changes_dot_change__pb2.Heartbeat.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class VStream:
             '/sluicegate.v1.VStream/Stream',
             sluicegate_dot_changes_dot_change__pb2.VStreamRequest.SerializeToString,
             sluicegate_dot_changes_dot_change__pb2.VStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluicegate.v1.VStream/Ack',
+            sluicegate_dot_changes_dot_change__pb2.VStreamRequest.SerializeToString,
+            sluicegate_dot_changes_dot_change__pb2.Heartbeat.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,7 +41,6 @@ from ..errors import SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres.connect import redact
 from . import source
-from .server import ACK_METHOD
 
 log = logging.getLogger(__name__)
 Heartbeat = pb.Heartbeat
@@ -208,9 +207,8 @@ class Stream:
             elif self._channel is None:
                 raise UsageError(f"VStream client {self.client_id} is closed: acknowledge before close()")
             else:
-                call = self._channel.unary_unary(ACK_METHOD, request_serializer=pb.VStreamRequest.SerializeToString,
-                                                 response_deserializer=pb.Heartbeat.FromString)
-                call(pb.VStreamRequest(client_id=self.client_id, position=at), timeout=ACK_TIMEOUT)
+                pb_grpc.VStreamStub(self._channel).Ack(pb.VStreamRequest(client_id=self.client_id, position=at),
+                                                       timeout=ACK_TIMEOUT)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise UsageError(exc.details() or "") from None

@@ -14,9 +14,7 @@ Acknowledgements: `Ack` (a unary call: VStreamRequest with client_id and positio
 with the position the slot now stands at) says the client has durably handled everything before that
 resume point. The client's slot on the source keeps it (see source.py: the stream holding the slot confirms
 it, else SQL does), so a client that reconnects with position 0 resumes right after it, whatever restarted
-meanwhile. Ack is served by a handler registered here rather than generated from change.proto (its
-messages are the existing ones), so that no protoc run is needed; a client of another language calls
-`/sluicegate.v1.VStream/Ack` with those two messages.
+meanwhile. A client of another language calls it from change.proto like Stream.
 
 Errors end a stream with a status a client can act on: INVALID_ARGUMENT (bad request: fix it),
 FAILED_PRECONDITION (the changes asked for are gone: re-bootstrap), UNAVAILABLE (a passing fault, the source
@@ -47,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_STREAMS = 64  # worker threads: one per open stream
-SERVICE = "sluicegate.v1.VStream"
-ACK_METHOD = f"/{SERVICE}/Ack"
 TAKEOVER_WAIT = 5.0  # seconds a new stream waits for the one it takes over to end (and confirm its acks)
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", -1),
@@ -194,10 +190,6 @@ class VStreamServer:
                                 maximum_concurrent_rpcs=MAX_STREAMS,
                                 options=SERVER_OPTIONS)
         pb_grpc.add_VStreamServicer_to_server(self.service, self.grpc)
-        self.grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-            "Ack": grpc.unary_unary_rpc_method_handler(
-                self.service.Ack, request_deserializer=pb.VStreamRequest.FromString,
-                response_serializer=pb.Heartbeat.SerializeToString)}),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             self.port = self.grpc.add_insecure_port(address)
