@@ -268,3 +268,57 @@ def test_a_role_with_what_check_printed_runs_active_active(role_pair, source_ser
     finally:
         for d in drivers:
             reap_group(d)
+
+
+@pytest.mark.spark
+@pytest.mark.slow  # three drivers at once; the default set has MoveTables and active-active as the role
+def test_a_role_with_what_check_printed_runs_materialize_replicate_and_delta(role_pair, source_server,
+                                                                             target_server, tmp_path):
+    """Three workflows from one source as the role, each checked, granted and run at once: a Materialize, a
+    one-way Replicate (into a sink table the role does not own yet) and a MoveTables into Delta."""
+    from .test_lake_movetables import delta_rows
+
+    p = role_pair
+    p.src("CREATE TABLE items (id int PRIMARY KEY, qty numeric NOT NULL, note text)")
+    p.src("INSERT INTO items SELECT g, g, 'n' FROM generate_series(1, 300) g")
+    p.dst("CREATE TABLE items (id int PRIMARY KEY, qty numeric NOT NULL, note text)")  # the postgres user's
+    servers = {source_server.port: source_server, target_server.port: target_server}
+    src, dst = _as_role(source_server, p.name), _as_role(target_server, p.name)
+    lake = f"delta:{tmp_path / 'lake'}"
+    rule = "items_even: SELECT id, qty FROM items WHERE id % 2 = 0"
+    plans = {
+        "mz": ("materialize", "--source", src, "--target", dst, "--rule", rule),
+        "rp": ("replicate", "--source", src, "--sink", dst, "--tables", "items"),
+        "dl": ("movetables", "--source", src, "--target", lake, "--tables", "items"),
+    }
+    found = {name: _check(kind, *args)[1] for name, (kind, *args) in plans.items()}  # the bare role, each plan
+    assert any(f"ON public.items TO {ROLE}" in x["fix"] for x in found["rp"] if x["database"].startswith("sink"))
+    assert not any("public.items TO" in x["fix"] for x in found["mz"] if x["database"].startswith("target"))
+    assert not [x for x in found["dl"] if not x["database"].startswith("source")]  # Delta: the source only
+    for problems in found.values():
+        assert [x for x in problems if x["severity"] == "error"], problems
+        _apply_fixes(problems, servers, p.name)
+    for name, (kind, *args) in plans.items():
+        code, left = _check(kind, *args)
+        assert code == 0, (kind, left)
+        made = _sg(kind, "create", "--workflow", name, *args)
+        assert made.returncode == 0, (kind, made.stdout + made.stderr)
+    target = _as_role(target_server, p.name, password=False)
+    logs = {name: tmp_path / f"{name}.log" for name in plans}
+    drivers = [_driver(lake if name == "dl" else target, name, log) for name, log in logs.items()]
+    try:
+        p.src("UPDATE items SET qty = -1 WHERE id = 2")
+        p.src("INSERT INTO items VALUES (302, 5, 'late')")
+        tail = lambda: "\n".join(f"{n}: {x.read_text()[-1200:]}" for n, x in logs.items())
+        wait_for(lambda: p.dst("SELECT count(*), sum(qty) FROM items_even") ==
+                 p.src("SELECT count(*), sum(qty) FROM items WHERE id % 2 = 0"), timeout=240,
+                 what="the Materialize", describe=tail)
+        wait_for(lambda: assert_same(p, "items", ["id"]) == 301, timeout=120, what="the Replicate", describe=tail)
+        wait_for(lambda: sorted((r["id"], str(r["qty"])) for r in delta_rows(tmp_path / "lake", "public.items"))
+                 == sorted((i, str(q)) for i, q in p.src("SELECT id, qty FROM items")), timeout=120,
+                 what="the Delta MoveTables", describe=tail)
+        for name, log in logs.items():
+            assert "rror" not in log.read_text(), (name, log.read_text()[-2000:])
+    finally:
+        for d in drivers:
+            reap_group(d)

@@ -60,6 +60,13 @@ def _check(kind: str, kw: dict) -> None:
         rules += load_rules_file(kw["rules_file"])
     if rules and plan.kind == "Materialize":  # its tables are the rules' FROM tables (Spark's parser says which)
         plan.tables = _rule_sources(rules) or plan.tables
+    if rules:  # what is written on the target: each rule's target table (a pattern: the source's names)
+        from ..postgres.catalog import split_name
+        from ..rules.spec import parse_rules
+
+        specs = parse_rules(rules)
+        if not any(s.is_pattern for s in specs):
+            plan.target_tables = [(schema or "public", name) for schema, name in (split_name(s.target) for s in specs)]
     problems = check(plan)
     if kw["as_json"]:
         click.echo(json.dumps({"ok": not errors(problems), "problems": [p.to_json() for p in problems]}, indent=2))

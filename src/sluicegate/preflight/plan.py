@@ -32,6 +32,8 @@ class Plan:
     rules: bool = False  # rules transform rows: no foreign keys carried, no switch of traffic
     bidirectional: bool = False
     workflow: str | None = None  # its publication may already exist (add-tables, a second sink)
+    # (schema, name) of the tables written on the target when they are not the source's (rules' targets)
+    target_tables: list[tuple[str, str]] | None = None
 
     @property
     def switches(self) -> bool:
@@ -76,7 +78,8 @@ def check(plan: Plan) -> list[Problem]:
         if conn is None:
             continue
         with conn, _reported(where, problems):
-            p = probes.target_rights(conn, where, tables)
+            written = tables if plan.target_tables is None else [Table(s, n, (), ()) for s, n in plan.target_tables]
+            p = probes.target_rights(conn, where, written)
             uses = _uses(plan, fks)
             p += _fk_problems(conn, where, uses) if nd.REPLICA_ROLE in uses and not plan.bidirectional else \
                 probes.privileged(conn, where, uses)

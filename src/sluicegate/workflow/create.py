@@ -74,7 +74,9 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         # What the run will do as these users (switch-traffic's reverse stream included): refused now, not then.
         refuse(preflight(Plan(kind, [source_url], [target_url], [quote_name(t.schema, t.name) for t in described],
-                              rules=bool(compiled), workflow=name)))
+                              rules=bool(compiled), workflow=name, target_tables=[
+                                  (compiled[t.qualified].target.schema, compiled[t.qualified].target.name)
+                                  if t.qualified in compiled else (t.schema, t.name) for t in described])))
         with connect(target_url, role="target") as dst:
             try:
                 check_not_the_source(src, dst, "target", target_url)
