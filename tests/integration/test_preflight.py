@@ -248,6 +248,9 @@ def test_a_role_with_what_check_printed_runs_active_active(role_pair, source_ser
     assert code == 0, left
     made = _sg("replicate", "create", "--workflow", "aa", *args)
     assert made.returncode == 0, made.stderr
+    # until its copy from A is done, B refuses the application's writes (the copy would clear them from B only)
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="being copied from"):
+        p.dst("INSERT INTO items VALUES (500, 1)")
     logs = [tmp_path / "source.log", tmp_path / "sink.log"]
     drivers = [_driver(_as_role(s, p.name, password=False), "aa", log)
                for s, log in zip((source_server, target_server), logs)]

@@ -38,6 +38,7 @@ from ..workflow.create import (
     check_not_the_source,
     check_source_tables,
 )
+from ..workflow.traffic import deny
 from . import lake_sink, schema_safety
 from .model import KIND, Cluster, slot_name
 
@@ -132,6 +133,12 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 if bidirectional:  # the application's deletes on B leave tombstones (appliers/lww.py)
                     for t in described:
                         lww.install_tombstone_triggers(conn, t, CLUSTER_IDS[sink])
+                    # Until a table's copy from A is done, a write on B would be cleared from B by the copy
+                    # yet replicated to A: the sides would differ for good. Refused instead; the engine drops
+                    # the denial in the commit that ends the table's copy.
+                    deny(conn, described, cluster.origin,
+                         f"it is being copied from {describe(source_url)} (active-active workflow {name}); write "
+                         f"it there until `sluicegate workflow status {name}` on this side shows Running")
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         if peer is not None:

@@ -32,6 +32,8 @@ def copy_range(task: CopyTask) -> int:
         try:
             if task.origin:
                 origins.acquire(dst, task.origin)
+                # the denial of the application's writes during the copy (cluster/create.py) lets this through
+                dst.cursor().execute("SELECT set_config('sluicegate.applying', %s, false)", (task.origin,))
             src.set_session(isolation_level="REPEATABLE READ", readonly=True)
             src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
             rows = passthrough.pipe(src, task.select, dst, task.insert)

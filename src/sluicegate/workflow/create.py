@@ -365,11 +365,13 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
     with connect(target_url, role="target") as dst:
         if origin:  # a bidirectional side: the application's deletes stop leaving tombstones
             from ..appliers.lww import remove_tombstone_triggers
+            from .traffic import undeny
 
             for s in wf.streams:
                 for t in s.tables:
                     if dst.execute("SELECT to_regclass(%s)", (t.table.ident.as_string(dst),)).fetchone()[0]:
                         remove_tombstone_triggers(dst, t.table)
+                        dropped += undeny(dst, [t.table])  # a copy that never finished
         st.delete_workflow(dst, name)
     if origin:  # the origin this sink's writes carried (a bidirectional Replicate's)
         with connect(target_url, role="target", autocommit=True) as dst:

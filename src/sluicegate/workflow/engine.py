@@ -31,7 +31,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
-from . import copier, metrics, run_lock
+from . import copier, metrics, run_lock, traffic
 from . import state as st
 from .copy_task import copy_range
 from .faults import fault_point
@@ -297,6 +297,8 @@ class Engine:
                 if current.deferred_indexes:  # with the cycle: a kill before this commit redoes the cycle
                     fault_point("copy.before_index_build")
                     copier.build_deferred_indexes(dst, stream.id, current)
+                if plan.done and origin:  # a bidirectional sink: the application may write the table now
+                    traffic.undeny(dst, [table])
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
