@@ -20,7 +20,7 @@ from ..appliers.lww_applier import LwwApplier
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..errors import RetryableError, TerminalError
 from ..position import format_lsn
-from ..postgres import capture, origins
+from ..postgres import capture, durable, origins
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table, quote_name
 from ..postgres.connect import connect
@@ -90,6 +90,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             connect(task.target_url, role="target") as dst:
         # Who writes: a MoveTables' denial triggers (workflow/traffic.py) let its own applier through.
         dst.execute("SELECT set_config('sluicegate.applying', %s, false)", (task.workflow,))
+        durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
         dst.commit()
         if task.origin:
             origins.acquire(dst, task.origin)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial, reduce
 
 from ..errors import RetryableError, TerminalError, from_exception
-from ..postgres import capture, peek
+from ..postgres import capture, durable, peek
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from . import state as st
@@ -69,6 +69,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
     last_write = 0.0
     with connect(task.source_url, role="source", autocommit=True) as src, \
             connect(task.target_url, role="target", autocommit=True) as dst:
+        durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
         info = capture.check_slot(src, task.slot, task.position, way_out(task))
         capture.release_slot(src, task.slot, info)  # a walsender left behind: a peek needs the slot
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
