@@ -54,3 +54,22 @@ def test_cli_input_errors(tmp_path):
     assert out.exit_code == 1 and "--retention duration '7 days' not understood" in out.output
     out = runner.invoke(cli, ["lake", "vacuum", "w", "--target", f"delta:{tmp_path}"])
     assert out.exit_code == 1 and "no consistent point yet: the copy has not finished" in out.output
+
+
+def test_vacuum_summary_lines():
+    from sluicegate.lake.housekeeping import format_vacuum
+
+    report = {"dry_run": True, "points_dropped": 300, "points_kept": 2, "oldest_kept_point": "0/16B3748",
+              "tables": [{"table": "public.t", "files_removed": 2, "bytes_removed": 2_500_000,
+                          "removed": ["a.parquet", "b.parquet"], "kept_versions": list(range(400))},
+                         {"table": "(points)", "files_removed": 0, "bytes_removed": 0, "removed": [],
+                          "kept_versions": []}]}
+    lines = format_vacuum(report)
+    assert lines == ["points: would drop 300 older than the retention, kept 2 (oldest 0/16B3748)",
+                     "public.t: would remove 2 files, 2.5 MB; keeps 400 versions of kept points",
+                     "(points): would remove 0 files, 0 bytes",
+                     "total: would remove 2 files, 2.5 MB (-v lists them)"]
+    verbose = format_vacuum(report | {"dry_run": False}, verbose=True)
+    assert verbose[1] == "public.t: removed 2 files, 2.5 MB; keeps 400 versions of kept points"
+    assert verbose[2].startswith("  kept versions: 0, 1, 2,") and verbose[3:5] == ["  a.parquet", "  b.parquet"]
+    assert verbose[-1] == "total: removed 2 files, 2.5 MB"

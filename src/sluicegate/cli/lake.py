@@ -81,33 +81,29 @@ def _retention(text: str) -> timedelta:
 @LAKE_TARGET
 @click.option("--retention", default="7d", show_default=True, metavar="DURATION",
               help="Keep what readers of the last DURATION need (7d, 36h; whole hours, rounded up).")
-@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed (files, bytes); remove nothing.")
+@click.option("-v", "--verbose", is_flag=True, help="List each file removed and each version kept.")
 @click.option("--allow-short-retention", is_flag=True,
               help="Accept a retention under one hour: only when no `workflow run` writes to the target, whose "
                    "files not yet committed would go too.")
 @JSON
 @_friendly
-def lake_vacuum(name, target, retention, dry_run, allow_short_retention, as_json):
+def lake_vacuum(name, target, retention, dry_run, verbose, allow_short_retention, as_json):
     """Remove the files of the workflow's Delta tables that nothing kept needs.
 
     Drops consistent points older than the retention (never the newest one), then deletes files that only
     versions older than the retention used, and files no version ever added (a killed writer's) once older
     than the retention. Every file of a kept point's versions stays.
     """
-    from ..lake.housekeeping import vacuum
+    from ..lake.housekeeping import format_vacuum, vacuum
 
     report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run,
                     allow_short=allow_short_retention)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    verb = "would remove" if dry_run else "removed"
-    drop = "would drop" if dry_run else "dropped"
-    click.echo(f"points: {drop} {report['points_dropped']} older than the retention, kept {report['points_kept']} "
-               f"(oldest {report['oldest_kept_point']})")
-    for t in report["tables"]:
-        kept = f" (kept versions {', '.join(map(str, t['kept_versions']))})" if t["kept_versions"] else ""
-        click.echo(f"{t['table']}: {verb} {t['files_removed']} files{kept}")
+    for line in format_vacuum(report, verbose):
+        click.echo(line)
 
 
 @lake_group.command("schedule")

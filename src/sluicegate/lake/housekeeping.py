@@ -106,7 +106,10 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
                          f"(--allow-short-retention)")
     now = now or datetime.now(timezone.utc)
     cutoff = now - retention
-    hours = math.ceil(retention.total_seconds() / 3600)  # delta-rs takes whole hours: keep a little more
+    # delta-rs takes whole hours. Rounded up, unless short retentions are allowed (nothing else writes):
+    # rounded down, since the kept points' versions are kept by name (keep_versions) whatever their age, and
+    # an hour of a busy table's old versions is many times its size (bench/README.md, "Issue 34: lake size").
+    hours = (math.floor if allow_short else math.ceil)(retention.total_seconds() / 3600)
 
     # Read before the points: a request's point is recorded after the request.
     pins, pinned_versions = _pinned(path, workflow)
@@ -153,6 +156,52 @@ def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
 def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:
     dt = _table(uri, storage_options)
     # full=True: also files the log never mentions (a killed writer's); without it delta-rs leaves them.
-    removed = dt.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True,
-                        keep_versions=keep or None)
-    return {"table": name, "files_removed": len(removed), "removed": sorted(removed), "kept_versions": keep}
+    args = {"retention_hours": hours, "enforce_retention_duration": False, "full": True,
+            "keep_versions": keep or None}
+    # Sized before they go: a dry run's list (a real run removes the same files, or fewer if a commit came).
+    listed = dt.vacuum(dry_run=True, **args)
+    sizes = _sizes(uri, listed)
+    removed = listed if dry_run else dt.vacuum(dry_run=False, **args)
+    return {"table": name, "files_removed": len(removed), "bytes_removed": sum(sizes.get(f, 0) for f in removed),
+            "removed": sorted(removed), "kept_versions": keep}
+
+
+def _sizes(uri: str, files: list[str]) -> dict[str, int]:
+    """{file as vacuum names it (relative to the table): its size in bytes} (0 when it is gone meanwhile)."""
+    from .location import filesystem_paths
+
+    if not files:
+        return {}
+    fs, paths = filesystem_paths([f if "://" in f or f.startswith("/") else f"{uri}/{f}" for f in files])
+    return {f: max(info.size or 0, 0) for f, info in zip(files, fs.get_file_info(paths))}
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def format_vacuum(report: dict, verbose: bool = False) -> list[str]:
+    """`lake vacuum`'s lines: the points, one line per table (files, bytes), the total; with `verbose`, each
+    table's kept versions and files removed too."""
+    dry = report["dry_run"]
+    verb, drop = ("would remove", "would drop") if dry else ("removed", "dropped")
+    points = (f"points: {drop} {report['points_dropped']} older than the retention, kept {report['points_kept']} "
+              f"(oldest {report['oldest_kept_point']})")
+    lines = [points]
+    for t in report["tables"]:
+        kept = t["kept_versions"]
+        kept_text = f"; keeps {len(kept)} version{'s' if len(kept) != 1 else ''} of kept points" if kept else ""
+        lines.append(f"{t['table']}: {verb} {t['files_removed']} files, {_size(t['bytes_removed'])}{kept_text}")
+        if verbose:
+            if kept:
+                lines.append(f"  kept versions: {', '.join(map(str, kept))}")
+            lines += [f"  {f}" for f in t["removed"]]
+    files = sum(t["files_removed"] for t in report["tables"])
+    size = sum(t["bytes_removed"] for t in report["tables"])
+    lines.append(f"total: {verb} {files} files, {_size(size)}" + ("" if verbose or not files else
+                                                                    " (-v lists them)"))
+    return lines

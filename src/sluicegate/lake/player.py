@@ -12,6 +12,7 @@ each transaction to each table once.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -51,6 +52,9 @@ class LakePlayTask:
     batch_seconds: float = 0.2
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
+    # Seconds between a commit of changes and the next batch (0: none). Each commit rewrites every file it
+    # touches: commits further apart carry more transactions each and leave fewer old versions to keep.
+    commit_every: float = 0.0
     # Play to exactly this position (a vdiff's point), recording a point there, then return; the state may
     # then be Stopped too (the vdiff holds the run lock: no driver plays meanwhile).
     stop_at: int | None = None
@@ -115,6 +119,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
         except RetryableError:
             capture.check_slot(src_ctl, wf.slot, task.position, way_out)
             raise
+        last_commit = -math.inf  # (monotonic) when this task last committed changes
         with stream:
             while True:
                 if task.stop_at is not None:
@@ -140,10 +145,19 @@ def play(task: LakePlayTask) -> LakePlayResult:
                         continue
                     if stop_at is not None:
                         wait_flushed(src_ctl, stop_at)
+                if stop_at is None and time.monotonic() < last_commit + task.commit_every:
+                    if time.monotonic() >= deadline:  # housekeeping is due: the driver runs it meanwhile
+                        return result
+                    # (in short sleeps: the loop's top reads the state again, so a stop or a vdiff's request
+                    # is served within one; the server's keepalives wait in the socket meanwhile)
+                    time.sleep(min(1.0, last_commit + task.commit_every - time.monotonic()))
+                    continue
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
                 batch = _read_batch(this, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
+                if merged and not batch.limited:  # (catching up: no pause)
+                    last_commit = time.monotonic()
                 if batch.spills:
                     staging.clear(root, wf.name)
                 now = time.monotonic()

@@ -35,7 +35,13 @@ log = logging.getLogger("sluicegate")
 
 INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
 # Housekeeping `workflow run` does between batches: seconds between runs (0: never), vacuum's retention.
-HOUSEKEEPING_DEFAULTS = {"optimize_every": 3600.0, "vacuum_every": 86400.0, "vacuum_retention": 7 * 86400.0}
+# Chosen so that an hour of steady writes leaves the lake within 3x the source's size (bench/lake_size.py):
+# each commit of changes rewrites the files it touches, so the old versions a retention keeps grow with
+# (retention + vacuum period) / commit interval. A reader using a point for longer than the retention (a
+# vdiff beside the driver pins its own) needs a longer one: `lake schedule --vacuum-retention`.
+HOUSEKEEPING_DEFAULTS = {"optimize_every": 300.0, "vacuum_every": 30.0, "vacuum_retention": 60.0}
+# Seconds between one commit of changes and the next batch (option "commit_every"; 0: commit as they come).
+COMMIT_EVERY = 30.0
 PREFIX = "delta:"
 
 
