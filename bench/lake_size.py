@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psycopg
 
-from sluicegate.lake.state import COMMIT_EVERY, HOUSEKEEPING_DEFAULTS, open_store
+from sluicegate.lake.state import HOUSEKEEPING_DEFAULTS, open_store
 from sluicegate.localpg import LocalPostgres
 
 DB, WF = "bench", "lakesize"
@@ -126,7 +126,7 @@ def main() -> int:
     parser.add_argument("--schedule", default=None,
                         help="housekeeping as optimize,vacuum,retention in seconds of real time "
                              "(default: the workflow defaults)")
-    parser.add_argument("--commit-every", type=float, default=COMMIT_EVERY,
+    parser.add_argument("--commit-every", type=float, default=HOUSEKEEPING_DEFAULTS["commit_every"],
                         help="seconds of real time between commits (default: the workflow default)")
     args = parser.parse_args()
     minutes = args.minutes if args.minutes is not None else 60 / args.scale

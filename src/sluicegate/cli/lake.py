@@ -115,9 +115,11 @@ def lake_vacuum(name, target, retention, dry_run, verbose, allow_short_retention
               help="Vacuum this often while `workflow run` runs (e.g. 12h; 0: never).")
 @click.option("--vacuum-retention", default=None, metavar="DURATION",
               help="What the scheduled vacuum keeps (e.g. 7d).")
+@click.option("--commit-every", default=None, metavar="DURATION",
+              help="The least time between two commits of changes (e.g. 5s; 0: as they come).")
 @JSON
 @_friendly
-def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, as_json):
+def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, commit_every, as_json):
     """Show the workflow's housekeeping schedule, or change it (the options given; the others stay).
 
     A running `workflow run` follows the new schedule from its next batch: no restart needed.
@@ -126,10 +128,11 @@ def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, 
 
     _path(target)
     now = schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
-                                  "vacuum_retention": vacuum_retention})
+                                  "vacuum_retention": vacuum_retention, "commit_every": commit_every})
     if as_json:
         click.echo(json.dumps(now, indent=2))
         return
     for key, seconds in now.items():
-        shown = "never" if seconds <= 0 and key != "vacuum_retention" else str(timedelta(seconds=seconds))
+        shown = "never" if seconds <= 0 and key.endswith("_every") and key != "commit_every" \
+            else str(timedelta(seconds=seconds))
         click.echo(f"{key.replace('_', '-')}: {shown}")

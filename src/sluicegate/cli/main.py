@@ -187,17 +187,21 @@ def _rule_options(fn):
               help="Keep each target table's indexes while it is copied (default: a table copied without a rule "
                    "has them dropped before its first copy cycle and built again when that cycle commits).")
 @click.option("--optimize-every", default=None, metavar="DURATION",
-              help="A Delta target: how often `workflow run` compacts the tables' small files (default 1h; 0: never).")
+              help="A Delta target: how often `workflow run` compacts the tables' small files (default 5m; 0: never).")
 @click.option("--vacuum-every", default=None, metavar="DURATION",
-              help="A Delta target: how often `workflow run` vacuums the tables (default 24h; 0: never).")
+              help="A Delta target: how often `workflow run` vacuums the tables (default 30s; 0: never).")
 @click.option("--vacuum-retention", default=None, metavar="DURATION",
-              help="A Delta target: how long the scheduled vacuum keeps old versions and points (default 7d).")
+              help="A Delta target: how long the scheduled vacuum keeps old versions and points (default 60s; "
+                   "longer for readers of old versions).")
+@click.option("--commit-every", default=None, metavar="DURATION",
+              help="A Delta target: the least time between two commits of changes (default 30s; 0: as they "
+                   "come). Each commit rewrites the files it touches: fewer commits, fewer old files.")
 @friendly
 def movetables_create(name, source, target, tables, schemas, exclude_tables, rules, rules_file, udfs, cycle_rows,
-                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention):
+                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention, commit_every):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
-                "vacuum_retention": vacuum_retention}
+                "vacuum_retention": vacuum_retention, "commit_every": commit_every}
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 

@@ -34,7 +34,6 @@ from . import apply, location
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
 from .state import (
-    COMMIT_EVERY,
     COPYING,
     ERROR,
     HOUSEKEEPING_DEFAULTS,
@@ -240,7 +239,7 @@ class LakeEngine:
                             max_seconds=min(float(opts.get("slice_seconds", math.inf)), until_due),
                             batch_changes=int(opts.get("batch_changes", 20_000)),
                             stage_rows=int(opts.get("stage_rows", 50_000)),
-                            commit_every=float(opts.get("commit_every", COMMIT_EVERY)))
+                            commit_every=float(opts.get("commit_every", HOUSEKEEPING_DEFAULTS["commit_every"])))
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
 
     def housekeeping(self, wf: LakeWorkflow) -> float:

@@ -120,6 +120,11 @@ def play(task: LakePlayTask) -> LakePlayResult:
             capture.check_slot(src_ctl, wf.slot, task.position, way_out)
             raise
         last_commit = -math.inf  # (monotonic) when this task last committed changes
+        # The pause reads nothing from the replication connection: keep it well inside the server's
+        # wal_sender_timeout, which ends a walsender whose client has not answered for that long.
+        timeout_ms = int(src_ctl.execute("SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'"
+                                         ).fetchone()[0])
+        pause = min(task.commit_every, timeout_ms / 3000) if timeout_ms > 0 else task.commit_every
         with stream:
             while True:
                 if task.stop_at is not None:
@@ -145,12 +150,12 @@ def play(task: LakePlayTask) -> LakePlayResult:
                         continue
                     if stop_at is not None:
                         wait_flushed(src_ctl, stop_at)
-                if stop_at is None and time.monotonic() < last_commit + task.commit_every:
+                if stop_at is None and time.monotonic() < last_commit + pause:
                     if time.monotonic() >= deadline:  # housekeeping is due: the driver runs it meanwhile
                         return result
                     # (in short sleeps: the loop's top reads the state again, so a stop or a vdiff's request
                     # is served within one; the server's keepalives wait in the socket meanwhile)
-                    time.sleep(min(1.0, last_commit + task.commit_every - time.monotonic()))
+                    time.sleep(max(0.0, min(1.0, last_commit + pause - time.monotonic())))
                     continue
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)

@@ -39,9 +39,9 @@ INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped"
 # each commit of changes rewrites the files it touches, so the old versions a retention keeps grow with
 # (retention + vacuum period) / commit interval. A reader using a point for longer than the retention (a
 # vdiff beside the driver pins its own) needs a longer one: `lake schedule --vacuum-retention`.
-HOUSEKEEPING_DEFAULTS = {"optimize_every": 300.0, "vacuum_every": 30.0, "vacuum_retention": 60.0}
-# Seconds between one commit of changes and the next batch (option "commit_every"; 0: commit as they come).
-COMMIT_EVERY = 30.0
+# commit_every: seconds between one commit of changes and the next batch (0: commit as they come).
+HOUSEKEEPING_DEFAULTS = {"optimize_every": 300.0, "vacuum_every": 30.0, "vacuum_retention": 60.0,
+                         "commit_every": 30.0}
 PREFIX = "delta:"
 
 
