@@ -187,10 +187,36 @@ def from_exception(exc: BaseException) -> SluicegateError:
     if not isinstance(state, str):
         state = None  # (a PySpark error's sqlstate is a method)
     text = f"{type(exc).__name__}: {first_line(exc)}"
+    detail = _detail(exc) if state and state[:2] in ("22", "23") else None
+    if detail:  # which row, which value: "Failing row contains (7, -1)", "Key (id)=(7) already exists."
+        text += f" ({detail})"
     if state:
         text += f" (SQLSTATE {state})"
     cls = RetryableError if is_retryable(exc) else TerminalError
+    if cls is TerminalError and state and (fix := _WAY_OUT.get(state) or _WAY_OUT.get(state[:2])):
+        text += f": {fix}"
     return cls(text, sqlstate=state)
+
+
+_WAY_OUT = {  # the way out of a terminal database error, by SQLSTATE or its class
+    "22": "the target column cannot hold the value: ALTER its type on the target, or CAST it in a rule; "
+          "then `sluicegate workflow start`",
+    "23": "a constraint of the target refuses the row: fix the row on the source, or drop or change the "
+          "constraint on the target; then `sluicegate workflow start`",
+    "42501": "grant the privilege it names to the user of that database; then `sluicegate workflow start`",
+}
+
+
+def _detail(exc: BaseException) -> str | None:
+    """The server's DETAIL line (one line, short), e.g. the failing row or key."""
+    diag = getattr(exc, "diag", None)
+    detail = getattr(diag, "message_detail", None) if diag is not None else None
+    if not detail:
+        return None
+    from .postgres.connect import redact
+
+    line = " ".join(str(detail).split())
+    return redact(line if len(line) <= 200 else line[:199] + "…")
 
 
 def describe_error(exc: BaseException) -> str:

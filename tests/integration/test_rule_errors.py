@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from sluicegate.errors import UsageError
-from sluicegate.workflow.create import create_materialize
+from sluicegate.workflow.create import create_materialize, create_movetables
 
-from ..conftest import wait_for
-from .helpers import reap_group, stream_row
+from ..conftest import EngineThread, wait_for
+from .helpers import caught_up, reap_group, stream_row
 
 pytestmark = pytest.mark.spark
 
@@ -69,3 +69,22 @@ def test_create_refuses_a_computed_column_a_lossy_cast_would_make(pair, spark):
     # a wider one takes the values as they are: the rule writes the table's type
     pair.dst("CREATE TABLE orders_q (id int PRIMARY KEY, q2 numeric)")
     create_materialize("q", pair.source, pair.target, ["orders_q: SELECT id, qty * 2 AS q2 FROM orders"], {}, {})
+
+
+def test_a_row_the_target_refuses_ends_in_error_naming_the_row_and_the_way_out(pair, spark):
+    # An applier's error, not a rule's: the target's own CHECK refuses a replicated row (SQLSTATE 23514).
+    pair.src("CREATE TABLE stock (id int PRIMARY KEY, qty int)")
+    pair.src("INSERT INTO stock SELECT g, g FROM generate_series(1, 50) g")
+    pair.dst("CREATE TABLE stock (id int PRIMARY KEY, qty int CHECK (qty >= 0))")
+    create_movetables("chk", pair.source, pair.target, ["stock"], [], {})
+    with EngineThread(spark, pair.target, "chk") as run:
+        wait_for(lambda: caught_up(pair, "chk"), what="caught up", describe=lambda: stream_row(pair, "chk"))
+        pair.src("INSERT INTO stock VALUES (51, 51), (52, -7)")
+        wait_for(lambda: stream_row(pair, "chk")["state"] == "Error", what="Error",
+                 describe=lambda: stream_row(pair, "chk"))
+        run.thread.join(timeout=60)
+    message = stream_row(pair, "chk")["message"]
+    assert "stock" in message and "(52, -7)" in message and "SQLSTATE 23514" in message, message
+    assert "constraint of the target" in message, message  # the way out
+    assert run.engine.recovering is False  # it never retried
+    assert pair.dst("SELECT count(*), max(id) FROM stock") == [(50, 50)]  # nothing of that transaction
