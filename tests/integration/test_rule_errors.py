@@ -60,6 +60,11 @@ def test_create_refuses_a_computed_column_a_lossy_cast_would_make(pair, spark):
     text = str(err.value)
     assert "gross" in text and "total" in text and "CAST(total AS DECIMAL" in text, text
     assert pair.dst("SELECT to_regclass('public.orders_gross')") == [(None,)]  # nothing created
+    # the CAST it names is accepted, and makes a numeric column
+    create_materialize("gross", pair.source, pair.target,
+                       ["orders_gross: SELECT id, CAST(total AS DECIMAL(38,10)) * qty AS gross FROM orders"], {}, {})
+    assert pair.dst("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                    "'public.orders_gross'::regclass AND attname = 'gross'") == [("numeric(38,6)",)]
     # an existing target column the output would not fit: refused with the CAST that fits it
     pair.dst("CREATE TABLE orders_n (id int PRIMARY KEY, n integer)")
     with pytest.raises(UsageError) as err:
