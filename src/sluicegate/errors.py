@@ -5,6 +5,8 @@ Errors are picklable (Spark ships them from executors back to the driver) and re
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 
 class SluicegateError(Exception):
     """Base class. `str(err)` is a one-line message that names the object and the way out."""
@@ -124,14 +126,16 @@ def is_retryable(err: BaseException) -> bool:
     return classify(err) == RETRYABLE
 
 
+@dataclass(frozen=True)
 class SparkErrorInfo:
     """What a Spark error says about itself: its error class (condition), SQLSTATE and message parameters
     (e.g. CAST_INVALID_INPUT's `expression`, the value that failed), from the first exception of its cause
     chain that has them."""
 
-    def __init__(self, condition: str | None = None, sqlstate: str | None = None, parameters: dict | None = None,
-                 message: str = ""):
-        self.condition, self.sqlstate, self.parameters, self.message = condition, sqlstate, parameters or {}, message
+    condition: str | None = None
+    sqlstate: str | None = None
+    parameters: dict = field(default_factory=dict)
+    message: str = ""
 
 
 def spark_error_info(err: BaseException) -> SparkErrorInfo:
