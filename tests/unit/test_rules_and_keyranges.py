@@ -77,3 +77,24 @@ def test_spark_casts_and_postgres_types():
     ]
     for arr, text in values:
         assert types.pg_text(arr).to_pylist() == text
+
+
+@pytest.mark.parametrize("spark_type,pg,fit", [
+    ("int", "bigint", True), ("bigint", "integer", False), ("smallint", "numeric", True),
+    ("decimal(10,2)", "numeric", True), ("decimal(10,2)", "numeric(12,2)", True),
+    ("decimal(10,2)", "numeric(10,1)", False), ("decimal(38,6)", "bigint", False), ("decimal(5,0)", "integer", True),
+    ("double", "integer", False), ("double", "real", False), ("float", "double precision", True),
+    ("double", "text", True), ("string", "text", True), ("string", "uuid", None), ("bigint", "bigint", True),
+])
+def test_a_computed_column_fits_a_target_column_or_is_a_lossy_cast(spark_type, pg, fit):
+    from sluicegate.rules.types import fits
+
+    assert fits(spark_type, pg) is fit
+
+
+def test_the_cast_that_fits_a_target_column():
+    from sluicegate.rules.types import spark_cast_type, spark_type_of
+
+    assert spark_cast_type("integer") == "INT" and spark_cast_type("numeric(12,2)") == "DECIMAL(12,2)"
+    assert spark_type_of("numeric(10,2)") == "decimal(10,2)" and spark_type_of("smallint") == "smallint"
+    assert spark_type_of("double precision") == "double" and spark_type_of("jsonb") is None

@@ -169,3 +169,26 @@ def test_a_check_job_that_failed_before_the_probe_says_why_in_one_line():
     assert other.startswith("Spark executors could not run Sluicegate's check task (ImportError: cannot "
                             "import name 'x'): install sluicegate==0.1.0")
     assert all("\n" not in s for s in (line, missing, other))
+
+
+def test_spark_speaks_in_stack_traces_and_task_reports_only_under_v(monkeypatch):
+    import logging
+
+    from sluicegate.spark import session
+
+    monkeypatch.setattr(session, "_user_log4j_config", lambda: False)
+    logger = logging.getLogger("sluicegate")
+    before = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # (setLevel: isEnabledFor's cache is cleared)
+        quiet = session.driver_java_options(archive_options="")
+        logger.setLevel(logging.INFO)
+        loud = session.driver_java_options(archive_options="")
+    finally:
+        logger.setLevel(before)
+    assert f"-Dlog4j2.configurationFile={session.LOG4J_CONFIG}" in quiet and "sluicegate.spark" not in quiet
+    assert "-Dsluicegate.spark.stacks=true" in loud and "-Dsluicegate.spark.tasks=error" in loud
+    # the properties those switch, with quiet defaults
+    text = session.LOG4J_CONFIG.read_text()
+    assert "alwaysWriteExceptions = ${sys:sluicegate.spark.stacks:-false}" in text
+    assert text.count("${sys:sluicegate.spark.tasks:-off}") == 2

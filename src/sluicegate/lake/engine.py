@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 
-from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
+from ..errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
 from ..postgres import capture
 from ..postgres.catalog import Column, Table
 from ..postgres.connect import connect, first_line
@@ -116,8 +116,10 @@ class LakeEngine:
             except Exception as exc:  # noqa: BLE001 - classified below
                 if self.stop.is_set():
                     return "stopping"
-                text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
-                if not is_retryable(exc) and not type(exc).__module__.startswith(("py4j", "pyspark")):
+                text = describe_error(exc)
+                kind = classify(exc)
+                # ONCE: a failure whose class does not tell; the retry is how we find out (errors.classify)
+                if kind == TERMINAL or (kind == ONCE and failures > 0):
                     self._record(ERROR, text)
                     return ERROR
                 failures += 1

@@ -162,6 +162,7 @@ def compile_rule(spark, spec: RuleSpec, source: Table, view: str, target_schema:
         if not e.deterministic():
             raise UsageError(f"rule {spec.label}: column {out!r} is not deterministic ({_sql(e)}): the copy and "
                              f"the stream would compute different values; use a deterministic expression")
+        _refuse_implicit_text_casts(spark, spec, out, e, source)
         spark_type = fields[out].dataType.simpleString()
         pg = types.pg_type(spark_type)
         if pg is None:
@@ -230,6 +231,43 @@ def _shape(spec: RuleSpec, plan):
         if len(children) != 1:
             raise UsageError(f"rule {spec.label}: a rule reads one table")
         node = children[0]
+
+
+def _refuse_implicit_text_casts(spark, spec: RuleSpec, out: str, e, source: Table) -> None:
+    """A column computed from a source column that Spark holds as text (an unconstrained numeric, a text
+    column), which Spark's type coercion casts to a number (`total * qty`: total to BIGINT) without the rule
+    saying so: the cast fails at run time on the first value it cannot take ('12.50'). Refused at create,
+    with the explicit CAST that holds the values (a CAST the rule writes is the user's decision)."""
+    tag = spark._jvm.org.apache.spark.sql.catalyst.expressions.Cast.USER_SPECIFIED_CAST()
+    by_name = {c.name: c for c in source.columns}
+    for cast in _nodes(e, "Cast"):
+        child = cast.child()
+        if cast.getTagValue(tag).isDefined() or child.dataType().simpleString() != "string":
+            continue
+        to = cast.dataType().simpleString()
+        if to == "string" or not _references(child):
+            continue
+        name = _references(child)[0]
+        column = by_name.get(name)
+        what = child.name() if child.getClass().getSimpleName() == "AttributeReference" else _sql(child)
+        to = to.upper()
+        if column is not None and column.type_sql == "numeric":
+            origin = f"numeric column {name!r}, which Spark reads as text (no precision declared),"
+            fix = (f"Write CAST({what} AS DECIMAL(38,10)) in the rule (a precision and scale that hold its "
+                   f"values), or declare {name} numeric(p,s) on the source")
+        else:
+            origin = f"{what}, text in Spark,"
+            fix = (f"Write CAST({what} AS {to}) in the rule if every value is one, or try_cast({what} AS {to}) "
+                   f"for NULL where it is not")
+        raise UsageError(f"rule {spec.label}: column {out!r} casts {origin} to {to} implicitly, which fails at "
+                         f"run time on the first value it cannot hold (as '12.50' cannot be a {to}). {fix}")
+
+
+def _nodes(e, kind: str):
+    if e.getClass().getSimpleName() == kind:
+        yield e
+    for c in _seq(e.children()):
+        yield from _nodes(c, kind)
 
 
 def _has_subquery(e) -> bool:
@@ -322,3 +360,36 @@ def split_where(spark, select: str) -> SplitRule:
         raise UsageError(f"rule SELECT {select[:40]!r}…: only `FROM table [WHERE condition]` is supported here")
     text = _WHERE_HEAD.sub("", select[rel_end:], count=1).strip().rstrip(";")
     return SplitRule(select[:rel_end], text, from_clause)
+
+
+def fit_existing_target(conn, rule: CompiledRule) -> CompiledRule:
+    """A rule whose target table exists: each computed column's type against the table's column. A wider
+    column takes the values as they are (int into bigint, decimal(10,2) into numeric): the rule writes the
+    table's type. A narrower one would be a lossy cast, refused with the CAST (or the ALTER) that fixes it."""
+    from dataclasses import replace
+
+    rows = conn.execute(
+        """SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+           WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped""",
+        (rule.target.ident.as_string(conn),)).fetchall()
+    existing = dict(rows)
+    if not existing:
+        return rule
+    exprs = {name for kind, name in rule.outputs if kind == "expr"}
+    columns = []
+    for c in rule.target.columns:
+        have = existing.get(c.name)
+        if c.name not in exprs or have is None or have == c.type_sql:
+            columns.append(c)
+            continue
+        spark_type = types.spark_type_of(c.type_sql)
+        fit = types.fits(spark_type, have) if spark_type else None
+        if fit is False:
+            to = types.spark_cast_type(have)
+            cast = f"CAST(... AS {to}) AS {quote(c.name)}" if to else f"a CAST to what {have} holds"
+            raise UsageError(f"rule {rule.rule.split(':', 1)[0]}: column {c.name!r} is {spark_type.upper()} ("
+                             f"{c.type_sql}), and target table {rule.target.qualified} has {c.name} {have}: a "
+                             f"lossy cast. Write {cast} in the rule (rounding as you mean it), or ALTER TABLE "
+                             f"{rule.target.qualified} ALTER COLUMN {c.name} TYPE {c.type_sql}")
+        columns.append(replace(c, type_sql=have) if fit else c)
+    return replace(rule, target=replace(rule.target, columns=tuple(columns)))

@@ -68,3 +68,67 @@ def pg_text(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_string(values.type):
         return values
     return pc.cast(values, pa.string())
+
+
+# -- does a rule's output fit a target column? -------------------------------------------------------------
+_INT_DIGITS = {"tinyint": 3, "smallint": 5, "int": 10, "bigint": 19}
+_PG_INT_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
+_PG_TO_SPARK = {"smallint": "SMALLINT", "integer": "INT", "bigint": "BIGINT", "real": "FLOAT",
+                "double precision": "DOUBLE", "boolean": "BOOLEAN", "text": "STRING", "date": "DATE",
+                "timestamp with time zone": "TIMESTAMP", "timestamp without time zone": "TIMESTAMP_NTZ",
+                "bytea": "BINARY"}
+
+
+def fits(spark_type: str, pg: str) -> bool | None:
+    """Whether every value of Spark type `spark_type` (simpleString) is held exactly by a PostgreSQL column of
+    type `pg`: True (the same or wider: int into bigint, decimal(10,2) into numeric), False (a lossy cast:
+    decimal into bigint, double into integer, bigint into smallint), None (not a pair this knows)."""
+    if pg_type(spark_type) == pg:
+        return True
+    if pg == "text":
+        return True  # every value has a text form PostgreSQL keeps as it is
+    dec = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    num = re.fullmatch(r"numeric(?:\((\d+),(\d+)\))?", pg)
+    if spark_type in _INT_DIGITS:
+        digits = _INT_DIGITS[spark_type]
+        if pg in _PG_INT_DIGITS:
+            return _PG_INT_DIGITS[pg] >= digits
+        if num:
+            return num.group(1) is None or int(num.group(1)) - int(num.group(2)) >= digits
+        if pg in ("real", "double precision"):
+            return digits <= (6 if pg == "real" else 15)
+        return None
+    if dec:
+        p, s = int(dec.group(1)), int(dec.group(2))
+        if num:
+            return num.group(1) is None or (int(num.group(2)) >= s and int(num.group(1)) - int(num.group(2)) >= p - s)
+        if pg in _PG_INT_DIGITS:
+            return s == 0 and _PG_INT_DIGITS[pg] > p
+        if pg in ("real", "double precision"):
+            return False
+        return None
+    if spark_type in ("float", "double"):
+        if pg == "double precision":
+            return True
+        if pg == "real" or pg in _PG_INT_DIGITS or num:
+            return False
+        return None
+    return None
+
+
+def spark_cast_type(pg: str) -> str | None:
+    """The Spark type to CAST a rule's column to for a PostgreSQL column of type `pg` (None: no twin)."""
+    if pg in _PG_TO_SPARK:
+        return _PG_TO_SPARK[pg]
+    num = re.fullmatch(r"numeric(?:\((\d+),(\d+)\))?", pg)
+    if num:
+        return f"DECIMAL({num.group(1)},{num.group(2)})" if num.group(1) else "DECIMAL(38,10)"
+    return None
+
+
+def spark_type_of(pg: str) -> str | None:
+    """The Spark type (simpleString) a computed column of PostgreSQL type `pg` came from (pg_type's inverse)."""
+    m = re.fullmatch(r"numeric\((\d+),(\d+)\)", pg)
+    if m:
+        return f"decimal({m.group(1)},{m.group(2)})"
+    return next((k for k, v in _SPARK_TO_PG.items() if v == pg and k != "tinyint"), None)

@@ -28,6 +28,7 @@ log = logging.getLogger("sluicegate")
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 LOOPBACK = "127.0.0.1"
+_PROGRESS_BAR = "spark.ui.showConsoleProgress"
 DEFAULT_APP_NAME = "sluicegate"
 _SUBMIT_APP_NAME = "pyspark-shell"  # what spark-submit names an application that nobody named
 # local, local[4], local[*], local[4,2]: executors in the driver's JVM. local-cluster[...] has its own
@@ -127,12 +128,19 @@ def driver_java_options(light_jvm: bool = False, archive_options: str | None = N
 
     options = []
     if not _user_log4j_config():
-        # Errors only: the CLI's output stays readable.
+        # Errors only: the CLI's output stays readable. Under -v with stack traces and tasks' failures.
         options.append(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
+        if verbose():
+            options.append("-Dsluicegate.spark.stacks=true -Dsluicegate.spark.tasks=error")
     options.append(classcache.java_options() if archive_options is None else archive_options)
     if light_jvm:
         options.append("-XX:TieredStopAtLevel=1")
     return " ".join(o for o in options if o)
+
+
+def verbose() -> bool:
+    """Whether Sluicegate logs at info or below (`-v`): Spark's stage bars and stack traces then show too."""
+    return logging.getLogger("sluicegate").isEnabledFor(logging.INFO)
 
 
 def _user_log4j_config() -> bool:
@@ -206,6 +214,10 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
             conf_obj.set(key, value)
         for key, value in default_settings(seen.get("spark.master", "local[*]"), seen, app_name).items():
             conf_obj.set(key, value)
+        if _PROGRESS_BAR not in settings:
+            # Spark's launcher turns the bars on for every PySpark application ("pyspark-shell"), so
+            # spark-defaults.conf cannot be told from it here: only --conf overrides. Bars are for -v.
+            conf_obj.set(_PROGRESS_BAR, "true" if verbose() else "false")
         sc = SparkContext(conf=conf_obj, gateway=gateway)
     sc.setLogLevel("ERROR")
     if warning := unreachable_driver(sc.master, sc.getConf().get("spark.driver.host", None)):

@@ -143,6 +143,10 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
     target tables do not get of their source's definition, a line each."""
     if dst.info.server_version < 140000:
         raise UsageError(f"target runs PostgreSQL {dst.info.server_version // 10000}; Sluicegate needs 14 or newer")
+    if compiled:  # an existing target table's columns may be wider than a rule's output, never narrower
+        from ..rules.compile import fit_existing_target
+
+        compiled = {q: fit_existing_target(dst, rule) for q, rule in compiled.items()}
     targets = [compiled[s.qualified].target if s.qualified in compiled else s for s in described]
     rels = ["sluicegate.workflows", *(t.ident.as_string(dst) for t in targets)]
     with dst.transaction(), locks.guard(dst, f"creating workflow {name}", rels, then="try again"):

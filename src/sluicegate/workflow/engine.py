@@ -25,7 +25,7 @@ import psycopg
 from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
-from ..errors import SluicegateError, TerminalError, UsageError, is_retryable
+from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
 from ..postgres import capture, locks, origins
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
@@ -161,14 +161,16 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - every failure is classified below
                 if self.stop.is_set():
                     return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
-                if not is_retryable(exc) and not _spark_failure(exc):
+                kind = classify(exc)
+                # ONCE: a failure whose class does not tell; the retry is how we find out (errors.classify)
+                if kind == TERMINAL or (kind == ONCE and failures > 0):
                     self._count("errors")
-                    self._record(st.ERROR, str(exc) if isinstance(exc, SluicegateError) else first_line(exc))
+                    self._record(st.ERROR, describe_error(exc))
                     return st.ERROR
                 failures += 1
                 self._count("retries")
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                message = f"retrying in {delay:.0f}s: {str(exc) if isinstance(exc, SluicegateError) else first_line(exc)}"
+                message = f"retrying in {delay:.0f}s: {describe_error(exc)}"
                 log.warning(message)
                 self._record(None, message)
                 self._drop_lock_conn()
@@ -278,8 +280,14 @@ class Engine:
                                      slots=self.runner.parallelism(), by_pages=rule is None)
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
                 self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
-                rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
-                                                   plan.ranges) if plan.ranges else 0
+                try:
+                    rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
+                                                       plan.ranges, snap.conn) if plan.ranges else 0
+                except Exception:
+                    # The tasks that finished committed their rows: above lastpk, not copied by definition. A
+                    # stream in Error leaves the target as of its last committed cycle.
+                    self._clear_above(rule.rule.target, current.lastpk, rule.rule.target_keyrange())
+                    raise
             else:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
                 tasks = [replace(copier.prepare(t), origin=origin) for t in ranges]
@@ -303,6 +311,14 @@ class Engine:
                     _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    def _clear_above(self, table: Table, lastpk, mine) -> None:
+        """Best effort (the target may be what failed): the next cycle clears them anyway."""
+        try:
+            with connect(self.target_url, role="target") as dst:
+                copier.clear_above(dst, table, lastpk, mine)
+        except Exception:  # noqa: BLE001
+            log.debug("could not clear %s above its copy position", table.qualified)
 
     def _nothing_committed_since(self, stream: st.Stream) -> bool:
         """Whether the source has committed nothing since the stream's position: it has written no WAL since,
@@ -460,7 +476,3 @@ def _add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:
     for name in added:
         log.info("added foreign key %s", name)
 
-
-def _spark_failure(exc: BaseException) -> bool:
-    """A Spark job that failed outside our task code (a worker died): retry it."""
-    return type(exc).__module__.startswith(("py4j", "pyspark"))

@@ -1,0 +1,92 @@
+"""The run loop's decision after a failure (no server, no Spark): Error at once, retry with backoff, or retry
+once and then Error — by the error's class (errors.classify)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import psycopg
+import pytest
+
+from sluicegate.workflow import state as st
+from sluicegate.workflow.engine import Engine
+
+
+class _SparkError(Exception):
+    __module__ = "pyspark.errors.exceptions.captured"
+
+    def __init__(self, condition=None, sqlstate=None):
+        super().__init__(f"[{condition}] failed")
+        self._c, self._s = condition, sqlstate
+
+    def getCondition(self):
+        return self._c
+
+    def getSqlState(self):
+        return self._s
+
+
+class _Loop(Engine):
+    """Engine._loop over a step that raises the given errors in turn, then stops the loop."""
+
+    def __init__(self, errors):
+        super().__init__("postgresql://unused", "wf", runner=None, stop=threading.Event(), max_backoff=0.0,
+                         serve_vdiffs=False)
+        self.errors, self.recorded, self.steps = list(errors), [], 0
+
+    def _hold_run_lock(self):
+        pass
+
+    def _load(self):
+        return SimpleNamespace(streams=[SimpleNamespace(id=1, state=st.RUNNING)])
+
+    def _stream(self, wf):
+        return wf.streams[0]
+
+    def step(self, wf, stream):
+        self.steps += 1
+        if not self.errors:
+            self.stop.set()
+            return
+        err = self.errors.pop(0)
+        if err is not None:
+            raise err
+
+    def _record(self, state, message):
+        self.recorded.append((state, message))
+
+    def _count(self, metric):
+        pass
+
+
+def test_a_data_error_ends_in_error_without_a_retry():
+    loop = _Loop([_SparkError("CAST_INVALID_INPUT", "22018")])
+    assert loop._loop() == st.ERROR and loop.steps == 1
+    assert loop.recorded == [(st.ERROR, "[CAST_INVALID_INPUT] failed.")]
+
+
+@pytest.mark.parametrize("err", [psycopg.errors.UniqueViolation("dup"), psycopg.errors.InsufficientPrivilege("no")])
+def test_constraint_and_privilege_errors_end_at_once(err):
+    loop = _Loop([err])
+    assert loop._loop() == st.ERROR and loop.steps == 1
+
+
+def test_passing_faults_are_retried_however_often():
+    lost = _SparkError()  # no class: a lost executor, a crashed worker
+    loop = _Loop([psycopg.OperationalError("gone"), lost, lost, psycopg.errors.LockNotAvailable("lock"), None])
+    assert loop._loop() == "stopping" and loop.steps == 6
+    assert sum(1 for state, m in loop.recorded if m.startswith("retrying")) == 4
+
+
+def test_an_unclassified_task_exception_is_retried_once_then_ends():
+    loop = _Loop([_SparkError("PYTHON_EXCEPTION", "38000"), _SparkError("PYTHON_EXCEPTION", "38000")])
+    assert loop._loop() == st.ERROR and loop.steps == 2
+    assert [s for s, _ in loop.recorded] == [None, st.ERROR]
+
+
+def test_once_means_once_in_a_row():
+    # a success between two such failures: each gets its retry
+    py = _SparkError("PYTHON_EXCEPTION", "38000")
+    loop = _Loop([py, None, py, None])
+    assert loop._loop() == "stopping" and loop.steps == 5
