@@ -249,7 +249,8 @@ def test_housekeeping_on_a_schedule(pair, spark, tmp_path):
         changed = sluicegate("lake", "schedule", "hk", "--target", target, "--optimize-every", "2s",
                              "--vacuum-every", "3s", "--json")
         assert changed.returncode == 0, changed.stderr
-        assert json.loads(changed.stdout) == {"optimize_every": 2.0, "vacuum_every": 3.0, "vacuum_retention": 0.0}
+        assert json.loads(changed.stdout) == {"optimize_every": 2.0, "vacuum_every": 3.0, "vacuum_retention": 0.0,
+                                              "commit_every": 30.0}
 
         def ran_twice():
             text = log.read_text()
