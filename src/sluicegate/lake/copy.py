@@ -111,6 +111,11 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     return [{"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows}]
 
 
+def rows_written(files: list[dict]) -> int:
+    """The rows of a copy task's files (what `copy_range` returns)."""
+    return sum(f["rows"] for f in files)
+
+
 def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:
     """The outcome of cycle `cycle` if the table already has its commit (a kill came before the state said so)."""
     done = dt.transaction_version(workflow_copy_app)
