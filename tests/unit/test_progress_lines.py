@@ -189,10 +189,22 @@ def test_a_one_cycle_copy_moves_every_line_at_its_true_rate():
     # past the estimate before the cycle is recorded: the total follows, below 100%
     finished.value = 2_000_000
     assert at(107.0, 0) == ["copy public.big: 2,000,000/2,000,000 rows (100%), 285,714 rows/s"]
-    entry.ended = 107.4  # recorded (indexes built): copy_state has the rows; the rate ends with the copy
+    entry.ended, entry.recorded = 107.4, 2_000_000  # recorded (indexes built): the rate ends with the copy
     done = {**status, "state": "Copied", "rows_copied": 2_000_000, "rows_total": 2_000_000}
     assert at(108.0, 0, done) == ["copied public.big: 2,000,000/2,000,000 rows, 270,270 rows/s"]
     assert at(109.0, 0, done) == []
+    # status read just before the cycle's commit, the entry just after: what the cycle recorded
+    assert with_live(status, entry, {}, 110.0)["rows_copied"] == 2_000_000
+
+
+def test_rows_read_by_running_tasks_from_their_session_names():
+    from sluicegate.workflow.live import reads, source_label
+
+    a, b = "sluicegate copy 0123456789ab", "sluicegate copy ba9876543210"
+    names = [source_label(a, 20_000), source_label(a, 40_000), source_label(b, 5), "sluicegate copy x",
+             "sluicegate", a]
+    assert reads(names) == {a: 60_000, b: 5}
+    assert len(source_label(a, 10**12)) <= 63  # PostgreSQL keeps 63 bytes of an application_name
 
 
 def test_lines_without_applied_rows_and_after_a_switch():

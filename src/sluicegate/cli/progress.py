@@ -57,29 +57,37 @@ def read_streams(target_url: str, workflow: str) -> list[dict]:
 
         streams = progress_streams(workflow, target_url)
         for s in streams:
-            s["tables"] = [with_live(t, live.table_copy(target_url, workflow, s["id"], t["table"]), {}, now)
-                           for t in s["tables"]]
+            entries = {t["table"]: live.table_copy(target_url, workflow, s["id"], t["table"]) for t in s["tables"]}
+            # a cycle's running tasks show the rows they have read on their source sessions
+            reads = _ask(s.pop("source_url"), live.in_flight_reads, entries.values())
+            s["tables"] = [with_live(t, entries[t["table"]], reads, now) for t in s["tables"]]
         return streams
     from ..workflow.reshard import load_all
 
     streams = []
     for shard, url, wf in load_all(workflow, target_url):
         applied = {s.id: s.rows_applied for s in wf.streams}
-        flights: dict[str, int] = {}
         copying = [(s.id, t.table.qualified) for s in wf.streams for t in s.tables if not t.done]
-        entries = {key: live.table_copy(url, workflow, *key) for key in copying}
-        if any(e is not None and e.ended is None for e in entries.values()):
-            try:
-                with connect(url, role="target", connect_timeout=3) as conn:
-                    flights = live.in_flight(conn)
-            except Exception:  # noqa: BLE001 - advisory: without it, rows move as tasks end
-                flights = {}
+        # a cycle's running COPYs show the rows they have written on the target
+        flights = _ask(url, live.in_flight, [live.table_copy(url, workflow, *key) for key in copying])
         for s in workflow_status(wf)["streams"]:
             label = f"stream {s['id']}" + (f" (target shard {shard})" if shard else "")
             tables = [with_live(t, live.table_copy(url, workflow, s["id"], t["table"]), flights, now)
                       for t in s["tables"]]
             streams.append({**s, "label": label, "rows_applied": applied[s["id"]], "tables": tables})
     return streams
+
+
+def _ask(url: str, query, entries) -> dict[str, int]:
+    """query(a connection to `url`) when one of `entries` (live.py) is a cycle in flight; else, or when the
+    server cannot be asked, nothing (advisory: rows then move as the cycle's tasks end)."""
+    if not any(e is not None and e.ended is None for e in entries):
+        return {}
+    try:
+        with connect(url, role="server", autocommit=True, connect_timeout=3) as conn:
+            return query(conn)
+    except Exception:  # noqa: BLE001 - see above
+        return {}
 
 
 def overall_state(streams: list[dict]) -> str:

@@ -225,7 +225,7 @@ def status(name: str, target: str) -> dict:
 
 def progress_streams(name: str, target: str) -> list[dict]:
     """The workflow's one stream as the progress views read a PostgreSQL target's (cli/progress.py), from the
-    lake's state alone (no source connection: a view reads it every interval). Rows applied are not counted."""
+    lake's state alone. Rows applied are not counted."""
     wf = open_store(target).load(name)
     lag = (max(0.0, time.time() - wf.caught_up_at) if wf.caught_up_at is not None and wf.state == RUNNING
            else None)
@@ -235,7 +235,7 @@ def progress_streams(name: str, target: str) -> list[dict]:
               for t in wf.tables]
     return [{"id": 1, "label": "stream 1", "state": wf.state, "message": wf.message, "lag_seconds": lag,
              "position": format_lsn(wf.position) if wf.position is not None else None, "rows_applied": None,
-             "tables": tables}]
+             "tables": tables, "source_url": wf.source_url}]  # (where a copy's running tasks show their rows)
 
 
 def format_status(s: dict) -> list[str]:

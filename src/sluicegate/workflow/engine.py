@@ -304,7 +304,7 @@ class Engine:
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
-            live.cycle_recorded(progress)
+            live.cycle_recorded(progress, current.rows_copied + rows)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
     def _nothing_committed_since(self, stream: st.Stream) -> bool:

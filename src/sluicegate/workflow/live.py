@@ -3,9 +3,10 @@
 copy_state's rows_copied moves only when a cycle is recorded (with its lastpk, in one transaction): a table
 that fits in one cycle would show 0 rows until it is done. The views add what the cycle has moved so far:
 the rows of its finished Spark tasks (a Spark accumulator: it reaches the driver from executors on any host
-with each task's result) and, on a PostgreSQL target, the rows its COPYs still running have written
-(`pg_stat_progress_copy` on the target, found by the application_name the cycle gives its sessions). Advisory
-only: nothing here is read back by the engine, and copy_state stays the truth.
+with each task's result) and the rows of its tasks still running: on a PostgreSQL target, what their COPYs
+have written (`pg_stat_progress_copy` on the target, found by the application_name the cycle gives its
+sessions); into Delta, what they have read, which each task's source session shows in its application_name
+(`label N`). Advisory only: nothing here is read back by the engine, and copy_state stays the truth.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ class TableCopy:
     finished: Any = None  # rows of the current cycle's finished tasks (a Spark accumulator, or None)
     label: str = ""  # application_name of the cycle's target sessions: their running COPYs' rows
     ended: float | None = None  # when the table's last cycle was recorded
+    recorded: int = 0  # rows_copied as that cycle recorded it
     peak: int = 0  # the most rows shown in this cycle (a task's rows are in neither count for a moment)
 
     def rows(self, in_flight: int = 0) -> int:
-        """Rows copied as of now (copy_state's count as of the cycle's start, plus the cycle's)."""
-        done = int(self.finished.value) if self.finished is not None and self.ended is None else 0
-        moved = self.cycle_base + done + (in_flight if self.ended is None else 0)
-        self.peak = max(self.peak, moved)
+        """Rows copied as of now: copy_state's as of the cycle's start, plus the cycle's; once the cycle is
+        recorded, what it recorded."""
+        if self.ended is not None:
+            return self.recorded
+        done = int(self.finished.value) if self.finished is not None else 0
+        self.peak = max(self.peak, self.cycle_base + done + in_flight)
         return self.peak
 
     def rate(self, rows: int, now: float) -> float:
@@ -68,9 +72,9 @@ def cycle_started(target_url: str, workflow: str, stream_id: int, table: str, ro
     return entry
 
 
-def cycle_recorded(entry: TableCopy) -> None:
-    """The cycle is in copy_state (its rows in rows_copied): the entry only keeps its end for the rate."""
-    entry.ended = time.monotonic()
+def cycle_recorded(entry: TableCopy, rows_copied: int) -> None:
+    """The cycle is in copy_state, which now says `rows_copied`: the entry keeps that and its end (the rate)."""
+    entry.recorded, entry.ended = rows_copied, time.monotonic()
 
 
 def table_copy(target_url: str, workflow: str, stream_id: int, table: str) -> TableCopy | None:
@@ -86,3 +90,24 @@ def in_flight(conn) -> dict[str, int]:
            WHERE p.command = 'COPY FROM' AND a.application_name LIKE %s GROUP BY 1""",
         (APP_PREFIX + "%",)).fetchall()
     return {name: int(n) for name, n in rows}
+
+
+def source_label(label: str, rows: int) -> str:
+    """The application_name of a running task's source session: its cycle's label and the rows it has read."""
+    return f"{label} {rows}"
+
+
+def in_flight_reads(conn) -> dict[str, int]:
+    """label -> rows read so far by the running tasks of copy cycles on this source (`source_label`)."""
+    return reads([name for (name,) in conn.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s", (APP_PREFIX + "%",))])
+
+
+def reads(names: list[str]) -> dict[str, int]:
+    """label -> rows, from the application_names of running tasks' source sessions (`source_label`)."""
+    out: dict[str, int] = {}
+    for name in names:
+        label, _, rows = name.rpartition(" ")
+        if label.startswith(APP_PREFIX) and rows.isdigit():
+            out[label] = out.get(label, 0) + int(rows)
+    return out
