@@ -104,7 +104,8 @@ class ProgressView(threading.Thread):
 
     def follow(self, workflow: str, target_url: str) -> None:
         """Show another workflow from now on (the reverse workflow the driver runs after switch-traffic)."""
-        self.workflow, self.target_url = workflow, target_url
+        if (workflow, target_url) != (self.workflow, self.target_url):
+            self.workflow, self.target_url, self.seen = workflow, target_url, LineState()
 
     def run(self) -> None:
         with Live(console=self.console, refresh_per_second=4, transient=False) as live_view:
