@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def _cli(*args, timeout=180):
 def _driver(pair, log) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("SLUICEGATE_DRIVER_PID", None)
+    env["SLUICEGATE_PROGRESS_INTERVAL"] = "1"
     return subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "mt", "--target",
                              pair.target, "--no-progress"], env=env, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -184,6 +186,11 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         newest = pair.dst("SELECT max(id) FROM events")[0][0]
         wait_for(lambda: pair.src("SELECT count(*) FROM events WHERE id = %s", (newest,)) == [(1,)], timeout=60,
                  what="a target write on the source", describe=lambda: (_reverse_row(pair), log.read_text()[-1500:]))
+        # the driver's progress lines follow the reverse workflow: what it applies, not the stopped forward one
+        reverse_applied = re.compile(r"sluicegate\.progress: replicate stream \d+: lag ([\d.]+s|unknown), position \S+, "
+                                     r"([1-9][\d,]*) rows applied (since the last line|so far)")
+        wait_for(lambda: reverse_applied.search(log.read_text().partition("running workflow mt_reverse")[2]),
+                 timeout=60, what="a progress line of the reverse stream", describe=lambda: log.read_text()[-1500:])
         status = json.loads(_cli("workflow", "status", "mt", "--target", pair.target, "--json").stdout)
         assert status["traffic"]["state"] == "switched"
         assert status["traffic"]["reverse"]["state"] == "Running"

@@ -349,7 +349,9 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 
-        click.echo(f"workflow {name}: {lake.run(name, target, spark_master, conf, stop, runners)}", err=True)
+        final = lake.run(name, target, spark_master, conf, stop, runners,
+                         progress=lambda: _progress(name, target, "MoveTables", no_progress, progress_interval))
+        click.echo(f"workflow {name}: {final}", err=True)
         return
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
@@ -471,6 +473,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
             running, url = nxt
             click.echo(f"workflow {name}: running {running}", err=True)
             engine = Engine(url, running, runner, stop=stop, serve_vdiffs=running == name)
+            view.follow(running, url)
             final = _run_engine(engine, kind)
     finally:
         engine.close()

@@ -252,9 +252,13 @@ class _Demo:
             return status["state"] == st.RUNNING
 
         def report() -> None:
+            from ..cli.progress import read_streams
+
             status = self._status()
+            # with what the engine's copy cycle has moved so far (workflow/live.py), not only copy_state's
+            tables = read_streams(self.target_url, WORKFLOW)[0]["tables"]
             parts = [f"{t['table'].removeprefix('public.')} {t['rows_copied']:,}/{t['rows_total']:,}"
-                     + (" ✓" if t["state"] == "Copied" else "") for t in status["streams"][0]["tables"]]
+                     + (" ✓" if t["state"] == "Copied" else "") for t in tables]
             line = f"  {status['state']}: " + " · ".join(parts)
             if status["message"]:
                 line += f"  ({status['message']})"
@@ -269,8 +273,10 @@ class _Demo:
             self.view.start()
         try:
             # generous: copy speed varies a lot between machines (2-core CI runners)
-            return self._poll(running, 300 + self.rows / 500, "reach Running",
-                              every=None if self.view else report)
+            took = self._poll(running, 300 + self.rows / 500, "reach Running", every=None if self.view else report)
+            if not self.view:
+                report()  # the tables as they ended, not as the last report before saw them
+            return took
         finally:
             if self.view:
                 self.view.stop()

@@ -143,7 +143,9 @@ def schedule(name: str, target: str, given: dict) -> dict:
     return {k: float(wf.options.get(k, v)) for k, v in HOUSEKEEPING_DEFAULTS.items()}
 
 
-def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list) -> str:
+def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list,
+        progress=None) -> str:
+    """`progress`: starts the progress view (cli/main.py _progress), once this driver holds the workflow."""
     from ..cluster.lake_sink import start_consumer
     from ..spark.runner import SparkRunner
     from ..spark.session import start_in_background
@@ -162,9 +164,12 @@ def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event,
         engine.lock.close()
         raise
     engine.runner = runners[0]
+    view = progress() if progress is not None else None
     try:
         final = engine.run()
     finally:
+        if view is not None:
+            view.stop()
         if governor is not None:
             governor.close()
     if final == ERROR:
@@ -216,6 +221,21 @@ def status(name: str, target: str) -> dict:
 
         out |= cluster_status(wf, store)
     return out
+
+
+def progress_streams(name: str, target: str) -> list[dict]:
+    """The workflow's one stream as the progress views read a PostgreSQL target's (cli/progress.py), from the
+    lake's state alone. Rows applied are not counted."""
+    wf = open_store(target).load(name)
+    lag = (max(0.0, time.time() - wf.caught_up_at) if wf.caught_up_at is not None and wf.state == RUNNING
+           else None)
+    tables = [{"table": t.qualified, "state": "Copied" if t.done else ("Copying" if t.cycles else "Pending"),
+               "rows_copied": t.rows_copied,
+               "rows_total": t.rows_copied if t.done else max(t.spec.estimated_rows, t.rows_copied)}
+              for t in wf.tables]
+    return [{"id": 1, "label": "stream 1", "state": wf.state, "message": wf.message, "lag_seconds": lag,
+             "position": format_lsn(wf.position) if wf.position is not None else None, "rows_applied": None,
+             "tables": tables, "source_url": wf.source_url}]  # (where a copy's running tasks show their rows)
 
 
 def format_status(s: dict) -> list[str]:

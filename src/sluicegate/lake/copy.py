@@ -40,6 +40,7 @@ class LakeCopyTask:
     pages: tuple | None
     directory: str  # the Delta table's directory or URI
     cycle: int
+    label: str = ""  # the source session shows it and the rows read so far (workflow/live.py)
 
 
 def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str, cycle: int) -> list[LakeCopyTask]:
@@ -61,20 +62,29 @@ def output_text(column) -> sql.Composable:
     return sql.SQL("{}::text").format(ident)
 
 
-def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable):
+def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable, label: str = ""):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
-    converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read."""
+    converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read. `label`: the
+    session shows it with the rows read so far as its application_name (live.py), until the last one."""
+    from ..workflow.live import source_label
+
     cols = sql.SQL(", ").join(output_text(c) for c in table.columns)
     select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
     with connect(source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         src.read_only = True
         src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        rows = 0
         with src.cursor(name="sg_lake_read") as cur:
             cur.itersize = FETCH_ROWS
             cur.execute(select)
             while chunk := cur.fetchmany(FETCH_ROWS):
+                rows += len(chunk)
+                if label:
+                    src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, rows),))
                 yield record_batch(table, chunk)
+        if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
+            src.execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
 
 
@@ -95,7 +105,7 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     rows = 0
     writer = None
     try:
-        for batch in snapshot_batches(task.source_url, task.snapshot, table, where):
+        for batch in snapshot_batches(task.source_url, task.snapshot, table, where, task.label):
             if writer is None:
                 writer = pq.ParquetWriter(path, schema, filesystem=fs)
             writer.write_batch(batch)
@@ -109,6 +119,11 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     info = fs.get_file_info(path)
     mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
     return [{"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows}]
+
+
+def rows_written(files: list[dict]) -> int:
+    """The rows of a copy task's files (what `copy_range` returns)."""
+    return sum(f["rows"] for f in files)
 
 
 def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:

@@ -27,7 +27,7 @@ from ..postgres.connect import connect, first_line
 from ..postgres.pgoutput import Column as RelColumn
 from ..postgres.pgoutput import Relation
 from ..postgres.snapshot import take_snapshot
-from ..workflow import copier
+from ..workflow import copier, live
 from ..workflow.faults import fault_point
 from ..workflow.schema_changes import source_columns
 from . import apply, location
@@ -169,10 +169,15 @@ class LakeEngine:
                     table = self._adopt_added_columns(wf, table, dt, snap.conn)
                 plan = copier.plan_cycle(snap.conn, table, current.lastpk, cycle_rows, chunk_rows,
                                          slots=self.runner.parallelism(), by_pages=True)
-                tasks = lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(table), cycle)
+                # What the progress view adds to rows_copied while the cycle runs (workflow/live.py)
+                progress = live.cycle_started(self.target, wf.name, 1, current.qualified, current.rows_copied,
+                                              self.runner.counter())
+                tasks = [replace(t, label=progress.label)
+                         for t in lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(table), cycle)]
                 log.info("copying %s cycle %d in %d tasks", table.qualified, cycle, len(tasks))
                 files = [f for out in self.runner.map(lake_copy.copy_range, tasks, f"copy {table.qualified}",
-                                                      tag=self.tag) for f in out]
+                                                      tag=self.tag, counter=progress.finished,
+                                                      count=lake_copy.rows_written) for f in out]
                 outcome = {"cycle": cycle, "lastpk": plan.new_lastpk, "done": plan.done,
                            "rows": sum(f["rows"] for f in files), "position": snap.position}
                 if self.stop.is_set():
@@ -192,6 +197,9 @@ class LakeEngine:
             t.rows_copied += outcome["rows"]
             t.copy_from = outcome["position"] if t.copy_from is None else t.copy_from
             t.copied_to = outcome["position"]
+        entry = live.table_copy(self.target, wf.name, 1, current.qualified)
+        if entry is not None:
+            live.cycle_recorded(entry, t.rows_copied)
         log.info("copied %s rows of %s (done=%s)", outcome["rows"], table.qualified, outcome["done"])
 
     def _adopt_added_columns(self, wf: LakeWorkflow, table: Table, dt, conn) -> Table:

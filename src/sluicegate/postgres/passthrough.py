@@ -27,10 +27,11 @@ _PIPE_BUFFER = 1 << 20
 _BLOCK = 1 << 16
 
 
-def connect(url: str, role: str):
+def connect(url: str, role: str, application_name: str = ""):
     """A psycopg2 session with Sluicegate's settings, in a transaction (commit/rollback are the caller's)."""
     try:
-        return psycopg2.connect(url, options=SESSION_OPTIONS, application_name="sluicegate", connect_timeout=10)
+        return psycopg2.connect(url, options=SESSION_OPTIONS, application_name=application_name or "sluicegate",
+                                connect_timeout=10)
     except psycopg2.OperationalError as exc:
         raise connect_failure(role, url, first_line(exc)) from None
 

@@ -21,6 +21,13 @@ def guarded(fn: Callable, arg: Any):
         return ("err", from_exception(exc))
 
 
+def counted(result, counter, count: Callable[[Any], int]):
+    """Add a finished task's rows to `counter` (a Spark accumulator: the driver sees it as the task ends)."""
+    if counter is not None and result[0] == "ok":
+        counter.add(count(result[1]))
+    return result
+
+
 def unwrap(results: list) -> list:
     errors = [r[1] for r in results if r[0] == "err"]
     if errors:
@@ -92,8 +99,10 @@ class SparkRunner:
             self._spark = get_spark()  # on the running context
         return self._spark
 
-    def map(self, fn: Callable, items: list, description: str = "", tag: str | None = None) -> list:
-        """`tag`: what `cancel(tag)` cancels (an engine tags its own jobs: several share one application)."""
+    def map(self, fn: Callable, items: list, description: str = "", tag: str | None = None, counter=None,
+            count: Callable[[Any], int] = int) -> list:
+        """`tag`: what `cancel(tag)` cancels (an engine tags its own jobs: several share one application).
+        `counter` (from `counter()`): each finished task adds `count(its result)` to it (copy progress)."""
         if not items:
             return []
         if description:
@@ -102,10 +111,14 @@ class SparkRunner:
             self.sc.addJobTag(tag)
         try:
             rdd = self.sc.parallelize(items, len(items))
-            return unwrap(rdd.map(lambda item: guarded(fn, item)).collect())
+            return unwrap(rdd.map(lambda item: counted(guarded(fn, item), counter, count)).collect())
         finally:
             if tag:
                 self.sc.removeJobTag(tag)
+
+    def counter(self):
+        """A counter tasks add to and the driver reads while the job runs (a Spark accumulator)."""
+        return self.sc.accumulator(0)
 
     def parallelism(self) -> int:
         """How many tasks can run at once (local[N]: N; a cluster: its executor cores)."""

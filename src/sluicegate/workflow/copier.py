@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -262,10 +263,12 @@ class RuleWrite:
     target_url: str
     rule: dict  # CompiledRule.to_json()
     source: dict
+    label: str = ""  # the target session's application_name (live.py)
+    counter: Any = None  # each task adds the rows it committed (a Spark accumulator: live.py)
 
 
 def copy_cycle_with_rule(runner, source_url: str, target_url: str, snapshot: str, ranges: list,
-                         snapshot_conn: psycopg.Connection | None = None) -> int:
+                         snapshot_conn: psycopg.Connection | None = None, label: str = "", counter=None) -> int:
     """Read the cycle's key ranges as text columns (one Spark partition each), run the rule's SELECT over
     them in Spark, write each partition's output with COPY into the target. Returns rows written. A row the
     rule fails on (Spark's data error) is a TerminalError naming the table, the row's key (found with
@@ -278,7 +281,7 @@ def copy_cycle_with_rule(runner, source_url: str, target_url: str, snapshot: str
 
     rule = runner.rule
     read = RuleRead(source_url, rule.source.to_json(), snapshot, ranges)
-    write = RuleWrite(target_url, rule.to_json(), rule.source.to_json())
+    write = RuleWrite(target_url, rule.to_json(), rule.source.to_json(), label, counter)
     ids = runner.session.range(0, len(ranges), 1, numPartitions=len(ranges))
     raw = ids.mapInArrow(partial(read_ranges, read), runner.schema)
     out = runner.transform(raw).mapInArrow(partial(write_rows, write), "rows long, error string")
@@ -428,7 +431,7 @@ def write_rows(task: RuleWrite, batches):
     options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
     rows = 0
     try:
-        with connect(task.target_url, role="target") as dst:
+        with connect(task.target_url, role="target", application_name=task.label or "sluicegate") as dst:
             with dst.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
                     target.ident, cols)) as copy:
                 for batch in _target_batches(batches):
@@ -438,6 +441,8 @@ def write_rows(task: RuleWrite, batches):
                     rows += batch.num_rows
             fault_point("copy.before_commit")
             dst.commit()
+        if task.counter is not None:
+            task.counter.add(rows)
     except _SparkInput:
         raise  # the rule failed on a row: Spark's own error, with its class, reaches the driver
     except Exception as exc:  # noqa: BLE001 - classified here, raised on the driver

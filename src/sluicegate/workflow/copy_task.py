@@ -21,6 +21,7 @@ class CopyTask:
     select: str  # COPY (SELECT …) TO STDOUT
     insert: str  # COPY … FROM STDIN
     origin: str = ""  # a bidirectional sink's: the rows carry it, and the direction back drops them
+    label: str = ""  # the target session's application_name: the progress view finds its COPY by it (live.py)
 
 
 def copy_range(task: CopyTask) -> int:
@@ -28,7 +29,7 @@ def copy_range(task: CopyTask) -> int:
     Returns the rows copied."""
     src = passthrough.connect(task.source_url, "source")
     try:
-        dst = passthrough.connect(task.target_url, "target")
+        dst = passthrough.connect(task.target_url, "target", task.label)
         try:
             if task.origin:
                 origins.acquire(dst, task.origin)

@@ -31,7 +31,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
-from . import copier, metrics, run_lock, traffic
+from . import copier, live, metrics, run_lock, traffic
 from . import state as st
 from .copy_task import copy_range
 from .faults import fault_point
@@ -278,11 +278,15 @@ class Engine:
             # The plan needs Spark's task slots: under `workflow run`, the first moment that waits for Spark.
             plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
                                      slots=self.runner.parallelism(), by_pages=rule is None)
+            # What the progress view adds to rows_copied while the cycle runs (live.py)
+            progress = live.cycle_started(self.target_url, wf.name, stream.id, current.table.qualified,
+                                          current.rows_copied, self.runner.counter())
             if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
                 self.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
                 try:
                     rows = copier.copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
-                                                       plan.ranges, snap.conn) if plan.ranges else 0
+                                                       plan.ranges, snap.conn, progress.label,
+                                                       progress.finished) if plan.ranges else 0
                 except Exception:
                     # The tasks that finished committed their rows: above lastpk, not copied by definition. A
                     # stream in Error leaves the target as of its last committed cycle.
@@ -290,9 +294,10 @@ class Engine:
                     raise
             else:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
-                tasks = [replace(copier.prepare(t), origin=origin) for t in ranges]
+                tasks = [replace(copier.prepare(t), origin=origin, label=progress.label) for t in ranges]
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
-                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag))
+                rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag,
+                                           counter=progress.finished))
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
@@ -310,6 +315,7 @@ class Engine:
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
+            live.cycle_recorded(progress, current.rows_copied + rows)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
 
     def _clear_above(self, table: Table, lastpk, mine) -> None:

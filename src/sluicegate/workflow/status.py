@@ -63,7 +63,8 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
             lag = max(0.0, (now - s.caught_up_at).total_seconds())
         tables = []
         for t in s.tables:
-            total = max(t.table.estimated_rows, t.rows_copied)
+            # The estimate is of the source's rows: a copied table shows what it has (a rule filters rows).
+            total = t.rows_copied if t.done else max(t.table.estimated_rows, t.rows_copied)
             tables.append({
                 "table": t.table.qualified,
                 "state": "Copied" if t.done else ("Copying" if t.lastpk is not None else "Pending"),
