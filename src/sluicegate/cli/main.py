@@ -460,7 +460,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
     engine = Engine(target, name, runner, stop=stop, lock_conn=lock)
     running, url = name, target
     try:
-        final = _run_engine(engine, kind)
+        final = _run_engine(engine)
         # A MoveTables whose traffic switched: the same driver carries the reverse workflow (and the forward
         # one again after reverse-traffic), for as long as one of them runs.
         while kind == "MoveTables" and final == st.STOPPED and not stop.is_set():
@@ -474,7 +474,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
             click.echo(f"workflow {name}: running {running}", err=True)
             engine = Engine(url, running, runner, stop=stop, serve_vdiffs=running == name)
             view.follow(running, url)
-            final = _run_engine(engine, kind)
+            final = _run_engine(engine)
     finally:
         engine.close()
         view.stop()
@@ -487,26 +487,38 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
     click.echo(f"workflow {name}: {final}", err=True)
 
 
-def _run_engine(engine, kind: str) -> str:
-    """engine.run(); a MoveTables' workflow deleted under it (complete, cancel) ends it as Stopped."""
+def _run_engine(engine) -> str:
+    """engine.run(); a workflow deleted under it (complete, cancel, delete) ends it as Stopped, whatever its
+    last step failed on (the slot, tables or state dropped under it)."""
     import psycopg
 
-    from ..postgres.connect import connect
     from ..workflow import state as st
 
     try:
-        return engine.run()
+        final = engine.run()
     except (UsageError, psycopg.Error) as failed:  # e.g. the last workflow's delete dropped the schema under it
-        if kind != "MoveTables":
-            raise
         try:
-            with connect(engine.target_url, role="target") as conn:
-                gone = engine.workflow not in st.list_workflows(conn)
+            gone = _deleted(engine.workflow, engine.target_url)
         except psycopg.Error:
             raise failed from None  # the target is unreachable: its first error says more
         if not gone:
             raise
         return st.STOPPED
+    if final == st.ERROR:
+        try:
+            if _deleted(engine.workflow, engine.target_url):
+                return st.STOPPED
+        except psycopg.Error:
+            pass  # the caller reports the Error (and the target's state, when it can)
+    return final
+
+
+def _deleted(name: str, target: str) -> bool:
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+
+    with connect(target, role="target") as conn:
+        return name not in st.list_workflows(conn)
 
 
 def _run_reshard(name, target, runner, stop) -> None:
@@ -514,7 +526,9 @@ def _run_reshard(name, target, runner, stop) -> None:
 
     finals = run_all(name, target, runner, stop)
     failed = [f"stream {sid} (target shard {shard}): {state}" for shard, sid, state in finals if state.startswith("Error")]
-    if failed:
+    if failed and _deleted(name, target):  # cancelled or deleted under its streams
+        finals = [(shard, sid, "Stopped") for shard, sid, _ in finals]
+    elif failed:
         raise SluicegateError(f"workflow {name}: {'; '.join(failed)}; see `sluicegate workflow status {name}`")
     click.echo(f"workflow {name}: {', '.join(sorted({state for _, _, state in finals}))}", err=True)
 
@@ -658,20 +672,23 @@ def workflow_start(name, target):
 @workflow.command("delete")
 @click.argument("name")
 @TARGET
-@click.option("--drop-tables", is_flag=True, help="A Delta target (delta:PATH): remove its Delta tables too.")
+@click.option("--drop-target-tables", "--drop-tables", "drop_tables", is_flag=True,
+              help="Drop the tables the workflow writes on the target too (a Delta target's Delta tables; a "
+                   "Reshard's on every target shard); refused for a table another workflow uses.")
 @friendly
 def workflow_delete(name, target, drop_tables):
     """Delete the workflow: its state on the target, its slot and publication on the source.
 
-    The target tables and their rows stay (a Delta target's too, unless --drop-tables).
+    The target tables and their rows stay, unless --drop-target-tables.
     """
+    from .traffic import echo_dropped
+
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
         from ..lake.state import open_store
 
         wf = open_store(target).load(name)
-        dropped = lake.delete(name, target, drop_tables)
-        click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+        echo_dropped(f"deleted workflow {name}", lake.delete(name, target, drop_tables))
         if wf.kind == "Replicate":  # the other sinks stop governing and showing this one
             from ..cluster.forget import forget_sink
             from ..cluster.model import Cluster
@@ -689,9 +706,14 @@ def workflow_delete(name, target, drop_tables):
     if shards[0][2].kind == "MoveTables" and shards[0][2].options.get("traffic") == "switched":
         raise UsageError(f"workflow {name}: traffic is switched to the target, and its reverse workflow and the "
                          f"source's write denials would stay behind: `sluicegate movetables complete {name}`")
-    for _, url, _ in shards:
-        dropped += delete_workflow(name, url)
-    click.echo(f"deleted workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+    if drop_tables:  # as `movetables|materialize|reshard cancel` (workflow/traffic.py)
+        from ..workflow.traffic import cancel_workflow
+
+        dropped = cancel_workflow(name, target)
+    else:
+        for _, url, _ in shards:
+            dropped += delete_workflow(name, url)
+    echo_dropped(f"deleted workflow {name}", dropped)
     if shards[0][2].kind == "Replicate":  # the other sinks stop governing and showing this one
         from ..cluster.forget import forget_sink
         from ..cluster.model import Cluster
@@ -838,10 +860,15 @@ from .lake import lake_group
 from .log import log_group
 from .replicate import replicate_group
 from .traffic import commands as traffic_commands
+from .traffic import kind_cancel_command
 from .vstream import vstream_group
 
 for _command in traffic_commands:
     movetables.add_command(_command)
+materialize.add_command(kind_cancel_command("Materialize", "its slot and publication on the source, its state on "
+                                                           "the target"))
+reshard.add_command(kind_cancel_command("Reshard", "every source shard's slot and publication, every target "
+                                                   "shard's state"))
 
 cli.add_command(lake_group)
 cli.add_command(log_group)

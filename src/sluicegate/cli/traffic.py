@@ -1,4 +1,5 @@
-"""`sluicegate movetables switch-traffic|reverse-traffic|complete|cancel`: a MoveTables to its end."""
+"""`sluicegate movetables switch-traffic|reverse-traffic|complete|cancel`: a MoveTables to its end; and
+`materialize cancel`, `reshard cancel` (workflow/traffic.py: cancel_workflow)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import click
 
 TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
+KEEP_TARGET_TABLES = click.option("--keep-target-tables", is_flag=True,
+                                  help="Keep the target tables and their rows (default: drop them, as Vitess does).")
 
 
 def _friendly(fn):
@@ -103,23 +106,57 @@ def complete_cmd(name, target, drop_source_tables):
     """After switch-traffic: drop the reverse workflow, the denials, slots, publications and state."""
     from ..workflow.traffic import complete
 
-    dropped = complete(name, target, drop_source_tables)
-    click.echo(f"completed workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+    echo_dropped(f"completed workflow {name}", complete(name, target, drop_source_tables))
 
 
 @click.command("cancel")
 @click.argument("name")
 @TARGET
-@click.option("--keep-target-tables", is_flag=True,
-              help="Keep the target tables and their rows (default: drop them, as Vitess does).")
+@KEEP_TARGET_TABLES
 @_friendly
 def cancel_cmd(name, target, keep_target_tables):
     """Before any switch: drop everything the workflow made (target tables too, unless kept); the source
     stays as it was."""
     from ..workflow.traffic import cancel
 
-    dropped = cancel(name, target, keep_target_tables)
-    click.echo(f"cancelled workflow {name}" + (f" (dropped {', '.join(dropped)})" if dropped else ""))
+    echo_dropped(f"cancelled workflow {name}", cancel(name, target, keep_target_tables))
+
+
+def echo_dropped(done: str, dropped: list[str]) -> None:
+    """What a command did, then each thing it dropped on a line of its own."""
+    click.echo(done + (": dropped" if dropped else ""))
+    for thing in dropped:
+        click.echo(f"  {thing}")
+
+
+def kind_cancel_command(kind: str, what: str) -> click.Command:
+    """`materialize cancel` / `reshard cancel`: the workflow (of `kind`) deleted everywhere, its target tables
+    dropped unless kept."""
+
+    @click.command("cancel", help=f"Stop and delete the workflow: {what}, and the target tables it writes "
+                                  f"(unless --keep-target-tables). The sources stay as they were.")
+    @click.argument("name")
+    @TARGET
+    @KEEP_TARGET_TABLES
+    @_friendly
+    def cmd(name, target, keep_target_tables):
+        if target.startswith("delta:"):  # the Delta Lake target (lake/)
+            from ..errors import UsageError
+            from ..lake import cli as lake
+            from ..lake.state import open_store
+            from ..workflow.traffic import cancel_command
+
+            found = open_store(target).load(name).kind
+            if found != kind:
+                raise UsageError(f"workflow {name} is a {found}, not a {kind}: {cancel_command(found, name)} "
+                                 f"cancels it")
+            echo_dropped(f"cancelled workflow {name}", lake.delete(name, target, not keep_target_tables))
+            return
+        from ..workflow.traffic import cancel_workflow
+
+        echo_dropped(f"cancelled workflow {name}", cancel_workflow(name, target, keep_target_tables, kind))
+
+    return cmd
 
 
 commands = [switch_traffic_cmd, reverse_traffic_cmd, complete_cmd, cancel_cmd]

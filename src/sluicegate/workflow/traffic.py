@@ -388,15 +388,20 @@ def complete(name: str, target_url: str, drop_source_tables: bool = False) -> li
 
 def cancel(name: str, target_url: str, keep_target_tables: bool = False) -> list[str]:
     """Before a switch (or after a reverse): drop everything Sluicegate made; the source stays as it was."""
+    with connect(target_url, role="target") as dst:
+        kind = st.load_workflow(dst, name).kind
+    if kind != "MoveTables":
+        raise UsageError(f"workflow {name} is a {kind}: {cancel_command(kind, name)} cancels it")
     sides, _ = reconcile(name, target_url)
-    if sides.traffic == SWITCHED:
-        raise UsageError(f"workflow {name}: traffic is switched to the target; cancel would drop the tables "
-                         f"that take the writes: `sluicegate movetables reverse-traffic {name}` first, or "
-                         f"`movetables complete {name}`")
+    refuse_switched(sides.forward)
     from .create import delete_workflow
 
-    dropped: list[str] = []
     slot = st.object_name("sg", reverse_name(name))
+    drop: list[Table] = []
+    if not keep_target_tables:  # refused before anything changes
+        with connect(target_url, role="target") as dst:
+            drop = _droppable(dst, name, target_tables(sides.forward), "the target", ignore_publication=slot)
+    dropped: list[str] = []
     if sides.reverse is not None:
         dropped += delete_workflow(reverse_name(name), sides.source_url)
     with connect(target_url, role="target", autocommit=True) as ctl:
@@ -408,25 +413,118 @@ def cancel(name: str, target_url: str, keep_target_tables: bool = False) -> list
         st.lock_stream(dst, sides.forward.streams[0].id)
         st.set_state(dst, sides.forward.streams[0].id, st.STOPPED, "cancelling")
         dropped += undeny(dst, sides.tables)
-    dropped += _delete_forward(name, target_url, drop_tables=not keep_target_tables)
+    dropped += _delete_forward(name, target_url, drop)
     return dropped
 
 
-def _delete_forward(name: str, target_url: str, drop_tables: bool = False) -> list[str]:
+def refuse_switched(wf: st.Workflow) -> None:
+    if wf.options.get("traffic") == SWITCHED:
+        raise UsageError(f"workflow {wf.name}: traffic is switched to the target; cancel would drop the tables "
+                         f"that take the writes: `sluicegate movetables reverse-traffic {wf.name}` first, or "
+                         f"`movetables complete {wf.name}`")
+
+
+def _delete_forward(name: str, target_url: str, drop: list[Table] = ()) -> list[str]:
     from .create import delete_workflow
 
-    with connect(target_url, role="target") as dst:
-        tables = [t.table for t in st.load_workflow(dst, name).streams[0].tables]
     dropped = delete_workflow(name, target_url)
     with connect(target_url, role="target") as dst:
-        if drop_tables:
-            existing = [t for t in tables
-                        if dst.execute("SELECT to_regclass(%s)", (t.ident.as_string(dst),)).fetchone()[0]]
-            if existing:
-                dst.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(t.ident for t in existing)))
-                dropped += [f"target table {t.qualified}" for t in existing]
+        dropped += _drop_tables(dst, drop, "")
         dropped += _drop_empty_schema(dst, "target")
     return dropped
+
+
+# -- cancel of any kind (materialize cancel, reshard cancel, workflow delete --drop-target-tables) ----------
+CANCEL_COMMANDS = {"MoveTables": "movetables cancel", "Materialize": "materialize cancel",
+                   "Reshard": "reshard cancel"}
+
+
+def cancel_command(kind: str, name: str) -> str:
+    """The command that cancels a workflow of `kind`, for messages."""
+    if kind in CANCEL_COMMANDS:
+        return f"`sluicegate {CANCEL_COMMANDS[kind]} {name}`"
+    return f"`sluicegate workflow delete {name} --drop-target-tables`"
+
+
+def cancel_workflow(name: str, target_url: str, keep_target_tables: bool = False,
+                    kind: str | None = None) -> list[str]:
+    """Stop and delete workflow `name` everywhere (every source shard's slot and publication, every target
+    shard's state) and drop the tables it writes on its target(s) unless kept; what was dropped. `kind`:
+    the kind the command is for (None: any)."""
+    from .create import delete_workflow
+    from .reshard import load_all
+
+    shards = load_all(name, target_url)
+    wf = shards[0][2]
+    if kind is not None and wf.kind != kind:
+        raise UsageError(f"workflow {name} is a {wf.kind}, not a {kind}: {cancel_command(wf.kind, name)} "
+                         f"cancels it")
+    if wf.kind == "MoveTables":
+        return cancel(name, target_url, keep_target_tables)
+    refuse_switched(wf)
+    drop: dict[str, list[Table]] = {}
+    if not keep_target_tables:  # every shard checked before anything changes
+        for shard, url, w in shards:
+            with connect(url, role="target") as dst:
+                drop[url] = _droppable(dst, name, target_tables(w), _where(shard))
+    for _, url, w in shards:  # a running driver's engines notice within a batch and end
+        with connect(url, role="target") as dst:
+            for s in w.streams:
+                st.lock_stream(dst, s.id)
+                st.set_state(dst, s.id, st.STOPPED, "cancelling")
+    for _, _, w in shards:
+        for s in w.streams:
+            _wait_reader_gone(s.source_url or w.source_url, s.slot_name)
+    dropped: list[str] = []
+    for _, url, _ in shards:
+        dropped += delete_workflow(name, url)
+    for shard, url, _ in shards:
+        with connect(url, role="target") as dst:
+            dropped += _drop_tables(dst, drop.get(url, []), shard)
+            dropped += _drop_empty_schema(dst, _where(shard)[len("the "):])
+    return dropped
+
+
+def target_tables(wf: st.Workflow) -> list[Table]:
+    """The tables `wf` writes on its target, each once: a rule's target table, else the source table's name."""
+    tables: dict[str, Table] = {}
+    for s in wf.streams:
+        for t in s.tables:
+            table = Table.from_json(t.rule["target"]) if t.rule is not None else t.table
+            tables.setdefault(table.qualified, table)
+    return list(tables.values())
+
+
+def _where(shard: str) -> str:
+    return f"the target shard {shard}" if shard else "the target"
+
+
+def _droppable(conn: psycopg.Connection, name: str, tables: list[Table], where: str,
+               ignore_publication: str = "") -> list[Table]:
+    """`tables`, once it is clear that dropping them breaks no other workflow: none writes them on this
+    target, and no publication here (another workflow's source) reads them. Else an error naming them."""
+    names = [t.qualified for t in tables]
+    shared = [f"{t} (workflow {w} writes it)" for t, w in st.workflows_writing(conn, names) if w != name]
+    shared += [f"{t} (publication {p} reads it)" for t, p in conn.execute(
+        """SELECT schemaname || '.' || tablename, pubname FROM pg_publication_tables
+           WHERE schemaname || '.' || tablename = ANY(%s) AND pubname <> %s ORDER BY 1, 2""",
+        (names, ignore_publication)).fetchall()]
+    if shared:
+        raise UsageError(f"workflow {name}: not dropping tables on {where} that others use: {'; '.join(shared)}; "
+                         f"nothing was changed: keep the tables (--keep-target-tables, or `workflow delete` "
+                         f"without --drop-target-tables), or delete the other workflow first")
+    return tables
+
+
+def _drop_tables(conn: psycopg.Connection, tables: list[Table], shard: str) -> list[str]:
+    """Drop those of `tables` that exist, in `conn`'s transaction; what was dropped."""
+    existing = [t for t in tables
+                if conn.execute("SELECT to_regclass(%s)", (t.ident.as_string(conn),)).fetchone()[0]]
+    if not existing:
+        return []
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(t.ident for t in existing)))
+    on = f" on target shard {shard}" if shard else ""
+    return [f"target table {t.qualified}{on}" for t in existing]
 
 
 def _drop_empty_schema(conn: psycopg.Connection, side: str) -> list[str]:
