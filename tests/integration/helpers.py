@@ -250,3 +250,16 @@ def assert_resharded(ks) -> dict[tuple[str, str], int]:
             total += len(expected)
         assert total == len(source_rows)  # every row in exactly one target shard
     return counts
+
+
+def sluicegate_objects(url: str) -> dict:
+    """What Sluicegate may leave in a database: its schema, slots, publications, triggers, functions."""
+    with psycopg.connect(url, autocommit=True) as c:
+        return {
+            "schema": c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'sluicegate'").fetchone()[0],
+            "slots": c.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+                               ).fetchone()[0],
+            "publications": c.execute("SELECT count(*) FROM pg_publication").fetchone()[0],
+            "triggers": c.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'sluicegate%'").fetchone()[0],
+            "functions": c.execute("SELECT count(*) FROM pg_proc WHERE proname = 'deny_write'").fetchone()[0],
+        }

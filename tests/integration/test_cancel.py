@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 
-import psycopg
 import pytest
 
 from sluicegate.workflow.create import create_materialize, create_movetables
@@ -23,6 +22,7 @@ from .helpers import (
     reshard_keyspace,
     reshard_streams,
     run_sql,
+    sluicegate_objects,
     stream_row,
 )
 
@@ -38,18 +38,7 @@ def _cli(*args):
                           timeout=120, check=False)
 
 
-def _objects(url: str) -> dict:
-    """What Sluicegate may leave in a database: its schema, slots and publications."""
-    with psycopg.connect(url, autocommit=True) as c:
-        return {
-            "schema": c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'sluicegate'").fetchone()[0],
-            "slots": c.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
-                               ).fetchone()[0],
-            "publications": c.execute("SELECT count(*) FROM pg_publication").fetchone()[0],
-        }
-
-
-NONE = {"schema": 0, "slots": 0, "publications": 0}
+NONE = {"schema": 0, "slots": 0, "publications": 0, "triggers": 0, "functions": 0}
 
 
 def test_materialize_cancel_drops_its_table_slot_publication_and_state(pair, tmp_path):
@@ -84,7 +73,7 @@ def test_materialize_cancel_drops_its_table_slot_publication_and_state(pair, tmp
     assert lines[0] == "cancelled workflow mat: dropped"
     assert sorted(lines[1:]) == sorted([f"  replication slot {slot}", f"  publication {slot}",
                                         "  target table public.items_eu", "  schema sluicegate on the target"])
-    assert _objects(pair.source) == NONE and _objects(pair.target) == NONE
+    assert sluicegate_objects(pair.source) == NONE and sluicegate_objects(pair.target) == NONE
     assert pair.dst("SELECT to_regclass('public.items_eu')") == [(None,)]
     assert pair.dst("SELECT to_regclass('public.items')::text") == [("items",)]  # never another table
     assert pair.src("SELECT count(*) FROM items") == [(1000,)]  # the source as it was
@@ -118,7 +107,7 @@ def test_keep_target_tables_and_a_table_another_workflow_fills(pair, spark):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "  target table public.items_eu" in out.stdout.splitlines()
     assert pair.dst("SELECT to_regclass('public.items_eu')") == [(None,)]
-    assert _objects(pair.source) == NONE and _objects(pair.target) == NONE
+    assert sluicegate_objects(pair.source) == NONE and sluicegate_objects(pair.target) == NONE
 
 
 def test_workflow_delete_drop_target_tables_on_a_movetables(pair, spark):
@@ -135,7 +124,7 @@ def test_workflow_delete_drop_target_tables_on_a_movetables(pair, spark):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines()[0] == "deleted workflow mt: dropped"
     assert "  target table public.orders" in out.stdout.splitlines()
-    assert _objects(pair.source) == NONE and _objects(pair.target) == NONE
+    assert sluicegate_objects(pair.source) == NONE and sluicegate_objects(pair.target) == NONE
     assert pair.dst("SELECT to_regclass('public.orders')") == [(None,)]
     assert pair.dst("SELECT to_regclass('public.notes')::text") == [("notes",)]
     assert pair.src("SELECT count(*) FROM orders") == [(2000,)]
@@ -177,7 +166,7 @@ def test_reshard_cancel_drops_every_target_shards_tables(source_server, target_s
             assert f"  schema sluicegate on the target shard {shard}" in lines, lines
         assert sum(line.startswith("  replication slot ") for line in lines) == 4  # one per stream
         for url in [*ks["sources"].values(), *ks["targets"].values()]:
-            assert _objects(url) == NONE, url
+            assert sluicegate_objects(url) == NONE, url
         for url in ks["targets"].values():
             assert run_sql(url, "SELECT to_regclass('public.accounts'), to_regclass('public.events')") \
                 == [(None, None)]

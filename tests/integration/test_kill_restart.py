@@ -44,13 +44,14 @@ def kill_at(pair, workflow: str, point: str, tmp_path, log) -> None:
     (tmp_path / point).unlink()
 
 
-# CI runs a kill in the copy and one in replication; the rest with SLUICEGATE_ALL_TESTS=1.
+# The default set kills at copy.before_progress and slice.mid_batch in test_table_shapes (every table shape,
+# on 15 and 15 -> 18); these, on a plain table, with SLUICEGATE_ALL_TESTS=1.
 POINTS = [
-    "copy.before_progress",      # copy: rows committed on the target, lastpk not yet advanced
+    pytest.param("copy.before_progress", marks=pytest.mark.slow),  # copy: rows on the target, lastpk not moved
     pytest.param("copy.before_index_build", marks=pytest.mark.slow),  # first cycle recorded, indexes not built
     pytest.param("caught_up.mid_batch", marks=pytest.mark.slow),  # catchup: inside a replay batch
     pytest.param("position.mid_batch", marks=pytest.mark.slow),  # fast-forward to a new snapshot, mid-batch
-    "slice.mid_batch",           # replicate, mid-batch
+    pytest.param("slice.mid_batch", marks=pytest.mark.slow),  # replicate, mid-batch
     pytest.param("copy.before_commit", marks=pytest.mark.slow),  # a copy task's COPY sent, not committed
     pytest.param("replicate.before_commit", marks=pytest.mark.slow),  # data + position written, not committed
 ]

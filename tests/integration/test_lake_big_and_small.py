@@ -167,6 +167,7 @@ def test_million_row_transaction_is_atomic_in_bounded_memory(pair, spark, tmp_pa
     assert result["python_peak"] < 1024 << 20
 
 
+@pytest.mark.slow  # the default set optimizes on a schedule (test_housekeeping_on_a_schedule)
 def test_small_transactions_then_optimize(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("CREATE TABLE events (id bigint PRIMARY KEY, item bigint, at timestamptz DEFAULT now())")

@@ -142,6 +142,7 @@ def test_movetables_into_s3_survives_kill_9(s3, pair, spark, tmp_path):
     assert report["equal"] and report["tables"]["public.items"]["rows_compared"] > 2000
 
 
+@pytest.mark.slow  # the default set replicates into S3 (test_replicate_into_an_s3_sink)
 def test_s3_target_commands_two_drivers_and_readers(s3, pair, spark, tmp_path):
     """create, two drivers at once (one runs), status/stop/start, optimize/vacuum, the readers; on S3."""
     make_source(pair)

@@ -42,6 +42,7 @@ def start_driver(target: str, log: Path) -> subprocess.Popen:
         env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.slow  # ~1 min; the default suite keeps to its time
 def test_vdiff_beside_a_running_driver(pair, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")

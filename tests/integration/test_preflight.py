@@ -27,7 +27,7 @@ from sluicegate.localpg import LocalPostgres
 from sluicegate.preflight import needs
 
 from ..conftest import wait_for
-from .helpers import assert_same, caught_up, reap_group
+from .helpers import assert_same, caught_up, reap_group, run_sql
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluicegate"
 ROLE = f"sgcheck_{os.getpid()}"
@@ -75,15 +75,15 @@ def _check(kind: str, *args: str) -> tuple[int, list[dict]]:
     return out.returncode, json.loads(out.stdout)["problems"]
 
 
-def _apply_fixes(problems: list[dict], servers: dict[int, LocalPostgres], db: str) -> list[str]:
+def _apply_fixes(problems: list[dict], servers: dict[int, LocalPostgres]) -> list[str]:
     """Run each problem's grant as a superuser on the database it names (not server settings: the session's
     servers are shared); the statements run."""
     done = []
     for p in problems:
         if not p["fix"] or p["area"] == "setting":
             continue
-        port = int(re.search(r":(\d+)/", p["database"]).group(1))
-        with psycopg.connect(servers[port].url(db), autocommit=True) as c:
+        port, db = re.search(r":(\d+)/(\S+)$", p["database"]).groups()
+        with psycopg.connect(servers[int(port)].url(db), autocommit=True) as c:
             c.execute(p["fix"])
         done.append(p["fix"])
     return done
@@ -197,7 +197,7 @@ def test_a_role_with_what_check_printed_runs_movetables_to_complete(role_pair, s
     servers = {source_server.port: source_server, target_server.port: target_server}
     src, dst = _as_role(source_server, p.name), _as_role(target_server, p.name)
     _, problems = _check("movetables", "--source", src, "--target", dst)
-    granted = _apply_fixes(problems, servers, p.name)
+    granted = _apply_fixes(problems, servers)
     assert granted
     code, left = _check("movetables", "--source", src, "--target", dst)
     assert code == 0 and not [x for x in left if x["severity"] == "error"], left
@@ -243,7 +243,7 @@ def test_a_role_with_what_check_printed_runs_active_active(role_pair, source_ser
     args = ("--source", src, "--sink", dst, "--tables", "items", "--bidirectional")
     _, problems = _check("replicate", *args)
     assert any("pg_replication_origin_xact_setup" in x["fix"] for x in problems)
-    _apply_fixes(problems, servers, p.name)
+    _apply_fixes(problems, servers)
     code, left = _check("replicate", *args)
     assert code == 0, left
     made = _sg("replicate", "create", "--workflow", "aa", *args)
@@ -300,7 +300,7 @@ def test_a_role_with_what_check_printed_runs_materialize_replicate_and_delta(rol
     assert not [x for x in found["dl"] if not x["database"].startswith("source")]  # Delta: the source only
     for problems in found.values():
         assert [x for x in problems if x["severity"] == "error"], problems
-        _apply_fixes(problems, servers, p.name)
+        _apply_fixes(problems, servers)
     for name, (kind, *args) in plans.items():
         code, left = _check(kind, *args)
         assert code == 0, (kind, left)
@@ -325,3 +325,40 @@ def test_a_role_with_what_check_printed_runs_materialize_replicate_and_delta(rol
     finally:
         for d in drivers:
             reap_group(d)
+
+
+@pytest.mark.spark
+@pytest.mark.slow  # five databases and a driver: the default set has MoveTables and active-active as the role
+def test_a_role_with_what_check_printed_runs_a_reshard(role, source_server, target_server, tmp_path):
+    from .helpers import RESHARD_SOURCES, assert_resharded, load_shard, reshard_caught_up, reshard_keyspace
+
+    servers = {source_server.port: source_server, target_server.port: target_server}
+    with reshard_keyspace(source_server, target_server) as ks:
+        for shard in RESHARD_SOURCES:
+            load_shard(ks["sources"][shard], shard, ids=2000)
+
+        def as_role(url: str) -> str:
+            port, db = re.search(r":(\d+)/([^/?]+)$", url).groups()
+            return _as_role(servers[int(port)], db)
+
+        args = [*(x for shard, url in ks["sources"].items() for x in ("--source-shard", f"{shard}={as_role(url)}")),
+                *(x for shard, url in ks["targets"].items() for x in ("--target-shard", f"{shard}={as_role(url)}"))]
+        _, problems = _check("reshard", *args)
+        assert {x["database"].split()[0] for x in problems if x["severity"] == "error"} == {"source", "target"}
+        _apply_fixes(problems, servers)
+        code, left = _check("reshard", *args)
+        assert code == 0, left
+        made = _sg("reshard", "create", "--workflow", "rs", *args)
+        assert made.returncode == 0, made.stdout + made.stderr
+        first = next(iter(ks["targets"].values()))
+        port, db = re.search(r":(\d+)/([^/?]+)$", first).groups()
+        log = tmp_path / "run.log"
+        driver = _driver(_as_role(servers[int(port)], db, password=False), "rs", log)
+        try:
+            run_sql(ks["sources"]["-80"], "UPDATE accounts SET balance = balance + 1")
+            wait_for(lambda: reshard_caught_up(ks), timeout=240, what="every stream caught up as the role",
+                     describe=lambda: log.read_text()[-2000:])
+            assert_resharded(ks)
+            assert "rror" not in log.read_text(), log.read_text()[-2000:]
+        finally:
+            reap_group(driver)

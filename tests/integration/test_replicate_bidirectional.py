@@ -405,8 +405,8 @@ class SideWriter(threading.Thread):
                          "pg_current_xact_id()::text", (k,)).fetchone()
 
 
-@pytest.mark.parametrize("seconds,kills", [
-    (12, 1), pytest.param(60, 6, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seconds,kills", [  # slow: the default set has LWW in test_last_writer_wins_*
+    pytest.param(12, 1, marks=pytest.mark.slow), pytest.param(60, 6, marks=pytest.mark.slow)])
 def test_random_concurrent_writes_converge_to_the_later_commit(bidi, tmp_path, seconds, kills):
     """Issue 25, item 3: both sides write overlapping keys at once while each consumer is killed (-9) at random
     moments; afterwards A equals B row for row, and each key holds the write with the latest commit time (ties:

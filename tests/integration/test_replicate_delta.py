@@ -49,6 +49,7 @@ class SafeTimes(threading.Thread):
             self.stop_event.wait(0.5)
 
 
+@pytest.mark.slow  # ~1 min; the default set kills a Delta driver in test_lake_movetables
 def test_postgres_and_delta_sinks_kill_9_safe_time_and_bootstrap(rc, tmp_path):
     c = rc
     load_items(c, rows=3000)
@@ -218,6 +219,7 @@ class OrdersWriter(threading.Thread):
             self.error = exc
 
 
+@pytest.mark.slow  # the default set adds tables to a Delta sink in test_lake_s3
 def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
     """add-tables on a workflow with a PostgreSQL and a Delta sink, both consumers running and the source
     writing the old table and the new one throughout: each sink copies the new table and ends equal, nothing

@@ -152,6 +152,7 @@ def test_two_shards_two_sinks_union_kill_9_safe_time_vdiff(keyspace, tmp_path):
         assert all(a <= b for a, b in itertools.pairwise(samples)), f"safe time went backwards on {sink}"
 
 
+@pytest.mark.slow  # the default set adds tables while running in test_replicate_tables
 def test_add_tables_from_a_keyspace_while_it_runs(keyspace, tmp_path):
     """add-tables on a keyspace source: both consumers running, both shards writing accounts and events;
     events joins with its sharding column (--shard-key events=account_id, as at create). Each (sink, shard)

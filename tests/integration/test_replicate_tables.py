@@ -132,7 +132,7 @@ def test_add_tables_bad_input(rc):
     before = [_copy_state(s) for s in c.sinks]
     failed(add("items"), "public.items", "already replicated", "leave it out")
     failed(add("orders", "nosuch"), "nosuch")
-    failed(add("orders", sink=c.source), "no Sluicegate workflows")  # the source is not a sink
+    failed(add("orders", sink=c.source), "schema sluicegate is missing")  # the source is not a sink
     failed(add("orders", "customers"), "sink s2", "public.orders", "--overwrite")
     failed(add("orders", extra=("--shard-key", "orders=item")), "--shard-key", "one source database")
     assert [_copy_state(s) for s in c.sinks] == before

@@ -22,7 +22,7 @@ from sluicegate.workflow.state import object_name
 from sluicegate.workflow.traffic import switch_traffic
 
 from ..conftest import wait_for
-from .helpers import assert_same, caught_up, reap_group, stream_row
+from .helpers import assert_same, caught_up, reap_group, sluicegate_objects, stream_row
 
 pytestmark = pytest.mark.spark
 
@@ -122,18 +122,6 @@ def _switch(pair, verb: str, clients: list[Client]) -> tuple[dict, float]:
     gap = max(c.max_gap(start, time.monotonic()) for c in clients)
     print(f"{verb}: {result}; longest gap between a client's acks {gap:.3f} s")
     return result, gap
-
-
-def _sluicegate_objects(url: str) -> dict:
-    with psycopg.connect(url, autocommit=True) as c:
-        return {
-            "schema": c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'sluicegate'").fetchone()[0],
-            "slots": c.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
-                               ).fetchone()[0],
-            "publications": c.execute("SELECT count(*) FROM pg_publication").fetchone()[0],
-            "triggers": c.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'sluicegate%'").fetchone()[0],
-            "functions": c.execute("SELECT count(*) FROM pg_proc WHERE proname = 'deny_write'").fetchone()[0],
-        }
 
 
 def test_switch_reverse_complete_under_load(pair, tmp_path):
@@ -256,7 +244,7 @@ def test_switch_reverse_complete_under_load(pair, tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         assert forward_slot in out.stdout and reverse_slot in out.stdout
         for url in (pair.source, pair.target):
-            assert _sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
+            assert sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
                                                 "functions": 0}, url
         assert_same(pair, "events", ["id"])
         out = _cli("workflow", "status", "mt", "--target", pair.target)  # nothing left: says why (issue 34)
@@ -321,7 +309,7 @@ def test_kill_9_of_traffic_commands(pair, tmp_path, points):
         out = _cli("movetables", "cancel", "mt", "--target", pair.target)
         assert out.returncode == 0 and "target table public.events" in out.stdout, out.stdout + out.stderr
         for url in (pair.source, pair.target):
-            assert _sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
+            assert sluicegate_objects(url) == {"schema": 0, "slots": 0, "publications": 0, "triggers": 0,
                                                 "functions": 0}, url
         assert pair.dst("SELECT to_regclass('public.events')") == [(None,)]
         assert pair.src("SELECT count(*) FROM events")[0][0] == sum(len(c.inserted) for c in clients)
