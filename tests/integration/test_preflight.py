@@ -342,7 +342,8 @@ def test_a_role_with_what_check_printed_runs_a_reshard(role, source_server, targ
             return _as_role(servers[int(port)], db)
 
         args = [*(x for shard, url in ks["sources"].items() for x in ("--source-shard", f"{shard}={as_role(url)}")),
-                *(x for shard, url in ks["targets"].items() for x in ("--target-shard", f"{shard}={as_role(url)}"))]
+                *(x for shard, url in ks["targets"].items() for x in ("--target-shard", f"{shard}={as_role(url)}")),
+                "--shard-key", "events=account_id"]  # events live with their account (helpers.load_shard)
         _, problems = _check("reshard", *args)
         assert {x["database"].split()[0] for x in problems if x["severity"] == "error"} == {"source", "target"}
         _apply_fixes(problems, servers)
