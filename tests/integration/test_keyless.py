@@ -86,6 +86,7 @@ def make_tables(pair, rows: int = 3000) -> None:
     pair.src("ANALYZE logs")
 
 
+@pytest.mark.slow  # the default set replicates keyless tables in the tests below
 def test_keyless_copy_killed_then_replicated_as_multisets(versions_pair_system, tmp_path):
     pair = versions_pair_system  # on the system's PostgreSQL, on 18, and from 15 to 18
     make_tables(pair)

@@ -57,6 +57,7 @@ def caught_up(pair, store: Store, engine: LakeEngine) -> None:
              what="caught up", describe=lambda: store.describe(W))
 
 
+@pytest.mark.slow  # the default suite keeps to its time
 def test_added_columns_hold_the_sources_values(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")

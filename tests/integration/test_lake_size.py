@@ -48,6 +48,7 @@ def snapshot(root, point) -> list[tuple]:
     return sorted(zip(t.column("id").to_pylist(), t.column("rev").to_pylist()))
 
 
+@pytest.mark.slow  # bench/lake_size.py measures it; the default suite keeps to its time
 def test_lake_stays_near_the_source_size(pair, tmp_path):
     pair.src("CREATE TABLE docs (id bigint PRIMARY KEY, rev int NOT NULL, body text NOT NULL)")
     pair.src(f"INSERT INTO docs SELECT g, 0, {BODY.replace('%s', 'g')} FROM generate_series(1, 200) g")

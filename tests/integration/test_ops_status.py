@@ -28,6 +28,7 @@ def status(pair, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # the default suite keeps to its time
 def test_status_after_kill_9_and_the_wal_a_stopped_workflow_holds(pair, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")

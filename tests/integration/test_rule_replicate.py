@@ -96,7 +96,7 @@ def test_a_rule_that_fails_at_run_time_stops_the_stream_naming_the_table_and_the
 
 
 @pytest.mark.parametrize("point", [
-    "replicate.before_commit",  # data and position written by the task, not committed
+    pytest.param("replicate.before_commit", marks=pytest.mark.slow),  # data and position written, not committed
     pytest.param("rule_batch.mid_read", marks=pytest.mark.slow),  # a table's peek half read
     pytest.param("rule_batch.before_advance", marks=pytest.mark.slow),  # committed, the slot not confirmed
 ])

@@ -134,6 +134,7 @@ def test_stopped_stream_is_played_to_the_point(pair):
     assert pair.dst("SELECT count(*) FROM items WHERE qty = -1")[0][0] == 1000
 
 
+@pytest.mark.slow  # the default suite keeps to its time
 def test_killed_vdiff_resumes_from_last_finished_range(pair, tmp_path):
     make_items(pair, 5000)
     create_movetables("wf", pair.source, pair.target, ["items"], [], {})
