@@ -24,6 +24,7 @@ from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
 from ..workflow.copier import CopyRange, task_where
 from ..workflow.faults import fault_point
+from . import durable
 from .types import arrow_schema, record_batch
 
 CYCLE_KEY = "sluicegate.copy_cycle"
@@ -113,6 +114,8 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     finally:
         if writer is not None:
             writer.close()
+    if writer is not None and "://" not in task.directory:  # on disk before the driver's commit names it
+        durable.sync_file(path)
     fault_point("lake.copy.task_written")
     if writer is None:
         return []
@@ -151,4 +154,6 @@ def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: di
                for f in files]
     props = CommitProperties(app_transactions=[Transaction(copy_app, outcome["cycle"])],
                              custom_metadata={CYCLE_KEY: json.dumps(outcome)})
+    before = dt.version()
     dt.create_write_transaction(actions, mode, arrow_schema(table), commit_properties=props)
+    durable.sync_versions(dt.table_uri, before, dt.version())  # (the files were synced by their tasks too)

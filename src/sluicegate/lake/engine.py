@@ -30,7 +30,7 @@ from ..postgres.snapshot import take_snapshot
 from ..workflow import copier, live
 from ..workflow.faults import fault_point
 from ..workflow.schema_changes import source_columns
-from . import apply, location
+from . import apply, durable, location
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
 from .state import (
@@ -218,7 +218,9 @@ class LakeEngine:
         added = tuple(Column(c.name, source[c.name].type_sql, c.type_oid, False, None, c.typmod)
                       for c in change.added)
         table = replace(table, columns=table.columns + added)
+        version = dt.version()
         apply.add_columns(dt, table, [c.name for c in added], wf.name)
+        durable.sync_versions(dt.table_uri, version, dt.version())  # before the state names the columns
         with self.store.update(wf.name) as w:
             w.table(table.qualified).table = table.to_json()
         log.info("columns %s added to %s before its copy", ", ".join(c.name for c in added), table.qualified)

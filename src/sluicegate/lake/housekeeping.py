@@ -14,7 +14,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from ..errors import RetryableError, UsageError
-from . import read
+from . import durable, read
 
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
 
@@ -58,6 +58,7 @@ def optimize(path: str, workflow: str, *, target_size: int | None = None, storag
         except CommitFailedError as exc:
             raise _commit_failed(uri, "optimize", exc) from None
         dt.update_incremental()
+        durable.sync_versions(dt.table_uri, before["version"], dt.version())  # its new files replace old ones
         after = {"files": len(dt.file_uris()), "version": dt.version(),
                  "transaction": dt.transaction_version(app_id(workflow))}
         if before["transaction"] is not None and (after["transaction"] or -1) < before["transaction"]:

@@ -36,7 +36,7 @@ from ..workflow.schema_changes import (
     older_rows_text,
     source_columns,
 )
-from . import apply, location, pointreq, points, staging
+from . import apply, durable, location, pointreq, points, staging
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 from .types import sql_literal
 
@@ -111,6 +111,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             capture.advance_slot(src_ctl, wf.slot, task.position)  # died between the state and the confirm
         tables = _Tables(root, wf, src_ctl)
+        commits = durable.Versions(tables.dts)
         staging.clear(root, wf.name)  # a killed task's staged batch: it is read again from the slot
         framing = Framing()
         last_write = 0.0
@@ -161,6 +162,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
                 batch = _read_batch(this, stream, framing, tables, result.position, flushed)
                 merged = _commit_tables(tables, batch)
+                commits.sync(merged)  # on disk before the state and the slot move past them
                 if merged and not batch.limited:  # (catching up: no pause)
                     last_commit = time.monotonic()
                 if batch.spills:
