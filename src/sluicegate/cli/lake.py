@@ -82,13 +82,14 @@ def _retention(text: str) -> timedelta:
 @click.option("--retention", default="7d", show_default=True, metavar="DURATION",
               help="Keep what readers of the last DURATION need (7d, 36h; whole hours, rounded up).")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed (files, bytes); remove nothing.")
-@click.option("-v", "--verbose", is_flag=True, help="List each file removed and each version kept.")
+# (not -v/--verbose: every command has those for its log)
+@click.option("--list", "list_files", is_flag=True, help="List each file removed and each version kept.")
 @click.option("--allow-short-retention", is_flag=True,
               help="Accept a retention under one hour: only when no `workflow run` writes to the target, whose "
                    "files not yet committed would go too.")
 @JSON
 @_friendly
-def lake_vacuum(name, target, retention, dry_run, verbose, allow_short_retention, as_json):
+def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retention, as_json):
     """Remove the files of the workflow's Delta tables that nothing kept needs.
 
     Drops consistent points older than the retention (never the newest one), then deletes files that only
@@ -102,7 +103,7 @@ def lake_vacuum(name, target, retention, dry_run, verbose, allow_short_retention
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    for line in format_vacuum(report, verbose):
+    for line in format_vacuum(report, list_files):
         click.echo(line)
 
 
