@@ -169,8 +169,10 @@ class Bench:
         # PostgreSQL 15's replication launcher starts apply workers at most once per
         # wal_retrieve_retry_interval (5 s): native's second subscription would wait up to that long for its
         # worker. At 100 ms both of native's copies start at once; nothing else on the target uses it.
+        # --target-settings: e.g. a target that commits asynchronously on a disk it fsyncs (issue 38)
         self.target = LocalPostgres(self.tmp / "target",
-                                    settings={**settings, "wal_retrieve_retry_interval": "100ms"})
+                                    settings={**settings, "wal_retrieve_retry_interval": "100ms",
+                                              **dict(kv.split("=", 1) for kv in args.target_settings)})
         # Sluicegate stores no passwords: its workflow run and tasks find them in a pgpass file (both servers
         # have the same user and password; any port).
         pgpass = self.tmp / "pgpass"
@@ -184,7 +186,7 @@ class Bench:
         self.copied: list[str] = []  # target databases already filled (vacuumed before the next copy)
         self.published = False
         self.again: str | None = None  # native's second copy, while its subscription exists
-        self.out: dict = {"scale": args.scale, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
+        self.out: dict = {"scale": args.scale, "target_settings": args.target_settings, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
                           "drop_caches": args.drop_caches,
                           "page_cache_mb_start": page_cache_mb(), "cpu_probe_s_start": cpu_probe_s()}
 
@@ -690,6 +692,9 @@ def main() -> int:
     parser.add_argument("--rule", action="append", help="copy and replicate through this Spark SQL rule (it must "
                         "keep the table's name and rows, e.g. 'pgbench_accounts: SELECT *, abalance * 2 AS "
                         "doubled FROM pgbench_accounts'): measures the rule path")
+    parser.add_argument("--target-settings", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help="the target server's settings, comma-separated name=value (e.g. "
+                             "synchronous_commit=off,fsync=on: a target that commits asynchronously)")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()

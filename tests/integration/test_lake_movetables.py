@@ -294,3 +294,74 @@ def test_a_table_added_while_the_copy_ends_is_copied(pair, tmp_path):
         reap_group(driver)
     for qualified in ("public.a", "public.b"):
         assert by_key(delta_rows(root, qualified)) == by_key(source_rows(pair.source, qualified)), qualified
+
+
+# Every fault point of the Delta target (the default set kills at two of them, above).
+LAKE_POINTS = ["lake.copy.task_written", "lake.copy.before_progress", "lake.copy.before_running",
+               "lake.slice.mid_batch", "lake.replicate.columns_added", "lake.replicate.between_tables",
+               "lake.replicate.before_state"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", LAKE_POINTS)
+def test_killed_at_each_fault_point_the_lake_ends_equal(pair, tmp_path, point):
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
+    pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")
+    pair.src("CREATE TABLE other (id int PRIMARY KEY, v text)")
+    pair.src("INSERT INTO other SELECT g, md5(g::text) FROM generate_series(1, 300) g")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    lake.create("lk", pair.source, target, None, None, [], {"cycle_rows": 500, "chunk_rows": 250})
+    store = Store(root)
+    log = tmp_path / "driver.log"
+    writer = Writer(pair.source, 2000, pause=0.005)
+    writer.start()
+    try:
+        if not point.startswith("lake.copy."):  # to Running first, then a change of shape and rows to replay
+            driver = start_driver(target, "lk", log)
+            try:
+                wait_for(lambda: store.load("lk").first_point, timeout=120, what="the first consistent point",
+                         describe=lambda: log.read_text()[-2000:])
+                driver.send_signal(signal.SIGTERM)
+                assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+            finally:
+                reap_group(driver)
+            pair.src("ALTER TABLE items ADD COLUMN extra int")
+            pair.src("UPDATE items SET extra = id % 10 WHERE id % 3 = 0")
+            pair.src("UPDATE other SET v = v || 'x' WHERE id % 2 = 0")
+        kill_at(target, "lk", log, point, tmp_path)
+        wf = store.load("lk")
+        held = wf.position  # the lake holds every change before it; once every table is copied, also
+        if all(t.done for t in wf.tables):  # before the earliest copy snapshot (where the replay starts)
+            held = max(held, min(t.copy_from for t in wf.tables))
+        confirmed = slot_confirmed(pair, wf.slot)
+        assert confirmed is None or confirmed <= held  # never past what the lake holds
+
+        driver = start_driver(target, "lk", log)
+        try:
+            wait_for(lambda: store.load("lk").first_point, timeout=120, what="the first consistent point",
+                     describe=lambda: log.read_text()[-2000:])
+            writer.stop_event.set()
+            writer.join()
+            assert writer.error is None
+            flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+            wait_for(lambda: store.load("lk").position >= flushed, timeout=60, what="caught up",
+                     describe=lambda: log.read_text()[-2000:])
+            driver.send_signal(signal.SIGTERM)
+            assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+        finally:
+            reap_group(driver)
+    finally:
+        writer.stop_event.set()
+
+    from deltalake import DeltaTable
+
+    wf = store.load("lk")
+    assert wf.state == "Running" and wf.message == ""
+    for qualified in ("public.items", "public.other"):
+        got, want = by_key(delta_rows(root, qualified)), by_key(source_rows(pair.source, qualified))
+        assert got == want, f"{qualified}: {len(got)} rows in Delta, {len(want)} on the source"
+        applied = wf.table(qualified).applied
+        if applied is not None:  # exactly once: the table's app transaction is the batch the state names
+            assert DeltaTable(str(root / "public" / qualified.split(".")[1])).transaction_version(
+                app_id("lk")) == applied
