@@ -1,10 +1,11 @@
 """TLS to PostgreSQL: servers that accept TCP clients only over TLS (hostssl, no host lines), reached with
 `sslmode=verify-full` and a test CA. MoveTables copies and replicates (control, replication and Spark tasks'
 connections), vdiff compares, the target's state holds the CA file's path and no certificate; a wrong CA or
-host name is refused with the way out."""
+host name is refused with the way out. In the slow set, the same with the Spark worker on a second host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,6 +21,16 @@ from sluicegate.workflow.create import create_movetables
 
 from ..conftest import EngineThread, Pair, wait_for
 from .helpers import assert_same, caught_up, stream_row
+from .spark_cluster import (
+    NamespaceUnavailable,
+    NetworkNamespace,
+    StandaloneCluster,
+    replication_chain,
+    sluicegate,
+    start_driver,
+    stop_driver,
+    walsender,
+)
 from .tlscerts import TestCA
 
 pytestmark = pytest.mark.spark
@@ -103,12 +114,14 @@ def test_wrong_ca_or_host_refused_with_the_way_out(tls, tls_pair, monkeypatch):
         connect(wrong_ca, role="source")
     with pytest.raises(ConnectError, match="does not match host name.*certificate lists"):
         connect(verify_full(source.url(name, host="localhost"), ca), role="source")
-    with pytest.raises(ConnectError, match="accepts only TLS.*sslmode=verify-full"):
+    with pytest.raises(ConnectError, match="pg_hba.conf; if it admits TLS connections only.*sslmode=verify-full"):
         connect(source.url(name) + "?sslmode=disable", role="source")
     with pytest.raises(ConnectError, match="root certificate file.*same path on every host"):
         connect(source.url(name) + "?sslmode=verify-full&sslrootcert=/nonexistent/ca.crt", role="source")
     with pytest.raises(RetryableError, match="certificate verify failed.*CA file that signed"):  # psycopg2
         ChangeStream(wrong_ca, "no_slot", "no_pub", 0)
+    with pytest.raises(RetryableError, match="if it admits TLS connections only.*sslmode=verify-full"):
+        ChangeStream(source.url(name) + "?sslmode=disable", "no_slot", "no_pub", 0)
 
     # libpq's environment works as well as the URL's parameters
     monkeypatch.setenv("PGSSLMODE", "verify-full")
@@ -125,3 +138,54 @@ def test_wrong_ca_or_host_refused_with_the_way_out(tls, tls_pair, monkeypatch):
     assert "certificate verify failed" in out.stderr and "sslrootcert" in out.stderr, out.stderr
     if tls_pair.dst("SELECT to_regclass('sluicegate.workflows') IS NOT NULL")[0][0]:
         assert not tls_pair.dst("SELECT 1 FROM sluicegate.workflows")
+
+
+@pytest.mark.slow  # a standalone Spark cluster with its worker in a network namespace: a minute or two
+def test_executors_on_a_second_host_over_verify_full(pg_workdir, pgpass, tmp_path):
+    """The worker is a second host (its own network namespace, the same files: the CA at the same path, as the
+    README says); its copy and replication connections are verified TLS ones from the namespace's address."""
+    with contextlib.ExitStack() as stack:
+        try:
+            ns = stack.enter_context(NetworkNamespace())
+        except NamespaceUnavailable as exc:
+            pytest.skip(f"no network namespace for a second host (needs root or CAP_NET_ADMIN): {exc}")
+        with pgpass.open("a") as f:
+            f.write(f"{ns.host_ip}:*:*:postgres:sluicegate\n")
+        ca = TestCA(tmp_path / "ca")
+        servers = []
+        for side in ("source", "target"):
+            cert = ca.issue(f"far-{side}", ips=(ns.host_ip, "127.0.0.1"))
+            server = LocalPostgres(tmp_path / side, interfaces=(f"{ns.host_ip}/30",), tls=(cert.cert, cert.key),
+                                   settings={"log_connections": "on", "log_line_prefix": "%h "})
+            stack.callback(server.stop)
+            servers.append(server.init().start())
+        cluster = stack.enter_context(StandaloneCluster(tmp_path / "spark", host=ns.host_ip, netns=ns))
+        cluster.spark_args += ["--conf", f"spark.driver.host={ns.host_ip}",
+                               "--conf", f"spark.driver.bindAddress={ns.host_ip}"]
+        pair = Pair(*servers, "far")
+        stack.callback(pair.cleanup)
+        pair.source, pair.target = (verify_full(s.url("far", host=ns.host_ip), ca) for s in servers)
+        pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
+        pair.src("INSERT INTO items SELECT g, g % 100, md5(g::text) FROM generate_series(1, 4000) g")
+        create_movetables("far", pair.source, pair.target, ["items"], [], {"cycle_rows": 2000, "chunk_rows": 700})
+        log = tmp_path / "driver.log"
+        driver = start_driver("far", pair.target, log, cluster.spark_args)
+        try:
+            wait_for(lambda: stream_row(pair, "far")["state"] == "Running" or driver.poll() is not None,
+                     timeout=300, what="Running", describe=lambda: log.read_text()[-3000:] + cluster.executor_logs())
+            assert driver.poll() is None, log.read_text()[-3000:]
+            pair.src("UPDATE items SET qty = -1 WHERE id % 50 = 0")
+            wait_for(lambda: caught_up(pair, "far"), what="caught up")
+            assert assert_same(pair, "public.items", ["id"]) == 4000
+            # The stream's walsender serves an executor's Python worker, from the namespace, over TLS.
+            cluster.assert_in_executor(replication_chain(pair, "far"), driver.pid)
+            assert pair.src("SELECT host(r.client_addr), s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s "
+                            "USING (pid) WHERE pid = %s", (walsender(pair, "far"),)) == [(ns.ns_ip, True)]
+            # The copy's tasks connected from the namespace too (every TCP connection is TLS: hostssl only).
+            for server in servers:
+                assert any(line.startswith(f"{ns.ns_ip} ") and "connection authorized" in line and "SSL" in line
+                           for line in server.logfile.read_text(errors="replace").splitlines())
+            out = sluicegate("vdiff", "far", "--target", pair.target, "--json", *cluster.spark_args)
+            assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        finally:
+            assert stop_driver(driver) == 0, log.read_text()[-3000:]

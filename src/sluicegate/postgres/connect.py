@@ -125,14 +125,16 @@ def _user(url: str) -> str:
 # server has said anything, TLS ones included, comes with no SQLSTATE).
 _TLS_FILES = ("sslrootcert must name a CA file that exists on this host (on Spark executors too: the same path on "
               "every host, see the README's TLS section)")
+_NO_ENTRY_PLAIN = ("allow this client in the {role} server's pg_hba.conf; if it admits TLS connections only "
+                   "(hostssl), add sslmode=verify-full&sslrootcert=CA-FILE to the {role} URL")
 _CONNECT_HINTS = (
     ("certificate verify failed", ("the {role} server's certificate is not signed by the CA in sslrootcert "
                                   "(or PGSSLROOTCERT): point it at the CA file that signed that certificate")),
     ("does not match host name", ("connect to the {role} server by a name or address its certificate lists "
                                  "(subject alternative names), or reissue the certificate for this one")),
     ("root certificate file", _TLS_FILES),
-    ("no encryption", ("the {role} server accepts only TLS connections (hostssl): add "
-                      "sslmode=verify-full&sslrootcert=CA-FILE to the {role} URL")),
+    # PostgreSQL 12+ ends every pg_hba refusal of a plain connection with ", no encryption"
+    ("no encryption", _NO_ENTRY_PLAIN),
     ("server does not support ssl", "enable TLS on the {role} server (ssl=on), or lower sslmode in the URL"),
     ("certificate file", ("sslcert and sslkey must name the client certificate and its key (mode 0600) on "
                          "this host")),

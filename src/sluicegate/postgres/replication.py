@@ -193,10 +193,12 @@ def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
     where = describe(url)
     if "no password supplied" in text:
         return connect_failure("source", url, text)
-    if "pg_hba.conf" in text and "replication" in text and "no encryption" not in text:  # else: TLS only
+    if "pg_hba.conf" in text and "replication" in text:
+        tls = ("; if it admits TLS connections only (hostssl), add sslmode=verify-full&sslrootcert=CA-FILE to the "
+               "source URL" if "no encryption" in text else "")
         return UsageError(
             f"source {where} refuses replication connections: add a `host replication <user> <client address> "
-            f"scram-sha-256` line to pg_hba.conf and reload ({text})"
+            f"scram-sha-256` line to pg_hba.conf and reload{tls} ({text})"
         )
     if "must be superuser or replication role" in text or "permission denied to start WAL sender" in text:
         return UsageError(f"source {where}: the user needs the REPLICATION attribute: ALTER ROLE <user> REPLICATION")
