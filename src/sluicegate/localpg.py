@@ -121,9 +121,11 @@ class LocalPostgres:
 
     def __init__(self, datadir: Path | str, *, port: int | None = None, password: str = "sluicegate",
                  user: str = "postgres", settings: dict[str, str] | None = None, bindir: Path | None = None,
-                 interfaces: tuple[str, ...] = ()):
+                 interfaces: tuple[str, ...] = (), tls: tuple[Path | str, Path | str] | None = None):
         """`interfaces`: more addresses to listen on, each with its network ("10.213.77.1/30"), whose
-        clients may log in (over scram-sha-256, like loopback's)."""
+        clients may log in (over scram-sha-256, like loopback's). `tls`: (certificate file, key file): the
+        server then accepts TCP clients over TLS only (hostssl lines, no host lines), as cloud databases do."""
+        self.tls = tuple(Path(f).absolute() for f in tls) if tls else None
         self.interfaces = tuple(ipaddress.ip_interface(i) for i in interfaces)
         self.datadir = Path(datadir).absolute()
         self._auto_port, self._port = port is None, port or _free_port()
@@ -221,11 +223,10 @@ class LocalPostgres:
         self.logfile.touch()
         self._own(self.logfile)
         self._write_conf()
-        hba = ["local all all trust", "local replication all trust",
-               f"host all all {HOST}/32 scram-sha-256", f"host replication all {HOST}/32 scram-sha-256"]
-        for i in self.interfaces:
-            hba += [f"host all all {i.network} scram-sha-256",
-                    f"host replication all {i.network} scram-sha-256"]
+        tcp = "hostssl" if self.tls else "host"
+        hba = ["local all all trust", "local replication all trust"]
+        for net in [f"{HOST}/32", *(i.network for i in self.interfaces)]:
+            hba += [f"{tcp} all all {net} scram-sha-256", f"{tcp} replication all {net} scram-sha-256"]
         (self.datadir / "pg_hba.conf").write_text("\n".join(hba) + "\n")
         conf = self.datadir / "postgresql.conf"
         if f"include_if_exists '{_CONF}'" not in conf.read_text():
@@ -242,12 +243,21 @@ class LocalPostgres:
 
     def _write_conf(self) -> None:
         listen = ",".join([HOST, *(str(i.ip) for i in self.interfaces)])
+        tls = {}
+        if self.tls:  # copies in the datadir: the server account must own the key, mode 0600 (postgres checks)
+            for name, src in zip(("server.crt", "server.key"), self.tls, strict=True):
+                dst = self.datadir / name
+                shutil.copyfile(src, dst)
+                dst.chmod(0o600)
+                self._own(dst)
+            tls = {"ssl": "on", "ssl_cert_file": self.datadir / "server.crt",
+                   "ssl_key_file": self.datadir / "server.key"}
         conf = {"listen_addresses": listen, "port": self._port, "unix_socket_directories": self._sockdir,
                 "wal_level": "logical", "max_replication_slots": 20, "max_wal_senders": 20,
                 "track_commit_timestamp": "on",  # active-active: commit times of rows' versions (appliers/lww.py)
                 "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
                 "shared_buffers": "128MB", "max_connections": 200, "logging_collector": "off",
-                **self.settings}
+                **tls, **self.settings}
         (self.datadir / _CONF).write_text("".join(f"{k} = '{str(v).replace(chr(39), chr(39) * 2)}'\n"
                                                   for k, v in conf.items()))
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -210,3 +211,29 @@ def test_metrics_progress_lines_and_logs(pair, tmp_path):
         assert "INFO" not in err.read_text()
     finally:
         reap_group(driver)
+
+
+def test_metrics_over_mutual_tls(pair, tmp_path):
+    """HTTPS with scrapers' certificates: a scraper with one of the CA's gets the metrics, others not."""
+    import ssl
+
+    from sluicegate.workflow.metrics import MetricsServer
+
+    from .tlscerts import TestCA
+
+    ca = TestCA(tmp_path / "ca")
+    server_cert, scraper = ca.issue("metrics", ips=("127.0.0.1",)), ca.issue("prometheus", client=True)
+    server = MetricsServer(pair.target, "wf", 0, "127.0.0.1", cert_file=str(server_cert.cert),
+                           key_file=str(server_cert.key), client_ca_file=str(ca.path))
+    try:
+        url = f"https://127.0.0.1:{server.port}/metrics"
+        context = ssl.create_default_context(cafile=str(ca.path))
+        context.load_cert_chain(str(scraper.cert), str(scraper.key))
+        with urllib.request.urlopen(url, context=context, timeout=30) as resp:
+            assert resp.status == 200 and "sluicegate_target_up{workflow=\"wf\"}" in resp.read().decode()
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(url, context=ssl.create_default_context(cafile=str(ca.path)), timeout=30).read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30).read()
+    finally:
+        server.stop()

@@ -20,7 +20,16 @@ STRIPPED = [
     ("postgresql://u:p@ss@h/db", "postgresql://u@h/db"),  # an unescaped @ in the password
     ("host=h port=5 user=u password='a b' dbname=d", "host=h port=5 user=u dbname=d"),
     ("host=h dbname=d", "host=h dbname=d"),
+    # TLS files are paths and stay; a client key's sslpassword is a secret and goes
+    ("postgresql://u:p@h/db?sslmode=verify-full&sslrootcert=/etc/ca.crt&sslcert=c.crt&sslkey=c.key&sslpassword=k",
+     "postgresql://u@h/db?sslmode=verify-full&sslrootcert=/etc/ca.crt&sslcert=c.crt&sslkey=c.key"),
+    ("host=h sslrootcert=/etc/ca.crt sslpassword=k", "host=h sslrootcert=/etc/ca.crt"),
 ]
+
+
+def test_redact_hides_a_client_keys_password():
+    assert redact("host=h sslpassword=hush sslmode=verify-full") == "host=h sslpassword=*** sslmode=verify-full"
+    assert "hush" not in redact("postgresql://h/db?sslpassword=hush&sslrootcert=/x")
 
 
 @pytest.mark.parametrize(("url", "stripped"), STRIPPED)

@@ -330,10 +330,18 @@ def workflow() -> None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
               help="Serve Prometheus metrics at http://ADDR:N/metrics while the workflow runs.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
-              help="The address the metrics are served on (0.0.0.0: every interface).")
+              help="The address the metrics are served on (0.0.0.0: every interface; off loopback it needs "
+                   "TLS and scrapers' certificates, or --metrics-insecure).")
+@click.option("--metrics-cert-file", default=None, metavar="PATH",
+              help="Serve the metrics over HTTPS with this certificate (PEM; with --metrics-key-file).")
+@click.option("--metrics-key-file", default=None, metavar="PATH", help="The key of --metrics-cert-file.")
+@click.option("--metrics-client-ca-file", default=None, metavar="PATH",
+              help="Admit only scrapers with a client certificate this CA signed.")
+@click.option("--metrics-insecure", is_flag=True,
+              help="Serve the metrics off loopback without TLS and client certificates anyway.")
 @friendly
 def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_interval, metrics_port,
-                 metrics_addr):
+                 metrics_addr, metrics_cert_file, metrics_key_file, metrics_client_ca_file, metrics_insecure):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
     from ..postgres.connect import connect
     from ..spark.session import launch_settings, parse_conf
@@ -341,6 +349,12 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
+    metrics_tls = {"cert_file": metrics_cert_file, "key_file": metrics_key_file,
+                   "client_ca_file": metrics_client_ca_file, "insecure": metrics_insecure}
+    if metrics_port is not None:
+        from ..workflow.metrics import check_metrics_listen
+
+        check_metrics_listen(metrics_addr, **metrics_tls)  # before Spark or the target: a refusal costs nothing
 
     # From the start: a SIGTERM while the driver starts up stops it as cleanly as one later.
     stop = threading.Event()
@@ -362,13 +376,13 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
     lock = run_lock.take(target, name)
     try:
         _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
-                    metrics_port, metrics_addr)
+                    metrics_port, metrics_addr, metrics_tls)
     finally:
         lock.close()
 
 
 def _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
-                metrics_port, metrics_addr) -> None:
+                metrics_port, metrics_addr, metrics_tls) -> None:
     kind = wf.kind
     # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases): no
     # SparkSession (Spark SQL's state) to build, and a JVM that only coordinates.
@@ -395,7 +409,7 @@ def _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_pr
             from ..workflow.metrics import MetricsServer
 
             try:
-                metrics = MetricsServer(target, name, metrics_port, metrics_addr)
+                metrics = MetricsServer(target, name, metrics_port, metrics_addr, **metrics_tls)
             except OSError as exc:
                 raise UsageError(f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc.strerror or exc}; "
                                  f"pick another --metrics-port") from None

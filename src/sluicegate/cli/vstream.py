@@ -105,10 +105,20 @@ def _on_stop_signals(action) -> None:
 @click.option("--decoding-work-mem", default=None, metavar="SIZE",
               help="With --source: logical_decoding_work_mem, past which a transaction streams before "
                    "its commit.")
+@click.option("--ca-file", default=None, metavar="PATH",
+              help="With --server: connect over TLS, verifying the server's certificate against this CA.")
+@click.option("--cert-file", default=None, metavar="PATH",
+              help="With --server: this client's certificate, for a server that wants mutual TLS (with "
+                   "--key-file).")
+@click.option("--key-file", default=None, metavar="PATH", help="The key of --cert-file.")
+@click.option("--token-file", default=None, metavar="PATH",
+              help="With --server: a file holding the server's token (else SLUICEGATE_VSTREAM_TOKEN; never on "
+                   "the command line).")
 @click.pass_context
 @_friendly
 def vstream_group(ctx, server, source, client_id, position, tables, as_json, threshold, appliers, replicators,
-                  no_heartbeats, no_streaming, max_messages, decoding_work_mem):
+                  no_heartbeats, no_streaming, max_messages, decoding_work_mem, ca_file, cert_file, key_file,
+                  token_file):
     """Read a source's changes as Transaction messages (Drizzle's change model), from a VStream server or
     straight from the source; or `serve` them over gRPC.
 
@@ -127,6 +137,7 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
     from ..changes import model as m
     from ..changes.plugins import load_applier, load_replicator
     from ..vstream.client import stream
+    from ..vstream.security import ClientSecurity, load_token
 
     chain = [load_replicator(spec) for spec in replicators]
     sinks = [load_applier(spec) for spec in (("json",) if as_json else ()) + tuple(appliers)]
@@ -137,7 +148,8 @@ def vstream_group(ctx, server, source, client_id, position, tables, as_json, thr
     keeping = any(callable(getattr(sink, "position", None)) for sink in sinks)
     start = _position(position) if position is not None else _resume_point(sinks)
     events = stream(server or source, client_id, start, _tables(tables), _threshold(threshold),
-                    streaming=not no_streaming, decoding_work_mem=decoding_work_mem)
+                    streaming=not no_streaming, decoding_work_mem=decoding_work_mem,
+                    security=ClientSecurity(ca_file, cert_file, key_file, load_token(token_file)))
     _on_stop_signals(events.cancel)
     out = sys.stdout
     count = 0
@@ -231,17 +243,34 @@ def summary_line(txn: m.Transaction) -> str:
 @click.option("--decoding-work-mem", default=None, metavar="SIZE",
               help="logical_decoding_work_mem of the walsenders, past which a transaction streams before its "
                    "commit (e.g. 64kB; default: the source's).")
+@click.option("--cert-file", default=None, metavar="PATH",
+              help="Serve over TLS with this certificate (PEM; with --key-file).")
+@click.option("--key-file", default=None, metavar="PATH", help="The key of --cert-file (PEM).")
+@click.option("--client-ca-file", default=None, metavar="PATH",
+              help="Mutual TLS: admit only clients with a certificate this CA signed.")
+@click.option("--token-file", default=None, metavar="PATH",
+              help="Admit only clients that send the token in this file (else SLUICEGATE_VSTREAM_TOKEN, if set; "
+                   "never on the command line).")
+@click.option("--insecure", is_flag=True,
+              help="Serve an address other than loopback without TLS and client authentication anyway.")
 @_friendly
-def serve(source, port, host, threshold, tables, heartbeat_seconds, decoding_work_mem):
-    """Serve the source's changes over gRPC (VStream.Stream) until SIGTERM or Ctrl-C."""
+def serve(source, port, host, threshold, tables, heartbeat_seconds, decoding_work_mem, cert_file, key_file,
+          client_ca_file, token_file, insecure):
+    """Serve the source's changes over gRPC (VStream.Stream) until SIGTERM or Ctrl-C.
+
+    Off loopback (e.g. --host 0.0.0.0) it needs TLS (--cert-file, --key-file) and client authentication
+    (--client-ca-file and/or a token), or --insecure."""
     from ..changes.segmenter import DEFAULT_THRESHOLD
     from ..postgres.capture import check_source
     from ..postgres.connect import connect, describe
+    from ..vstream.security import ServerSecurity, load_token
     from ..vstream.server import VStreamServer
 
+    security = ServerSecurity(cert_file, key_file, client_ca_file, load_token(token_file), insecure)
+    security.check(host)  # before anything else: a refusal costs nothing
     with connect(source, role="source") as conn:  # fail fast, with the way out, before listening
         check_source(conn)
-    server = VStreamServer(source, port, host, threshold=_threshold(threshold) or DEFAULT_THRESHOLD,
+    server = VStreamServer(source, port, host, security, threshold=_threshold(threshold) or DEFAULT_THRESHOLD,
                            tables=_tables(tables), heartbeat_seconds=heartbeat_seconds,
                            decoding_work_mem=decoding_work_mem)
     stop = threading.Event()

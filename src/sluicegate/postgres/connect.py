@@ -24,9 +24,10 @@ SESSION_OPTIONS = (
 )
 
 
-# user:password@ in any URL, and password=... as a keyword (quoted or not) or URL query parameter
+# user:password@ in any URL, and password=... (or a client key's sslpassword=...) as a keyword (quoted or not)
+# or URL query parameter
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']*@", re.IGNORECASE)
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"]*)", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"]*)", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
@@ -48,12 +49,14 @@ def describe(url: str) -> str:
 
 
 _URI = re.compile(r"^(postgres(?:ql)?://)([^/?#]*)(.*)$", re.IGNORECASE | re.DOTALL)
+_SECRETS = ("password", "sslpassword")  # sslpassword decrypts a client key: a secret as much as the password
 
 
 def strip_password(url: str) -> str:
     """The conninfo (URL or key=value) without its password, everything else kept: what Sluicegate stores and
     hands to Spark tasks. libpq then finds the password itself: PGPASSWORD, the pgpass file (PGPASSFILE,
-    ~/.pgpass) or the service file."""
+    ~/.pgpass) or the service file. TLS file parameters (sslrootcert, sslcert, sslkey) stay: they are paths,
+    and the files' content is never read here. A client key's sslpassword goes too (use a key without one)."""
     m = _URI.match(url)
     if m:
         scheme, netloc, rest = m.groups()
@@ -63,7 +66,7 @@ def strip_password(url: str) -> str:
             netloc = f"{user}@{hosts}" if user else hosts
         path, q, query = rest.partition("?")
         if q:
-            params = [p for p in query.split("&") if p and p.split("=", 1)[0].lower() != "password"]
+            params = [p for p in query.split("&") if p and p.split("=", 1)[0].lower() not in _SECRETS]
             rest = path + ("?" + "&".join(params) if params else "")
         return scheme + netloc + rest
     import psycopg
@@ -72,9 +75,10 @@ def strip_password(url: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return url  # not a conninfo: connecting says so (and redact() keeps it out of the message)
-    if "password" not in info:
+    if not any(k in info for k in _SECRETS):
         return url
-    del info["password"]
+    for k in _SECRETS:
+        info.pop(k, None)
     return psycopg.conninfo.make_conninfo(**info)
 
 
@@ -96,8 +100,14 @@ def connect_failure(role: str, url: str, message: str) -> SluicegateError:
     lower = message.lower()
     if "no password supplied" in lower:
         return NoPasswordError(f"no password for {role} {where} (user {_user(url)}): {PGPASS_HINT}")
+    return ConnectError(f"cannot connect to {role} {where}: {message}{connect_hint(role, message)}")
+
+
+def connect_hint(role: str, message: str) -> str:
+    """': the way out' for libpq's refusal `message`, or ''."""
+    lower = message.lower()
     hint = next((h for needle, h in _CONNECT_HINTS if needle in lower), None)
-    return ConnectError(f"cannot connect to {role} {where}: {message}" + (f": {hint.format(role=role)}" if hint else ""))
+    return f": {hint.format(role=role)}" if hint else ""
 
 
 def _user(url: str) -> str:
@@ -111,8 +121,23 @@ def _user(url: str) -> str:
         return "?"
 
 
-# The way out for the usual reasons a connection is refused (matched on libpq's message).
+# The way out for the usual reasons a connection is refused (matched on libpq's message: a refusal before the
+# server has said anything, TLS ones included, comes with no SQLSTATE).
+_TLS_FILES = ("sslrootcert must name a CA file that exists on this host (on Spark executors too: the same path on "
+              "every host, see the README's TLS section)")
+_NO_ENTRY_PLAIN = ("allow this client in the {role} server's pg_hba.conf; if it admits TLS connections only "
+                   "(hostssl), add sslmode=verify-full&sslrootcert=CA-FILE to the {role} URL")
 _CONNECT_HINTS = (
+    ("certificate verify failed", ("the {role} server's certificate is not signed by the CA in sslrootcert "
+                                  "(or PGSSLROOTCERT): point it at the CA file that signed that certificate")),
+    ("does not match host name", ("connect to the {role} server by a name or address its certificate lists "
+                                 "(subject alternative names), or reissue the certificate for this one")),
+    ("root certificate file", _TLS_FILES),
+    # PostgreSQL 12+ ends every pg_hba refusal of a plain connection with ", no encryption"
+    ("no encryption", _NO_ENTRY_PLAIN),
+    ("server does not support ssl", "enable TLS on the {role} server (ssl=on), or lower sslmode in the URL"),
+    ("certificate file", ("sslcert and sslkey must name the client certificate and its key (mode 0600) on "
+                         "this host")),
     ("password authentication failed", "check the {role} user's password (pgpass file, PGPASSWORD or URL)"),
     ("no pg_hba.conf entry", "allow this client in the {role} server's pg_hba.conf"),
     ("connection refused", "is PostgreSQL running and listening on that host and port?"),

@@ -24,7 +24,7 @@ import psycopg2.extras
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
-from .connect import SESSION_OPTIONS, connect_failure, describe, redact
+from .connect import SESSION_OPTIONS, connect_failure, connect_hint, describe, redact
 
 if TYPE_CHECKING:
     from typing import Self
@@ -194,12 +194,14 @@ def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
     if "no password supplied" in text:
         return connect_failure("source", url, text)
     if "pg_hba.conf" in text and "replication" in text:
+        tls = ("; if it admits TLS connections only (hostssl), add sslmode=verify-full&sslrootcert=CA-FILE to the "
+               "source URL" if "no encryption" in text else "")
         return UsageError(
             f"source {where} refuses replication connections: add a `host replication <user> <client address> "
-            f"scram-sha-256` line to pg_hba.conf and reload ({text})"
+            f"scram-sha-256` line to pg_hba.conf and reload{tls} ({text})"
         )
     if "must be superuser or replication role" in text or "permission denied to start WAL sender" in text:
         return UsageError(f"source {where}: the user needs the REPLICATION attribute: ALTER ROLE <user> REPLICATION")
     if "number of requested standby connections exceeds max_wal_senders" in text or "max_wal_senders" in text:
         return UsageError(f"source {where}: max_wal_senders is exhausted: raise it and restart the server ({text})")
-    return RetryableError(f"cannot open a replication connection to {where}: {text}")
+    return RetryableError(f"cannot open a replication connection to {where}: {text}{connect_hint('source', text)}")

@@ -5,7 +5,8 @@
 """
 
 from .client import Stream, stream
+from .security import ClientSecurity, ServerSecurity
 from .server import VStreamServer, VStreamService
 from .source import Heartbeat, capture_name, transactions
 
-__all__ = ["Heartbeat", "Stream", "VStreamServer", "VStreamService", "capture_name", "stream", "transactions"]
+__all__ = ["ClientSecurity", "Heartbeat", "ServerSecurity", "Stream", "VStreamServer", "VStreamService", "capture_name", "stream", "transactions"]

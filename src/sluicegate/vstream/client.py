@@ -41,6 +41,7 @@ from ..errors import SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres.connect import redact
 from . import source
+from .security import ClientSecurity
 
 log = logging.getLogger(__name__)
 Heartbeat = pb.Heartbeat
@@ -66,17 +67,18 @@ def is_source_url(text: str) -> bool:
 def stream(server_or_source: str, client_id: str, position: int = 0, tables: Iterable[str] | None = None,
            threshold: int = 0, streaming: bool = True, heartbeat_seconds: float = 1.0,
            decoding_work_mem: str | None = None, max_backoff: float = 30.0,
-           ack_interval: float = ACK_INTERVAL) -> Stream:
+           ack_interval: float = ACK_INTERVAL, security: ClientSecurity | None = None) -> Stream:
     """Transaction messages and heartbeats for `client_id` from `position` (0: where its slot stands: after
     the client id's last acknowledgement; see the module docstring for `ack()`).
 
     `server_or_source`: HOST:PORT of a VStream server, or a libpq URL to read the source in this process (the
     same stream, without a server). `tables`: keep only these (the publication is made for them on the
     client's first request). `threshold`: transaction_message_threshold in bytes (0: the server's). The
-    `heartbeat_seconds` and `decoding_work_mem` options apply when reading the source directly.
+    `heartbeat_seconds` and `decoding_work_mem` options apply when reading the source directly. `security`:
+    TLS and the client's credentials for a server that wants them.
     """
     return Stream(server_or_source, client_id, position, list(tables or []), threshold, streaming,
-                  heartbeat_seconds, decoding_work_mem, max_backoff, ack_interval)
+                  heartbeat_seconds, decoding_work_mem, max_backoff, ack_interval, security)
 
 
 class Stream:
@@ -85,7 +87,7 @@ class Stream:
 
     def __init__(self, target: str, client_id: str, position: int, tables: list[str], threshold: int,
                  streaming: bool, heartbeat_seconds: float, decoding_work_mem: str | None,
-                 max_backoff: float, ack_interval: float = ACK_INTERVAL):
+                 max_backoff: float, ack_interval: float = ACK_INTERVAL, security: ClientSecurity | None = None):
         if not client_id:
             raise UsageError("a VStream client needs a client id (--client-id): it names its slot")
         self.target, self.client_id, self.position = target, client_id, position
@@ -105,7 +107,9 @@ class Stream:
         self._call = None
         self._open: dict[int, tuple[int, str]] = {}  # transaction id -> (last segment_id, source_id): cut off
         self._direct = is_source_url(target)
-        self._channel = None if self._direct else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        security = security or ClientSecurity()
+        self._metadata = security.metadata
+        self._channel = None if self._direct else security.channel(target, CHANNEL_OPTIONS)
 
     # -- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Event]:
@@ -151,7 +155,7 @@ class Stream:
             return
         request = pb.VStreamRequest(client_id=self.client_id, position=self.position, tables=self.tables,
                                     threshold=self.threshold, streaming=self.streaming)
-        self._call = pb_grpc.VStreamStub(self._channel).Stream(request)
+        self._call = pb_grpc.VStreamStub(self._channel).Stream(request, metadata=self._metadata)
         if self._stop.is_set():  # cancel() came before the call existed
             self._call.cancel()
         for resp in self._call:
@@ -208,7 +212,7 @@ class Stream:
                 raise UsageError(f"VStream client {self.client_id} is closed: acknowledge before close()")
             else:
                 pb_grpc.VStreamStub(self._channel).Ack(pb.VStreamRequest(client_id=self.client_id, position=at),
-                                                       timeout=ACK_TIMEOUT)
+                                                       timeout=ACK_TIMEOUT, metadata=self._metadata)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise UsageError(exc.details() or "") from None
@@ -262,6 +266,8 @@ def _error(target: str, client_id: str, exc: grpc.RpcError) -> SluicegateError:
     code, details = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return UsageError(details)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return UsageError(f"VStream server {target} refused client {client_id}: {code.name}: {details}")
     if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED):
         return TerminalError(details)
     return TerminalError(f"VStream server {target} ended the stream of client {client_id}: "

@@ -39,6 +39,7 @@ from ..errors import SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres.connect import describe, redact
 from . import source
+from .security import ServerSecurity
 
 if TYPE_CHECKING:
     from typing import Self
@@ -183,16 +184,22 @@ def _stopped_status(me: _Active) -> tuple[grpc.StatusCode, str]:
 class VStreamServer:
     """A gRPC server with the VStream service for one source. `port` 0 picks a free one (see `.port`)."""
 
-    def __init__(self, source_url: str, port: int = 0, host: str = "127.0.0.1", **service_options):
+    def __init__(self, source_url: str, port: int = 0, host: str = "127.0.0.1",
+                 security: ServerSecurity | None = None, **service_options):
+        """`security`: TLS and client authentication; required (or its `insecure`) off loopback."""
+        security = security or ServerSecurity()
+        security.check(host)
+        credentials = security.credentials()
         self.service = VStreamService(source_url, **service_options)
         self.source_url = source_url
         self.grpc = grpc.server(ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="vstream"),
-                                maximum_concurrent_rpcs=MAX_STREAMS,
+                                maximum_concurrent_rpcs=MAX_STREAMS, interceptors=security.interceptors(),
                                 options=SERVER_OPTIONS)
         pb_grpc.add_VStreamServicer_to_server(self.service, self.grpc)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self.grpc.add_insecure_port(address)
+            self.port = (self.grpc.add_secure_port(address, credentials) if credentials
+                         else self.grpc.add_insecure_port(address))
         except RuntimeError as exc:
             raise UsageError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
         if not self.port:

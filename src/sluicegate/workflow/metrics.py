@@ -12,6 +12,9 @@ import logging
 import threading
 from collections import Counter
 
+from ..errors import UsageError
+from ..listen import check_listen, read_file
+
 log = logging.getLogger("sluicegate.metrics")
 
 _lock = threading.Lock()
@@ -164,17 +167,39 @@ class WorkflowCollector:
         return streams
 
 
+def check_metrics_listen(addr: str, cert_file: str | None, key_file: str | None, client_ca_file: str | None,
+                         insecure: bool) -> None:
+    if (cert_file is None) != (key_file is None):
+        raise UsageError("--metrics-cert-file and --metrics-key-file go together: the certificate and its key")
+    if client_ca_file and not cert_file:
+        raise UsageError("--metrics-client-ca-file needs TLS: give --metrics-cert-file and --metrics-key-file too")
+    check_listen("the metrics endpoint", addr, tls=cert_file is not None, auth=client_ca_file is not None,
+                 insecure=insecure, tls_flags="--metrics-cert-file and --metrics-key-file",
+                 auth_flags="--metrics-client-ca-file (scrapers' certificates)", insecure_flag="--metrics-insecure")
+
+
 class MetricsServer:
     """/metrics over HTTP on addr:port, in a thread of its own, until `stop`."""
 
-    def __init__(self, target_url: str, name: str, port: int, addr: str = "127.0.0.1"):
+    def __init__(self, target_url: str, name: str, port: int, addr: str = "127.0.0.1", *,
+                 cert_file: str | None = None, key_file: str | None = None, client_ca_file: str | None = None,
+                 insecure: bool = False):
+        """`cert_file`/`key_file`: HTTPS; `client_ca_file`: only scrapers with a certificate it signed. Off
+        loopback both are required, unless `insecure`."""
+        check_metrics_listen(addr, cert_file, key_file, client_ca_file, insecure)
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(WorkflowCollector(target_url, name))
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        for path, flag in ((cert_file, "--metrics-cert-file"), (key_file, "--metrics-key-file"),
+                           (client_ca_file, "--metrics-client-ca-file")):
+            read_file(path, flag)  # a missing file named by its flag, not an ssl traceback
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry,
+                                                       certfile=cert_file, keyfile=key_file,
+                                                       client_cafile=client_ca_file,
+                                                       client_auth_required=client_ca_file is not None)
         self.port = self._server.server_port
-        log.info("serving metrics at http://%s:%d/metrics", addr, self.port)
+        log.info("serving metrics at %s://%s:%d/metrics", "https" if cert_file else "http", addr, self.port)
 
     def stop(self) -> None:
         self._server.shutdown()
