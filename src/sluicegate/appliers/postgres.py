@@ -267,6 +267,17 @@ class PostgresApplier:
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
             self.staged.discard(t.index)
 
+    def forget_plan(self, source: tuple[str, str]) -> None:
+        """A statement changed the target table (ddl/replay.py): its plan and staging table are made again
+        (its columns, indexes and constraints may differ now). Nothing of it may be staged."""
+        t = self.by_name.get(source)
+        if t is None:
+            return
+        t._plan = None
+        if t.index in self.staged:
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"sg_stage_{t.index}")))
+            self.staged.discard(t.index)
+
     def change(self, ch: Change) -> None:
         t = self._target(ch.relation)
         if t is None:

@@ -157,6 +157,13 @@ COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None,
               click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")]
 
 
+ON_DDL = click.option(
+    "--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), default=None,
+    help="What the stream does with a DDL statement captured on the source (`sluicegate ddl install`) on a moved "
+         "table: stop (default: Error naming it; an added column follows), ignore, exec (apply it on the target "
+         "in place), exec-ignore (apply; pass it over if it fails).")
+
+
 def _options(cycle_rows, chunk_rows) -> dict:
     return {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
 
@@ -196,9 +203,11 @@ def _rule_options(fn):
 @click.option("--commit-every", default=None, metavar="DURATION",
               help="A Delta target: the least time between two commits of changes (default 30s; 0: as they "
                    "come). Each commit rewrites the files it touches: fewer commits, fewer old files.")
+@ON_DDL
 @friendly
 def movetables_create(name, source, target, tables, schemas, exclude_tables, rules, rules_file, udfs, cycle_rows,
-                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention, commit_every):
+                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention, commit_every,
+                      on_ddl):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
                 "vacuum_retention": vacuum_retention, "commit_every": commit_every}
@@ -221,7 +230,8 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
-    options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {})
+    options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {}) | \
+        ({"on_ddl": on_ddl} if on_ddl else {})
     notes: list[str] = []
     created = create_movetables(name, source, target, _table_names(tables, schemas), _all_rules(rules, rules_file),
                                 options, parse_udfs(list(udfs)), _excluded(exclude_tables), notes=notes)
@@ -683,6 +693,26 @@ def workflow_start(name, target):
     click.echo(f"workflow {name}: started; run it with: sluicegate workflow run {shlex.quote(name)}")
 
 
+@workflow.command("set")
+@click.argument("name")
+@TARGET
+@click.option("--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), required=True,
+              help="The workflow's DDL mode (see `movetables create --on-ddl`); the next statement the stream "
+                   "meets follows it, without restarting `workflow run`.")
+@friendly
+def workflow_set(name, target, on_ddl):
+    """Change a setting of an existing workflow."""
+    from ..ddl import modes
+    from ..postgres.connect import connect
+    from ..workflow import state as st
+
+    with connect(target, role="target") as conn:
+        if not st.has_schema(conn) or not modes.set_mode(conn, name, on_ddl):
+            _fail(f"no workflow {name} on this target")
+        conn.commit()
+    click.echo(f"workflow {name}: on-ddl {on_ddl}")
+
+
 @workflow.command("delete")
 @click.argument("name")
 @TARGET
@@ -870,6 +900,7 @@ def demo(rows, keep, workdir):
 
 # Groups in modules of their own (they look up `friendly` here when a command runs).
 from .check import check_group
+from .ddl import ddl_group
 from .lake import lake_group
 from .log import log_group
 from .replicate import replicate_group
@@ -884,6 +915,7 @@ materialize.add_command(kind_cancel_command("Materialize", "its slot and publica
 reshard.add_command(kind_cancel_command("Reshard", "every source shard's slot and publication, every target "
                                                    "shard's state"))
 
+cli.add_command(ddl_group)
 cli.add_command(lake_group)
 cli.add_command(log_group)
 cli.add_command(replicate_group)

@@ -23,6 +23,7 @@ from .pgoutput import (
     DecodeError,
     Delete,
     Insert,
+    LogicalMessage,
     Origin,
     Relation,
     StreamAbort,
@@ -55,7 +56,7 @@ class TruncateChange:
     xid: int = 0
 
 
-Event = (Begin | Commit | Origin | Change | TruncateChange | StreamStart | StreamStop | StreamCommit
+Event = (Begin | Commit | Origin | LogicalMessage | Change | TruncateChange | StreamStart | StreamStop | StreamCommit
          | StreamAbort)
 
 
@@ -70,11 +71,13 @@ class Framing:
 
 
 def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, rows=None,
-             origins: bool = False) -> Iterator[Event]:
+             origins: bool = False, messages: str | None = None) -> Iterator[Event]:
     """(lsn, pgoutput bytes) -> events; `framing` carries what a reader learnt across calls. `rows`: a fast
     lane for the row changes of ordinary transactions (PostgresApplier.row_sink): each is offered to it
     first, and one it takes (stages in the applier) is not yielded. `origins`: yield the Origin message of a
-    transaction (right after its Begin, before its rows) that a replication origin wrote."""
+    transaction (right after its Begin, before its rows) that a replication origin wrote. `messages`: yield the
+    transactional logical messages with this prefix, at their place among their transaction's rows (the DDL
+    capture's, ddl/capture.py); others, and those outside a transaction, carry nothing for an applier."""
     framing = framing if framing is not None else Framing()
     rels = framing.relations
     begin: Begin | None = None
@@ -148,9 +151,10 @@ def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, r
             if begin is None:
                 raise DecodeError(f"truncate at {lsn} outside a transaction")
             yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn, msg.options)
-        elif isinstance(msg, Origin) and origins and begin is not None:
+        elif begin is not None and ((isinstance(msg, Origin) and origins) or (
+                isinstance(msg, LogicalMessage) and msg.flags & 1 and msg.prefix == messages)):
             yield msg
-        # Origin (unless asked for), Type and logical messages carry nothing a table applier needs.
+        # Origin and logical messages unless asked for, and Type messages, carry nothing a table applier needs.
     if begin is not None:
         raise DecodeError(f"transaction {begin.xid} was cut off before its Commit")
 

@@ -40,13 +40,14 @@ class ChangeStream:
     """pgoutput messages of `slot` for `publication`, from `start` on. Use as a context manager."""
 
     def __init__(self, url: str, slot: str, publication: str, start: int, streaming: bool = False,
-                 decoding_work_mem: str | None = None, skip_origins: bool = False):
+                 decoding_work_mem: str | None = None, skip_origins: bool = False, messages: bool = False):
         """`streaming`: pgoutput protocol 2 with in-progress transactions sent before their commit, in
         blocks (Stream Start … Stream Stop) closed by Stream Commit or Stream Abort; read them with an
         assembler Framing. A transaction is streamed once the walsender holds more than
         `decoding_work_mem` (logical_decoding_work_mem, e.g. '64kB'; default: the server's) of changes.
         `skip_origins`: the server leaves out transactions that a replication origin wrote (pgoutput's
-        `origin 'none'`, PostgreSQL 16+; on 14/15 the reader skips them by their Origin message)."""
+        `origin 'none'`, PostgreSQL 16+; on 14/15 the reader skips them by their Origin message).
+        `messages`: pgoutput also sends logical messages (pg_logical_emit_message; the DDL capture's)."""
         self.url, self.slot, self.publication = url, slot, publication
         self.confirmed = start
         self.in_transaction = False
@@ -70,7 +71,8 @@ class ChangeStream:
             self.cur.start_replication(
                 slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=NO_STATUS_FEEDBACK,
                 options={"proto_version": "2" if streaming else "1", "publication_names": publication,
-                         **({"streaming": "on"} if streaming else {}), **origin},
+                         **({"streaming": "on"} if streaming else {}), **origin,
+                         **({"messages": "true"} if messages else {})},
             )
         except psycopg2.errors.ObjectInUse:
             self.close()

@@ -18,13 +18,15 @@ from dataclasses import dataclass, replace
 
 from ..appliers.lww_applier import LwwApplier
 from ..appliers.postgres import PostgresApplier, TargetTable
+from ..ddl.message import PREFIX as DDL_PREFIX
+from ..ddl.replay import DdlReplay
 from ..errors import RetryableError, TerminalError
 from ..position import format_lsn
 from ..postgres import capture, durable, origins
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table, quote_name
 from ..postgres.connect import connect
-from ..postgres.pgoutput import Begin, Commit, Origin
+from ..postgres.pgoutput import Begin, Commit, LogicalMessage, Origin
 from ..postgres.replication import ChangeStream
 from ..vdiff import store as vdiff_store
 from . import state as st
@@ -119,8 +121,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         vdiff_tables = False
         counting = st.counts_applied(dst)
         try:
+            # Logical messages carry the DDL capture's statements (ddl/); active-active leaves them out for now.
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position,
-                                  skip_origins=task.skip_origins)
+                                  skip_origins=task.skip_origins, messages=not task.clusters[0])
         except RetryableError:
             # Gone? Say so.
             capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
@@ -274,8 +277,9 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         applier = RuleReplicator(applier, ruled)
     else:  # rows through no rule: most go from their message bytes straight into the applier
         rows = base.row_sink(framing)
+    ddl = DdlReplay(dst, task.target_url, task.workflow, task.stream_id, base, renamed=set(ruled))
     try:
-        return _play_batch(task, stream, applier, framing, position, flushed, base, rows)
+        return _play_batch(task, stream, applier, framing, position, flushed, base, rows, ddl)
     except BaseException:
         base.abandon()  # nothing may still be writing when the caller rolls back
         raise
@@ -303,7 +307,7 @@ def check_placed(src, dst, task: PlayTask, rel) -> None:
 
 
 def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing, position: int, flushed: int,
-                base, rows=None) -> _Batch:
+                base, rows=None, ddl: DdlReplay | None = None) -> _Batch:
     batch = _Batch(position)
     skipping = False
     last_end = None
@@ -313,7 +317,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
     try:
-        for ev in assemble(raw, framing, rows, origins=task.skip_origins):
+        for ev in assemble(raw, framing, rows, origins=task.skip_origins,
+                           messages=DDL_PREFIX if ddl is not None else None):
             if isinstance(ev, Change):
                 if not skipping:
                     applier.change(ev)
@@ -343,6 +348,9 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 fault_point(f"{task.until}.mid_batch")
             elif isinstance(ev, TruncateChange) and not skipping:
                 applier.truncate(ev.relations)
+            elif isinstance(ev, LogicalMessage) and not skipping:  # a captured DDL statement, in its place
+                applier.flush()
+                ddl.met(ev)
     except SchemaStop as exc:
         exc.before = meeting  # everything before this transaction may still be applied
         raise

@@ -1,0 +1,172 @@
+"""A captured DDL statement met by the player, handled as the workflow's `--on-ddl` mode says.
+
+The player calls `DdlReplay.met` with each 'sluicegate.ddl' message of a transaction it applies, at its place
+among that transaction's rows, in the batch's open target transaction. Statements on objects that are not
+tables the stream moves are passed over (logged), in every mode.
+
+- stop: the stream stops in Error before the transaction that ran the statement (everything before it is
+  applied), naming the statement; the position is recorded so that, once the statement is applied by hand and
+  the workflow started again, the stream passes it. An ALTER TABLE that only adds columns is not stopped for:
+  added columns follow from the Relation messages, as without capture.
+- ignore: passed over. Rows after it come in the new shape and meet the Relation handling of
+  workflow/schema_changes.py: added columns follow, anything else stops the stream there unless the target
+  table already matches.
+- exec: rows staged before it are written first (old shape), then the statement runs on the target in the same
+  transaction, then rows after it (new shape), so shape, rows and position commit together. A failure stops
+  the stream in Error before that transaction; a statement that cannot be replayed (statement.py) too.
+- exec-ignore: as exec, but a statement that fails (or cannot be replayed) is logged, noted in the stream's
+  message, and passed over.
+
+Whether a failure is the statement's own or a passing fault (a lock wait, a lost connection, which are
+retried with the batch) is decided by its SQLSTATE (errors.is_retryable), never by its text.
+
+CREATE/DROP INDEX CONCURRENTLY runs without CONCURRENTLY on the target, inside the batch's transaction: a
+concurrent build cannot run in a transaction block, and running it after the commit would leave a window in
+which the stream's position says the index is there when it is not (a crash there loses it). The build
+blocks writes to that target table while it runs; the only writer of a MoveTables target before cutover is
+this applier, which waits for it anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+from ..errors import is_retryable
+from ..position import format_lsn
+from ..postgres import locks
+from ..postgres.connect import connect, first_line
+from ..postgres.pgoutput import LogicalMessage
+from ..workflow import state as st
+from ..workflow.schema_changes import SchemaStop
+from . import modes
+from .message import BadDdlMessage, DdlMessage, parse
+from .statement import NotReplayable, Statement, read, without_concurrently
+
+log = logging.getLogger("sluicegate")
+
+
+class DdlReplay:
+    def __init__(self, dst: psycopg.Connection, target_url: str, workflow: str, stream_id: int, applier,
+                 renamed: set[tuple[str, str]] = frozenset()):
+        """`applier`: the batch's PostgresApplier (its rows are written before a statement runs, and it
+        forgets a table's plan after one). `renamed`: source tables the target writes under another name
+        (rules): statements on them are not replayed."""
+        self.dst, self.target_url, self.workflow, self.stream_id = dst, target_url, workflow, stream_id
+        self.applier, self.renamed = applier, set(renamed)
+        self.notes: list[str] = []  # statements exec-ignore passed over in this batch: the stream's message
+
+    # -- the player's entry -------------------------------------------------------------------------------
+    def met(self, msg: LogicalMessage) -> None:
+        try:
+            ddl = parse(msg.content, msg.lsn)
+        except BadDdlMessage as exc:
+            raise SchemaStop(f"{exc}; or remove the capture (`sluicegate ddl remove`)") from None
+        tables = self._moved(ddl)
+        if not tables:
+            log.debug("DDL at %s (%s) touches no table workflow %s moves: passed over",
+                      format_lsn(ddl.lsn), ddl.tag, self.workflow)
+            return
+        mode = modes.current(self.dst, self.workflow)
+        names = ", ".join(f"{s}.{n}" for s, n in sorted(tables))
+        if mode == modes.IGNORE:
+            log.info("on-ddl ignore: passed over %s at %s on %s", ddl.tag, format_lsn(ddl.lsn), names)
+            return
+        if mode == modes.STOP:
+            self._stop(ddl, names)
+            return
+        self._exec(ddl, tables, names, ignore_failure=(mode == modes.EXEC_IGNORE))
+
+    # -- which moved tables it touches ---------------------------------------------------------------------
+    def _moved(self, ddl: DdlMessage) -> set[tuple[str, str]]:
+        moved = set(self.applier.by_name)  # (schema, name) of the source tables
+        found = {t for t in ddl.tables() if t in moved}
+        for o in ddl.objects:
+            if o.table is None and o.object_type == "index" and o.schema and o.name:
+                # a dropped index: the source's catalog no longer says whose it was; the target's does
+                row = self.dst.execute(
+                    """SELECT n.nspname, c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+                       JOIN pg_namespace n ON n.oid = c.relnamespace
+                       WHERE i.indexrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))""",
+                    (o.schema, o.name)).fetchone()
+                if row is not None and tuple(row) in moved:
+                    found.add(tuple(row))
+        return found
+
+    # -- stop ------------------------------------------------------------------------------------------------
+    def _stop(self, ddl: DdlMessage, names: str) -> None:
+        at = format_lsn(ddl.lsn)
+        try:
+            if read(ddl.statement, ddl.tag).adds_columns_only:
+                return  # added columns follow (schema_changes.py), as without capture
+        except NotReplayable:
+            pass
+        if modes.passed(self.dst, self.workflow, self.stream_id) == at:
+            log.info("on-ddl stop: %s at %s was applied by hand: passed over", ddl.tag, at)
+            return
+        with connect(self.target_url, role="target", autocommit=True) as own:  # outlives the batch's rollback
+            modes.record_stop(own, self.workflow, self.stream_id, at)
+        raise SchemaStop(
+            f"a schema change of {names} at {at} (--on-ddl stop): {_quoted(ddl.statement)}; apply it on the "
+            f"target by hand, then `sluicegate workflow start {self.workflow}` and `workflow run` (the stream "
+            f"passes this statement then); or `sluicegate workflow set {self.workflow} --on-ddl exec` "
+            f"(or ignore), then `workflow start`")
+
+    # -- exec, exec-ignore -----------------------------------------------------------------------------------
+    def _exec(self, ddl: DdlMessage, tables: set[tuple[str, str]], names: str, ignore_failure: bool) -> None:
+        at = format_lsn(ddl.lsn)
+        try:
+            stmt = self._replayable(ddl, tables)
+        except NotReplayable as exc:
+            self._failed(ddl, names, f"it cannot be replayed: {exc}", None, ignore_failure)
+            return
+        text = without_concurrently(stmt.text) if stmt.concurrently else stmt.text
+        self.applier.sync()  # rows before it are written in the old shape
+        idents = [sql.Identifier(*t).as_string(self.dst) for t in sorted(tables)]
+        try:
+            with locks.guard(self.dst, f"applying {ddl.tag} at {at} to {names}", idents):
+                if ddl.search_path:
+                    self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
+                self.dst.execute(text)  # no parameters: the text goes as the source ran it
+        except psycopg.Error as exc:
+            if is_retryable(exc):
+                raise
+            self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
+                         getattr(exc, "sqlstate", None), ignore_failure)
+            return
+        for t in tables:
+            self.applier.forget_plan(t)
+        log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, at, names)
+
+    def _replayable(self, ddl: DdlMessage, tables: set[tuple[str, str]]) -> Statement:
+        renamed = sorted(f"{s}.{n}" for s, n in tables & self.renamed)
+        if renamed:
+            raise NotReplayable(f"the target writes {', '.join(renamed)} under other names (a rule), and "
+                                f"statements are not rewritten yet")
+        stmt = read(ddl.statement, ddl.tag)
+        if stmt.kind == "other":
+            raise NotReplayable(f"{ddl.tag} is not replayed (ALTER TABLE and CREATE/DROP INDEX are)")
+        return stmt
+
+    def _failed(self, ddl: DdlMessage, names: str, why: str, sqlstate: str | None, ignore: bool) -> None:
+        at = format_lsn(ddl.lsn)
+        state = f" (SQLSTATE {sqlstate})" if sqlstate else ""
+        if ignore:
+            note = f"on-ddl exec-ignore: passed over {ddl.tag} at {at} on {names}{state}: {why}"
+            log.warning("%s; statement: %s", note, ddl.statement)
+            self.notes.append(note)
+            st.set_message(self.dst, self.stream_id, "; ".join(self.notes))
+            return
+        raise SchemaStop(
+            f"a schema change of {names} at {at} (--on-ddl exec): {_quoted(ddl.statement)}; {why}{state}. "
+            f"Make target table(s) {names} match the source by hand, then `sluicegate workflow set "
+            f"{self.workflow} --on-ddl ignore` for this statement (or stop) and `sluicegate workflow start "
+            f"{self.workflow}`; or re-create the workflow", sqlstate)
+
+
+def _quoted(statement: str, limit: int = 300) -> str:
+    one = " ".join(statement.split())
+    return repr(one if len(one) <= limit else one[:limit] + "…")
+

@@ -1,0 +1,202 @@
+"""What a captured statement is, read from its text with PostgreSQL's lexical rules (pure, no server).
+
+`current_query()` is the whole query string the client sent, which may hold several statements ("ALTER …;
+UPDATE …;" in one simple query), or a call that ran the DDL inside a function (a DO block, a migration
+procedure). Replaying such a string would run the rest of it again. So a string is replayed only when it is
+provably one statement and that statement is the captured command itself: split at top-level semicolons the
+way PostgreSQL's lexer sees them (quotes, E'' escapes, quoted identifiers, dollar quotes, nested comments),
+and its first words must be the command tag the trigger saw. Anything else is not replayed (Error under
+`exec`), never guessed at. Splitting is all the lexer does; the target's parser reads the statement itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DOLLAR = re.compile(r"\$([A-Za-z_\x80-\uffff][A-Za-z_0-9\x80-\uffff]*)?\$")
+_WORD = re.compile(r"[A-Za-z_\x80-\uffff][A-Za-z_0-9$\x80-\uffff]*")
+
+
+class Unreadable(ValueError):
+    """The text ends inside a quote or comment: not something to replay."""
+
+
+def tokens(text: str):
+    """(kind, start, end) of each lexical token that matters here: 'word', 'quoted' (an identifier),
+    'string', ';', ',', '(', ')', '.', 'other'. Comments and white space are skipped."""
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+        elif text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif text.startswith("/*", i):
+            depth, j = 1, i + 2
+            while depth:
+                if j >= n:
+                    raise Unreadable("a comment is not closed")
+                if text.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif text.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            i = j
+        elif ch in "'" or (ch in "eE" and text.startswith("'", i + 1)):
+            escapes = ch != "'"
+            j = i + (2 if escapes else 1)
+            while True:
+                if j >= n:
+                    raise Unreadable("a string is not closed")
+                if escapes and text[j] == "\\":
+                    j += 2
+                elif text[j] == "'":
+                    if text.startswith("'", j + 1):
+                        j += 2
+                    else:
+                        break
+                else:
+                    j += 1
+            yield "string", i, j + 1
+            i = j + 1
+        elif ch == '"':
+            j = i + 1
+            while True:
+                j = text.find('"', j)
+                if j < 0:
+                    raise Unreadable("a quoted identifier is not closed")
+                if text.startswith('"', j + 1):
+                    j += 2
+                else:
+                    break
+            yield "quoted", i, j + 1
+            i = j + 1
+        elif ch == "$" and (m := _DOLLAR.match(text, i)):
+            end = text.find(m.group(0), m.end())
+            if end < 0:
+                raise Unreadable("a dollar-quoted string is not closed")
+            yield "string", i, end + len(m.group(0))
+            i = end + len(m.group(0))
+        elif m := _WORD.match(text, i):
+            yield "word", i, m.end()
+            i = m.end()
+        elif ch in ";,().":
+            yield ch, i, i + 1
+            i += 1
+        else:
+            yield "other", i, i + 1
+            i += 1
+
+
+def statements(text: str) -> list[str]:
+    """The statements of a query string (text between top-level semicolons that holds a token)."""
+    out, start, seen = [], 0, False
+    for kind, s, e in tokens(text):
+        if kind == ";":
+            if seen:
+                out.append(text[start:s].strip())
+            start, seen = e, False
+        else:
+            if not seen:
+                start = s
+            seen = True
+    if seen:
+        out.append(text[start:].strip())
+    return out
+
+
+def words(text: str, n: int | None = None) -> list[str]:
+    """The statement's leading unquoted words, upper-cased, up to the first other token."""
+    out = []
+    for kind, s, e in tokens(text):
+        if kind != "word" or (n is not None and len(out) >= n):
+            break
+        out.append(text[s:e].upper())
+    return out
+
+
+@dataclass(frozen=True)
+class Statement:
+    text: str  # the one statement, as the source ran it
+    kind: str  # 'alter table', 'create index', 'drop index' (what exec replays) or 'other'
+    adds_columns_only: bool = False  # ALTER TABLE whose every action is ADD [COLUMN]: what follows anyway
+    concurrently: bool = False  # CREATE/DROP INDEX CONCURRENTLY
+
+
+class NotReplayable(ValueError):
+    """The captured text is not one statement that is the captured command."""
+
+
+def read(query: str, tag: str) -> Statement:
+    """The one statement of `query` that ran the command `tag`, classified; NotReplayable otherwise."""
+    try:
+        found = statements(query)
+    except Unreadable as exc:
+        raise NotReplayable(f"its text cannot be read ({exc})") from None
+    if len(found) != 1:
+        raise NotReplayable(f"the query string the client sent holds {len(found)} statements, and Sluicegate "
+                            f"replays only a string that is one statement")
+    text = found[0]
+    head = words(text, 5)
+    tag_words = tag.upper().split()
+    # CREATE [UNIQUE] INDEX: the tag has no UNIQUE
+    compared = [w for w in head if w != "UNIQUE"] if tag_words == ["CREATE", "INDEX"] else head
+    if compared[:len(tag_words)] != tag_words:
+        raise NotReplayable(f"the query string ({' '.join(head[:3]) or 'no command'} …) is not the {tag} "
+                            f"statement itself (it ran the command inside a function or block)")
+    if tag_words == ["ALTER", "TABLE"]:
+        return Statement(text, "alter table", adds_columns_only=_adds_columns_only(text))
+    if tag_words in (["CREATE", "INDEX"], ["DROP", "INDEX"]):
+        return Statement(text, " ".join(tag_words).lower(), concurrently="CONCURRENTLY" in head)
+    return Statement(text, "other")
+
+
+def _adds_columns_only(text: str) -> bool:
+    """ALTER TABLE [IF EXISTS] [ONLY] name [*] ADD [COLUMN] …, ADD [COLUMN] …: every action (split at
+    top-level commas) adds a column. False when unsure."""
+    toks = list(tokens(text))
+    actions, depth, current = [], 0, []
+    i = 2  # past ALTER TABLE
+    word = lambda t: text[t[1]:t[2]].upper() if t[0] == "word" else None
+    while i < len(toks) and word(toks[i]) in ("IF", "EXISTS", "ONLY"):
+        i += 1
+    # the name: identifiers separated by dots, then an optional *
+    i += 1
+    while i + 1 < len(toks) and toks[i][0] == ".":
+        i += 2
+    if i < len(toks) and text[toks[i][1]:toks[i][2]] == "*":
+        i += 1
+    for t in toks[i:]:
+        if t[0] == "(":
+            depth += 1
+        elif t[0] == ")":
+            depth -= 1
+        if t[0] == "," and depth == 0:
+            actions.append(current)
+            current = []
+        else:
+            current.append(t)
+    actions.append(current)
+    for action in actions:
+        first = [word(t) for t in action[:2]]
+        if not first or first[0] != "ADD":
+            return False
+        # ADD "Col" type: a column named by a quoted identifier (not a word, yet no constraint)
+        if (first[1:] and first[1] in ("CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN", "EXCLUDE", None)
+                and action[1][0] != "quoted"):
+            return False
+    return True
+
+
+def without_concurrently(text: str) -> str:
+    """The statement with its CONCURRENTLY keyword removed (it leads the statement: CREATE [UNIQUE] INDEX
+    CONCURRENTLY …, DROP INDEX CONCURRENTLY …)."""
+    for kind, s, e in tokens(text):
+        if kind != "word":
+            break
+        if text[s:e].upper() == "CONCURRENTLY":
+            return text[:s] + text[e:].lstrip()
+    return text

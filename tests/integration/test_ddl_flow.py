@@ -1,0 +1,201 @@
+"""Schema changes captured on the source (`sluicegate ddl install`) and replayed in the stream as the
+workflow's --on-ddl says (ddl/), on real PostgreSQL and real local Spark: a migration under live writes with
+exec ends with the target table's schema and rows equal to the source's; stop, ignore and exec-ignore each
+do what the README says with a statement the target cannot run."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+
+import psycopg
+import pytest
+
+from sluicegate.workflow.create import create_movetables
+
+from ..conftest import EngineThread, wait_for
+from .helpers import assert_same, caught_up, stream_row
+from .test_schema_changes import columns, start_workflow
+
+pytestmark = pytest.mark.spark
+
+ROWS = 2000
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sluicegate.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+class Writes(threading.Thread):
+    """Updates, inserts and deletes of `items` by id and qty only (columns the migration keeps), committed
+    continuously while the migration runs."""
+
+    def __init__(self, url: str, next_id: int):
+        super().__init__(daemon=True)
+        self.url, self.next_id, self.rng = url, next_id, random.Random(11)
+        self.stop_event, self.commits, self.error = threading.Event(), 0, None
+
+    def run(self):
+        try:
+            with psycopg.connect(self.url) as c:
+                while not self.stop_event.is_set():
+                    for _ in range(self.rng.randint(1, 3)):
+                        op, k = self.rng.random(), self.rng.randint(1, self.next_id)
+                        if op < 0.6:
+                            c.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (k,))
+                        elif op < 0.9:
+                            c.execute("INSERT INTO items (id, qty) VALUES (%s, 1)", (self.next_id,))
+                            self.next_id += 1
+                        else:
+                            c.execute("DELETE FROM items WHERE id = %s", (k,))
+                    c.commit()
+                    self.commits += 1
+                    self.stop_event.wait(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def finish(self):
+        self.stop_event.set()
+        self.join(timeout=30)
+        assert self.error is None, self.error
+        assert self.commits > 0
+
+
+def load(pair, rows: int = ROWS) -> None:
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, name text, legacy text)")
+    pair.src("INSERT INTO items SELECT g, g %% 7, 'item ' || g, 'old' FROM generate_series(1, %s) g", (rows,))
+
+
+def install(pair) -> None:
+    out = cli("ddl", "install", "--source", pair.source)
+    assert out.returncode == 0, out.stderr
+
+
+def indexes(url: str) -> list[str]:
+    with psycopg.connect(url) as c:
+        return [r[0] for r in c.execute(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'items'::regclass ORDER BY 1")]
+
+
+def constraints(url: str) -> list[tuple]:
+    with psycopg.connect(url) as c:
+        return c.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                         "WHERE conrelid = 'items'::regclass ORDER BY 1").fetchall()
+
+
+def settled(pair, workflow: str):
+    wait_for(lambda: caught_up(pair, workflow), what="caught up", describe=lambda: stream_row(pair, workflow))
+
+
+def test_migration_under_writes_with_exec(pair, spark):
+    load(pair)
+    install(pair)
+    create_movetables("mig", pair.source, pair.target, ["items"], [], {"on_ddl": "exec"})
+    with EngineThread(spark, pair.target, "mig"):
+        wait_for(lambda: stream_row(pair, "mig")["state"] == "Running", what="Running")
+        writes = Writes(pair.source, ROWS + 1)
+        writes.start()
+        wait_for(lambda: writes.commits > 10, what="writes")
+        with psycopg.connect(pair.source) as c:  # rows before and after a statement in one transaction
+            c.execute("INSERT INTO items (id, qty) VALUES (100001, 1)")
+            c.execute("ALTER TABLE items ADD COLUMN extra int DEFAULT 5")
+            c.execute("INSERT INTO items (id, qty, extra) VALUES (100002, 2, 7)")
+            c.execute("UPDATE items SET extra = 9 WHERE id = 100001")
+        pair.src("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
+        for lo in range(1, ROWS + 1, 500):  # backfill in batches, one transaction each
+            pair.src("UPDATE items SET status = 'n' || (id %% 3) WHERE id BETWEEN %s AND %s", (lo, lo + 499))
+        pair.src("UPDATE items SET status = 'late' WHERE status IS NULL")
+        pair.src("ALTER TABLE items ALTER COLUMN status SET NOT NULL")
+        pair.src("CREATE INDEX CONCURRENTLY items_status ON items (status)")
+        pair.src("ALTER TABLE items RENAME COLUMN name TO title")
+        pair.src("ALTER TABLE items ALTER COLUMN qty TYPE bigint USING qty::bigint * 10")
+        pair.src("ALTER TABLE items ADD CONSTRAINT qty_nonneg CHECK (qty >= 0)")
+        pair.src("ALTER TABLE items ALTER COLUMN extra DROP DEFAULT")
+        pair.src("ALTER TABLE items DROP COLUMN legacy")
+        wait_for(lambda: writes.commits > 60, what="writes after the migration")
+        writes.finish()
+        settled(pair, "mig")
+        assert stream_row(pair, "mig")["state"] == "Running", stream_row(pair, "mig")
+        assert columns(pair.target) == columns(pair.source)
+        assert [c[0] for c in columns(pair.target)] == ["id", "qty", "title", "extra", "status"]
+        assert indexes(pair.target) == indexes(pair.source)
+        assert constraints(pair.target) == constraints(pair.source)
+        assert assert_same(pair, "public.items", ["id"]) > ROWS
+        assert pair.dst("SELECT extra FROM items WHERE id IN (100001, 100002) ORDER BY id") == [(9,), (7,)]
+    vdiff = cli("vdiff", "mig", "--target", pair.target)
+    assert vdiff.returncode == 0, vdiff.stdout + vdiff.stderr
+
+
+def test_stop_names_the_statement_then_by_hand_and_start(pair, spark):
+    load(pair)
+    install(pair)
+    create_movetables("halt", pair.source, pair.target, ["items"], [], {})  # the default: stop
+    with EngineThread(spark, pair.target, "halt"):
+        wait_for(lambda: stream_row(pair, "halt")["state"] == "Running", what="Running")
+        pair.src("ALTER TABLE items ADD COLUMN note text")  # an added column follows under stop
+        pair.src("UPDATE items SET note = 'n', qty = 100 WHERE id <= 10")
+        statement = "ALTER TABLE items ADD CONSTRAINT qty_small CHECK (qty < 1000)"
+        pair.src(statement)
+        pair.src("UPDATE items SET qty = 200 WHERE id <= 10")
+        wait_for(lambda: stream_row(pair, "halt")["state"] == "Error", what="Error")
+    message = stream_row(pair, "halt")["message"]
+    assert statement in message and "--on-ddl stop" in message and "by hand" in message, message
+    # what came before the statement's transaction is applied, nothing after it
+    assert pair.dst("SELECT DISTINCT qty, note FROM items WHERE id <= 10") == [(100, "n")]
+    assert constraints(pair.target) == [("items_pkey", "PRIMARY KEY (id)")]
+    pair.dst(statement)  # the way out: by hand, then start
+    start_workflow(pair, "halt")
+    with EngineThread(spark, pair.target, "halt"):
+        settled(pair, "halt")
+    assert constraints(pair.target) == constraints(pair.source)
+    assert assert_same(pair, "public.items", ["id"]) == ROWS
+
+
+def test_ignore_passes_statements_over_and_relation_handling_stays(pair, spark):
+    load(pair)
+    install(pair)
+    create_movetables("skip", pair.source, pair.target, ["items"], [], {"on_ddl": "exec"})
+    out = cli("workflow", "set", "skip", "--on-ddl", "ignore", "--target", pair.target)
+    assert out.returncode == 0, out.stderr
+    with EngineThread(spark, pair.target, "skip"):
+        wait_for(lambda: stream_row(pair, "skip")["state"] == "Running", what="Running")
+        pair.src("CREATE INDEX items_qty ON items (qty)")
+        pair.src("UPDATE items SET qty = 50 WHERE id <= 5")
+        settled(pair, "skip")
+        assert indexes(pair.target) == ["CREATE UNIQUE INDEX items_pkey ON public.items USING btree (id)"]
+        assert assert_same(pair, "public.items", ["id"]) == ROWS
+        # a rename, ignored, meets the Relation handling: it stops the stream naming it
+        pair.src("ALTER TABLE items RENAME COLUMN name TO title")
+        pair.src("UPDATE items SET qty = 60 WHERE id <= 5")
+        wait_for(lambda: stream_row(pair, "skip")["state"] == "Error", what="Error")
+    assert "renamed to title" in stream_row(pair, "skip")["message"]
+
+
+def test_exec_ignore_goes_on_past_a_failing_statement_and_exec_stops(pair, spark):
+    load(pair)
+    install(pair)
+    create_movetables("onward", pair.source, pair.target, ["items"], [], {"on_ddl": "exec-ignore"})
+    pair.dst("CREATE TABLE items_qty (x int)")  # takes the name of the index the source will build
+    with EngineThread(spark, pair.target, "onward"):
+        wait_for(lambda: stream_row(pair, "onward")["state"] == "Running", what="Running")
+        pair.src("CREATE INDEX items_qty ON items (qty)")
+        pair.src("UPDATE items SET qty = 70 WHERE id <= 5")
+        settled(pair, "onward")
+        row = stream_row(pair, "onward")
+        assert row["state"] == "Running" and "exec-ignore" in row["message"] and "42P07" in row["message"], row
+        assert assert_same(pair, "public.items", ["id"]) == ROWS
+        assert not any("items_qty" in i for i in indexes(pair.target))
+        # under exec the same kind of failure stops the stream, before the statement's transaction
+        out = cli("workflow", "set", "onward", "--on-ddl", "exec", "--target", pair.target)
+        assert out.returncode == 0, out.stderr
+        pair.dst("CREATE TABLE items_name (x int)")
+        pair.src("UPDATE items SET qty = 80 WHERE id <= 5")
+        pair.src("CREATE INDEX items_name ON items (name)")
+        pair.src("UPDATE items SET qty = 90 WHERE id <= 5")
+        wait_for(lambda: stream_row(pair, "onward")["state"] == "Error", what="Error")
+    row = stream_row(pair, "onward")
+    assert "CREATE INDEX items_name" in row["message"] and "42P07" in row["message"], row
+    assert pair.dst("SELECT DISTINCT qty FROM items WHERE id <= 5") == [(80,)]

@@ -1,0 +1,99 @@
+"""The DDL capture's pure parts: the message's JSON, the statement's text (one statement? which command?),
+and the assembler handing logical messages over in their place. No server."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from sluicegate.ddl.message import BadDdlMessage, parse
+from sluicegate.ddl.statement import NotReplayable, read, statements, without_concurrently
+from sluicegate.postgres.assembler import assemble
+from sluicegate.postgres.pgoutput import LogicalMessage
+
+
+def _doc(**over):
+    doc = {"format": 1, "event": "ddl_command_end", "tag": "ALTER TABLE", "statement": "ALTER TABLE t ADD x int",
+           "search_path": '"$user", public',
+           "objects": [{"object_type": "table", "schema": "public", "identity": "public.t", "table": ["public", "t"]}]}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+def test_message_parses():
+    m = parse(_doc(), 0x16B3748)
+    assert m.tag == "ALTER TABLE" and m.tables() == {("public", "t")} and m.search_path == '"$user", public'
+
+
+def test_message_of_another_format_or_broken_is_refused():
+    with pytest.raises(BadDdlMessage, match="format 2"):
+        parse(_doc(format=2), 1)
+    with pytest.raises(BadDdlMessage, match="not JSON"):
+        parse(b"{", 1)
+    with pytest.raises(BadDdlMessage, match="lacks"):
+        parse(json.dumps({"format": 1, "event": "x"}).encode(), 1)
+
+
+def test_statements_split_only_at_top_level_semicolons():
+    text = """ALTER TABLE t ADD c text DEFAULT 'a;b' ;  -- x; y
+              /* c; /* nested; */ */ SELECT $$;$$, $q$ ; $q$, E'\\';', "we;ird" ;"""
+    assert statements(text) == ["ALTER TABLE t ADD c text DEFAULT 'a;b'",
+                                """SELECT $$;$$, $q$ ; $q$, E'\\';', "we;ird\""""]
+    assert statements("ALTER TABLE t ADD x int;  -- done\n") == ["ALTER TABLE t ADD x int"]
+
+
+def test_read_refuses_several_statements_and_wrapped_commands():
+    with pytest.raises(NotReplayable, match="2 statements"):
+        read("ALTER TABLE t ADD x int; UPDATE t SET x = 1", "ALTER TABLE")
+    with pytest.raises(NotReplayable, match="inside a function"):
+        read("DO $$ BEGIN EXECUTE 'ALTER TABLE t ADD x int'; END $$", "ALTER TABLE")
+    with pytest.raises(NotReplayable, match="cannot be read"):
+        read("ALTER TABLE t ADD c text DEFAULT 'open", "ALTER TABLE")
+
+
+@pytest.mark.parametrize(("text", "adds"), [
+    ("ALTER TABLE t ADD COLUMN a int DEFAULT 0", True),
+    ("alter table only public.t add a numeric(10, 2), add column if not exists b text", True),
+    ('ALTER TABLE "T" ADD "Col" int', True),
+    ("ALTER TABLE t ADD CONSTRAINT c CHECK (a > 0)", False),
+    ("ALTER TABLE t ADD UNIQUE (a)", False),
+    ("ALTER TABLE t ADD a int, DROP COLUMN b", False),
+    ("ALTER TABLE t RENAME COLUMN a TO b", False),
+    ("ALTER TABLE t ALTER a TYPE bigint USING a::bigint", False),
+])
+def test_alter_table_that_only_adds_columns(text, adds):
+    s = read(text, "ALTER TABLE")
+    assert s.kind == "alter table" and s.adds_columns_only is adds
+
+
+def test_index_statements_and_concurrently():
+    s = read("create unique index concurrently if not exists i on t (a)", "CREATE INDEX")
+    assert s.kind == "create index" and s.concurrently
+    assert without_concurrently(s.text) == "create unique index if not exists i on t (a)"
+    d = read("DROP INDEX CONCURRENTLY public.i", "DROP INDEX")
+    assert d.kind == "drop index" and without_concurrently(d.text) == "DROP INDEX public.i"
+    assert read("CREATE TYPE e AS ENUM ('a')", "CREATE TYPE").kind == "other"
+
+
+def _begin(final_lsn: int, xid: int = 7) -> bytes:
+    return b"B" + struct.pack(">QqI", final_lsn, 0, xid)
+
+
+def _commit(lsn: int) -> bytes:
+    return b"C" + struct.pack(">BQQq", 0, lsn, lsn + 8, 0)
+
+
+def _message(prefix: str, content: bytes, transactional: bool = True) -> bytes:
+    return b"M" + struct.pack(">BQ", int(transactional), 0x100) + prefix.encode() + b"\0" + \
+        struct.pack(">I", len(content)) + content
+
+
+def test_assembler_yields_the_prefix_messages_of_a_transaction_only_when_asked():
+    raw = [(1, _message("sluicegate.ddl", b"{}", transactional=False)), (2, _begin(0x200)),
+           (3, _message("other", b"x")), (4, _message("sluicegate.ddl", b"{}")), (5, _commit(0x200))]
+    events = list(assemble(raw, messages="sluicegate.ddl"))
+    found = [e for e in events if isinstance(e, LogicalMessage)]
+    assert len(found) == 1 and found[0].prefix == "sluicegate.ddl" and found[0].content == b"{}"
+    assert not [e for e in assemble(raw) if isinstance(e, LogicalMessage)]
