@@ -34,6 +34,7 @@ class Plan:
     workflow: str | None = None  # its publication may already exist (add-tables, a second sink)
     # (schema, name) of the tables written on the target when they are not the source's (rules' targets)
     target_tables: list[tuple[str, str]] | None = None
+    on_ddl: str = "stop"  # --on-ddl: anything but stop needs the source's DDL capture (ddl/capture.py)
 
     @property
     def switches(self) -> bool:
@@ -69,6 +70,7 @@ def check(plan: Plan) -> list[Problem]:
             if plan.bidirectional or plan.switches:  # written as a target too: its state (it owns the tables)
                 p += probes.target_rights(conn, where, [])
             p += probes.privileged(conn, where, _uses(plan, fks))
+            p += _ddl_capture(conn, where, plan.on_ddl)
             problems += p
     for url in plan.targets:
         if url.startswith("delta:"):
@@ -138,3 +140,16 @@ def _connect(url: str, role: str, where: str, problems: list[Problem]) -> psycop
     except SluicegateError as exc:
         problems.append(Problem(where, f"cannot connect: {exc}", area="connection"))
         return None
+
+
+def _ddl_capture(conn, where: str, on_ddl: str) -> list[Problem]:
+    """--on-ddl other than stop acts only on statements the source captures: its event triggers, which only a
+    superuser can install."""
+    from ..ddl import capture as ddl_capture
+
+    if on_ddl == "stop" or ddl_capture.installed(conn):
+        return []
+    return [Problem(where, f"--on-ddl {on_ddl}: the source captures no DDL statements (no Sluicegate event "
+                           f"trigger); schema changes would meet only the Relation handling",
+                    action="run `sluicegate ddl install --source URL` as a superuser (event triggers need one)",
+                    severity="warning", area="setting")]
