@@ -321,6 +321,33 @@ class LocalPostgres:
             except (OSError, ValueError):
                 pass
 
+    @classmethod
+    def standby_of(cls, primary: LocalPostgres, datadir: Path | str, *, slot: str = "standby",
+                   name: str = "standby", settings: dict[str, str] | None = None) -> LocalPostgres:
+        """A streaming standby of `primary` (running), from pg_basebackup, not started: it streams through
+        the physical slot `slot` (made on the primary) as `name` (its application_name there, for
+        synchronous_standby_names), and has what failover slots need (PostgreSQL 17+): sync_replication_slots,
+        hot_standby_feedback, a dbname in primary_conninfo. `settings` add to or replace those."""
+        standby = cls(datadir, password=primary.password, user=primary.user, bindir=primary.bindir,
+                      interfaces=tuple(str(i) for i in primary.interfaces))
+        standby.datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        standby._own(standby.datadir)
+        conninfo = (f"host={HOST} port={primary.port} user={primary.user} password={primary.password} "
+                    f"dbname=postgres application_name={name}")
+        # Run as the server account (its files must be its own), output captured: the directory must be empty.
+        standby._run("pg_basebackup", "-D", str(standby.datadir), "-d", conninfo, "-X", "stream", "-c", "fast",
+                     "-C", "-S", slot, "--no-sync", capture=True)
+        (standby.datadir / "standby.signal").touch()
+        standby._own(standby.datadir / "standby.signal")
+        standby.logfile.write_text("")  # the primary's, copied
+        standby.settings = {"primary_conninfo": conninfo, "primary_slot_name": slot, "hot_standby_feedback": "on",
+                            "sync_replication_slots": "on", **(settings or {})}
+        return standby.init()
+
+    def promote(self, timeout: float = 60) -> None:
+        """End recovery of a standby: it becomes a primary (pg_ctl promote waits until it is)."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-w", "-t", str(int(timeout)), "promote")
+
     def __enter__(self) -> Self:
         return self.start()
 

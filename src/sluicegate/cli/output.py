@@ -37,6 +37,8 @@ def print_status(console: Console, status: dict) -> None:
         slot = ""
         if s.get("retained_wal_bytes") is not None:
             slot = f"; slot {s['slot']} holds {format_size(s['retained_wal_bytes'])} of WAL ({s['wal_status']})"
+        if s.get("source_host") and "," in s["source"]:  # several hosts listed: which one it reads
+            slot += f"; {'reading from' if s.get('reading') else 'primary'} {s['source_host']}"
         console.print(f"stream {s['id']} from {escape(s['source'])}{shards}: {s['state']} at {s['position'] or '-'}, "
                       f"lag {lag}{escape(slot)}")
         grid = Table(show_edge=False)

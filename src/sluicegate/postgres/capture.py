@@ -17,6 +17,7 @@ from ..errors import RetryableError, TerminalError, UsageError
 from ..position import format_lsn, parse_lsn
 from . import locks
 from .catalog import Table
+from .connect import describe_conn
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class SlotInfo:
     restart_lsn: int | None
     wal_status: str | None
     active_pid: int | None
+    invalidated: str | None = None  # why the server invalidated it (17+: invalidation_reason; 16: conflicting)
+    synced: bool = False  # 17+: synchronized from a primary (on a standby: not readable until promoted)
+    in_recovery: bool = False  # the server holding it is a standby
 
 
 def check_source(conn: psycopg.Connection) -> None:
@@ -94,24 +98,72 @@ def ensure_slot(conn: psycopg.Connection, name: str) -> int:
         # The slot's first snapshot waits for every transaction running now to end: a long one is named.
         with locks.guard(conn, f"creating replication slot {name}", side="source",
                          holders=locks.describe_transactions):
-            row = conn.execute(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (name,)
-            ).fetchone()
-        return parse_lsn(row[0])
+            start = create_slot(conn, name)
+        return start
     return info.confirmed_flush
 
 
+FAILOVER_VERSION = 170000
+
+
+def create_slot(conn: psycopg.Connection, name: str) -> int:
+    """Create the logical slot `name` (pgoutput); its start position. Every Sluicegate slot is made here.
+
+    On PostgreSQL 17+ it is a failover slot: a standby with sync_replication_slots keeps a copy of it, so that
+    once that standby is promoted the stream goes on from the copy, with nothing re-copied (README: source
+    failover). Older servers have no such slots: a failover there means a re-bootstrap."""
+    if conn.info.server_version < FAILOVER_VERSION:
+        query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')"
+        return parse_lsn(conn.execute(query, (name,)).fetchone()[0])
+    query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)"
+    return parse_lsn(conn.execute(query, (name,)).fetchone()[0])  # (name, plugin, temporary, two_phase, failover)
+
+
+def wait_standbys(conn: psycopg.Connection, position: int, stop=None, timeout: float = 30.0) -> None:
+    """Until the standbys that synchronized_standby_slots names (17+) have flushed `position`.
+
+    That setting keeps the change stream from running ahead of the standby that failover would promote, but a
+    copy reads rows with SQL: a transaction is visible on the primary before its standby has it. A copy cycle
+    is recorded only once they have its snapshot's position, so that a promoted standby never lacks rows the
+    target was given; until then a failover makes the engine redo the cycle (its rows above lastpk are cleared).
+    """
+    if conn.info.server_version < FAILOVER_VERSION:
+        return
+    names = [n.strip() for n in conn.execute("SHOW synchronized_standby_slots").fetchone()[0].split(",") if n.strip()]
+    if not names:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        behind = [r[0] for r in conn.execute(
+            """SELECT n FROM unnest(%s::text[]) n LEFT JOIN pg_replication_slots s ON s.slot_name = n
+               WHERE s.restart_lsn IS NULL OR s.restart_lsn < %s::pg_lsn""", (names, format_lsn(position)))]
+        if not behind:
+            return
+        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+            raise RetryableError(
+                f"the standbys of synchronized_standby_slots ({', '.join(behind)}) have not received the source's "
+                f"WAL up to the copy's snapshot {format_lsn(position)} within {timeout:g} s (is the standby down? "
+                f"drop it from synchronized_standby_slots if it is gone for good); the copy cycle will be redone")
+        time.sleep(0.02)
+
+
+_SLOT_COLUMNS = "confirmed_flush_lsn::text, restart_lsn::text, wal_status, active_pid, pg_is_in_recovery()"
+_SLOT_QUERIES = (  # (from server version, the columns that say whether the slot is usable)
+    (170000, _SLOT_COLUMNS + ", invalidation_reason, synced"),
+    (160000, _SLOT_COLUMNS + ", CASE WHEN conflicting THEN 'conflict with recovery' END, false"),
+    (0, _SLOT_COLUMNS + ", NULL, false"),
+)
+
+
 def slot_info(conn: psycopg.Connection, name: str) -> SlotInfo | None:
-    row = conn.execute(
-        """SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, active_pid
-           FROM pg_replication_slots WHERE slot_name = %s""",
-        (name,),
-    ).fetchone()
+    version = conn.info.server_version
+    columns = next(c for since, c in _SLOT_QUERIES if version >= since)
+    row = conn.execute(f"SELECT {columns} FROM pg_replication_slots WHERE slot_name = %s",
+                       (name,)).fetchone()
     if row is None:
         return None
-    return SlotInfo(
-        parse_lsn(row[0]) if row[0] else None, parse_lsn(row[1]) if row[1] else None, row[2], row[3]
-    )
+    return SlotInfo(parse_lsn(row[0]) if row[0] else None, parse_lsn(row[1]) if row[1] else None, row[2], row[3],
+                    invalidated=row[5], synced=bool(row[6]), in_recovery=bool(row[4]))
 
 
 def retained_wal(conn: psycopg.Connection, name: str) -> tuple[int | None, str | None]:
@@ -144,7 +196,16 @@ def judge_slot(conn: psycopg.Connection, name: str, info: SlotInfo | None, posit
     moves both, as it records its position and then confirms."""
     if info is None:
         why = release_note(conn, name)  # a Replicate sink's slot released by the retention governor
-        raise TerminalError(f"{why or f'replication slot {name} is gone from the source'}; {way_out}")
+        raise TerminalError(f"{why or f'replication slot {name} is gone from the source {describe_conn(conn)}'}"
+                            f"{_not_synced(conn)}; {way_out}")
+    if info.in_recovery:
+        # Reached only when the source URL lets libpq take a standby (connect.primary_only asks for the primary).
+        what = "is a synchronized copy there, readable only once it is promoted" if info.synced else "is not readable"
+        raise TerminalError(f"the source {describe_conn(conn)} is a standby (in recovery): replication slot {name} "
+                            f"{what}; the source URL must reach the primary (list its hosts with "
+                            f"target_session_attrs=read-write), else {way_out}")
+    if info.invalidated:
+        raise TerminalError(f"replication slot {name} was invalidated by the source ({info.invalidated}); {way_out}")
     if info.wal_status == "lost" or info.restart_lsn is None:
         raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {way_out}")
     # Sluicegate confirms only what its reader durably handled (replication.py keeps psycopg2 from
@@ -155,6 +216,15 @@ def judge_slot(conn: psycopg.Connection, name: str, info: SlotInfo | None, posit
             f"{format_lsn(position)}; {way_out}"
         )
     return info
+
+
+def _not_synced(conn: psycopg.Connection) -> str:
+    """Why a slot may be missing after a failover: it was never synchronized to the server promoted."""
+    if conn.info.server_version < FAILOVER_VERSION:
+        return (" (after a failover: a slot follows a promoted standby only from PostgreSQL 17 on, as a failover "
+                "slot)")
+    return (" (after a failover: the promoted standby had no synchronized copy of it; the standby needs "
+            "sync_replication_slots = on, hot_standby_feedback = on and a primary_slot_name)")
 
 
 RELEASE_MARK = "sluicegate: "

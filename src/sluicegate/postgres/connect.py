@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import TYPE_CHECKING
 
 from ..errors import ConnectError, SluicegateError, UsageError
@@ -36,16 +37,64 @@ def redact(text: str) -> str:
 
 
 def describe(url: str) -> str:
-    """'host:port/dbname' for messages."""
-    import psycopg  # here, not at the top: a Spark copy task imports this module and never needs psycopg 3
+    """'host:port/dbname' for messages; a URL that lists several hosts: 'h1:p1,h2:p2/dbname' (`describe_conn`
+    names the one a session reached)."""
+    try:
+        info = _parse(url)
+    except ValueError:
+        return redact(url)
+    hosts = (info.get("host") or "localhost").split(",")
+    ports = (info.get("port") or "5432").split(",")
+    if len(ports) == 1:  # libpq: one port for every host
+        ports = ports * len(hosts)
+    where = ",".join(f"{h or 'localhost'}:{p or '5432'}" for h, p in zip(hosts, ports, strict=False))
+    return f"{where}/{info.get('dbname') or info.get('user') or ''}"
+
+
+def describe_conn(conn) -> str:
+    """'host:port/dbname' of the server a session (psycopg 3 or psycopg2) is connected to: of a URL that lists
+    several hosts, the one libpq chose."""
+    info = conn.info
+    return f"{info.host}:{info.port}/{info.dbname}"
+
+
+def _parse(url: str) -> dict:
+    """The conninfo's keywords (URL or key=value), parsed by libpq through psycopg2 where it is loaded already
+    (a Spark copy task's worker, which never needs psycopg 3), else psycopg 3; ValueError if it is not one."""
+    if "psycopg2.extensions" in sys.modules:
+        import psycopg2
+        import psycopg2.extensions
+
+        try:
+            return psycopg2.extensions.parse_dsn(url)
+        except psycopg2.ProgrammingError as exc:
+            raise ValueError(str(exc)) from None
+    import psycopg  # here, not at the top: see above
 
     try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return redact(url)
-    host = info.get("host") or "localhost"
-    port = info.get("port") or "5432"
-    return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
+        return psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def primary_only(url: str) -> dict:
+    """Connection keywords to add to `url`: target_session_attrs=read-write when it lists several hosts and
+    says nothing of which to take (nor does PGTARGETSESSIONATTRS).
+
+    A PostgreSQL user lists a primary and its standby (libpq multi-host) so that libpq finds whichever is the
+    primary now, after a failover too. Without target_session_attrs libpq takes the first host that answers,
+    and a standby answers: there a slot can be neither created nor read (a synchronized one is read-only until
+    promotion), a snapshot's position is not the primary's, and a target cannot be written. Every Sluicegate
+    session needs the primary, so it asks for one, as the user meant, rather than refusing the URL. A
+    target_session_attrs the URL gives is the user's and is kept."""
+    try:
+        info = _parse(url)
+    except ValueError:
+        return {}  # connecting says what is wrong with it
+    if info.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS"):
+        return {}
+    hosts = info.get("host") or info.get("hostaddr") or os.environ.get("PGHOST") or os.environ.get("PGHOSTADDR")
+    return {"target_session_attrs": "read-write"} if hosts and "," in hosts else {}
 
 
 _URI = re.compile(r"^(postgres(?:ql)?://)([^/?#]*)(.*)$", re.IGNORECASE | re.DOTALL)
@@ -155,7 +204,7 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
         return psycopg.connect(
             url, autocommit=autocommit, options=SESSION_OPTIONS,
             application_name=kwargs.pop("application_name", "sluicegate"),
-            connect_timeout=kwargs.pop("connect_timeout", 10), **kwargs,
+            connect_timeout=kwargs.pop("connect_timeout", 10), **{**primary_only(url), **kwargs},
         )
     except psycopg.OperationalError as exc:
         raise connect_failure(role, url, first_line(exc)) from None

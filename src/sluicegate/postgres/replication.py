@@ -24,7 +24,15 @@ import psycopg2.extras
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
-from .connect import SESSION_OPTIONS, connect_failure, connect_hint, describe, redact
+from .connect import (
+    SESSION_OPTIONS,
+    connect_failure,
+    connect_hint,
+    describe,
+    describe_conn,
+    primary_only,
+    redact,
+)
 
 if TYPE_CHECKING:
     from typing import Self
@@ -60,9 +68,11 @@ class ChangeStream:
                                          connect_timeout=10, options=SESSION_OPTIONS + (
                                              f" -c logical_decoding_work_mem={decoding_work_mem}"
                                              if decoding_work_mem else ""),
-                                         application_name="sluicegate")
+                                         application_name="sluicegate", **primary_only(url))
         except psycopg2.OperationalError as exc:
             raise _connect_error(url, exc) from None
+        # Of a URL that lists several hosts, the one libpq chose: the primary now (status shows it).
+        self.where = describe_conn(self.conn)
         try:
             self.cur = self.conn.cursor()
             origin = {"origin": "none"} if skip_origins and self.conn.server_version >= 160000 else {}
@@ -111,7 +121,7 @@ class ChangeStream:
                 msg = read()
             except psycopg2.Error as exc:
                 text = str(exc).strip()
-                raise RetryableError(f"replication connection to {describe(self.url)} lost: "
+                raise RetryableError(f"replication connection to {self.where} lost: "
                                      f"{redact(text.splitlines()[0] if text else 'closed')}") from None
             if msg is not None:
                 payload = msg.payload  # bytes: the stream was started with decode=False
@@ -184,7 +194,7 @@ def check_replication_access(url: str) -> None:
     """A replication connection works (pg_hba.conf entry, REPLICATION role, max_wal_senders), or say how."""
     try:
         conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                connect_timeout=10)
+                                connect_timeout=10, **primary_only(url))
     except psycopg2.OperationalError as exc:
         raise _connect_error(url, exc) from None
     conn.close()

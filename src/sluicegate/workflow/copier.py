@@ -20,9 +20,9 @@ from psycopg import sql
 from ..errors import TerminalError
 from ..postgres import indexes, keyrange, locks
 from ..postgres.catalog import Table
-from ..postgres.connect import connect
+from ..postgres.connect import connect, describe_conn
 from . import state as st
-from .copy_task import CopyTask
+from .copy_task import CopyTask, snapshot_gone
 from .faults import fault_point
 
 
@@ -391,7 +391,10 @@ def read_ranges(task: RuleRead, batches):
     with connect(task.source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         src.read_only = True
-        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+        try:
+            src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+        except psycopg.errors.InvalidParameterValue:
+            raise snapshot_gone(task.snapshot, describe_conn(src)) from None
         for batch in batches:
             for idx in batch.column(0).to_pylist():
                 lo, hi = task.ranges[idx]

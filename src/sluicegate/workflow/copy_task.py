@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import psycopg2.errors
+
+from ..errors import RetryableError
 from ..postgres import origins, passthrough
+from ..postgres.connect import describe_conn
 from .faults import fault_point
 
 
@@ -36,7 +40,10 @@ def copy_range(task: CopyTask) -> int:
                 # the denial of the application's writes during the copy (cluster/create.py) lets this through
                 dst.cursor().execute("SELECT set_config('sluicegate.applying', %s, false)", (task.origin,))
             src.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
+            try:
+                src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
+            except psycopg2.errors.InvalidParameterValue:
+                raise snapshot_gone(task.snapshot, describe_conn(src)) from None
             rows = passthrough.pipe(src, task.select, dst, task.insert)
             fault_point("copy.before_commit")
             dst.commit()
@@ -45,3 +52,11 @@ def copy_range(task: CopyTask) -> int:
     finally:
         src.close()
     return rows
+
+
+def snapshot_gone(name: str, where: str) -> RetryableError:
+    """A task could not import its cycle's snapshot: the session that exported it ended (the source restarted
+    or failed over, and the task reached the new primary, which never had it). Nothing of the cycle is
+    recorded until every task has committed: the engine takes a new snapshot and copies the cycle again."""
+    return RetryableError(f"the copy's snapshot {name} is gone from the source {where} (the session holding it "
+                          f"ended: a restart or failover of the source); the copy cycle is redone")

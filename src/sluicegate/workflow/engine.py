@@ -26,7 +26,7 @@ from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
-from ..postgres import capture, locks, origins
+from ..postgres import capture, durable, locks, origins
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
@@ -241,11 +241,14 @@ class Engine:
                                              and self._nothing_committed_since(stream))
             if skip_to_snapshot and stream.position < snap.position:
                 with connect(self.target_url, role="target") as dst:
+                    durable.flush_on_commit(dst)  # the slot may be confirmed up to it (_confirm_slot)
                     state, position = st.lock_stream(dst, stream.id)
                     if state != st.COPYING or position != stream.position:
                         return  # moved under us: the next turn re-reads
                     st.save_position(dst, stream.id, snap.position)
                 stream.position = snap.position  # the next play task confirms the slot up to it
+                if untouched:
+                    self._confirm_slot(stream)
             # Fast-forward: everything up to the snapshot's position, for rows already copied.
             while stream.position < snap.position:
                 fault_point("fastforward.start")
@@ -298,6 +301,8 @@ class Engine:
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
                 rows = sum(self.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.tag,
                                            counter=progress.finished))
+            # The rows were read as the primary has them; a failover may lose what its standby never had.
+            capture.wait_standbys(snap.conn, snap.position, self.stop)
             fault_point("copy.before_progress")
             with connect(self.target_url, role="target") as dst:
                 state, position = st.lock_stream(dst, stream.id)
@@ -317,6 +322,18 @@ class Engine:
                     st.set_state(dst, stream.id, st.RUNNING)
             live.cycle_recorded(progress, current.rows_copied + rows)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    def _confirm_slot(self, stream: st.Stream) -> None:
+        """Confirm the slot up to the stream's position (saved on the target) before a first copy cycle, which
+        reads no changes. On PostgreSQL 17+ a standby's copy of a failover slot lasts only once the slot has
+        moved past the transactions the standby knew of when it made the copy (the slot's catalog_xmin): the
+        sooner the slot moves, the sooner a failover finds it on the promoted standby. Best effort: the next
+        play task confirms it anyway."""
+        try:
+            with connect(stream.source_url, role="source", autocommit=True) as src:
+                capture.advance_slot(src, stream.slot_name, stream.position)
+        except Exception as exc:  # noqa: BLE001 - the copy goes on; the slot is confirmed later
+            log.debug("could not confirm replication slot %s before the copy: %s", stream.slot_name, exc)
 
     def _clear_above(self, table: Table, lastpk, mine) -> None:
         """Best effort (the target may be what failed): the next cycle clears them anyway."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from ..position import format_lsn
-from ..postgres.connect import describe, first_line, has_password, redact
+from ..postgres.connect import describe, describe_conn, first_line, has_password, redact
 from ..sizes import format_size
 from . import state as st
 from .heartbeat import is_running
@@ -20,8 +20,10 @@ _ACTIVE = (st.INIT, st.COPYING, st.RUNNING)
 
 
 def slot_facts(wf: st.Workflow) -> dict[int, dict]:
-    """Stream id -> {"retained_wal_bytes", "wal_status"} read from each stream's source, or {"source_error"}
-    when the source cannot be asked (status goes on without it)."""
+    """Stream id -> {"retained_wal_bytes", "wal_status", "source_host", "reading"} read from each stream's
+    source, or {"source_error"} when the source cannot be asked (status goes on without it). `source_host`:
+    the server reached (of a URL that lists several hosts: the primary, as the stream's own sessions reach it,
+    connect.primary_only); `reading`: the stream's slot has a reader there now."""
     from ..errors import SluicegateError
     from ..postgres import capture
     from ..postgres.connect import connect
@@ -33,9 +35,12 @@ def slot_facts(wf: st.Workflow) -> dict[int, dict]:
     for url, streams in by_source.items():
         try:
             with connect(url, role="source", autocommit=True, connect_timeout=3) as src:
+                host = describe_conn(src).rpartition("/")[0]
                 for s in streams:
                     held, wal_status = capture.retained_wal(src, s.slot_name)
-                    facts[s.id] = {"retained_wal_bytes": held, "wal_status": wal_status}
+                    info = capture.slot_info(src, s.slot_name)
+                    facts[s.id] = {"retained_wal_bytes": held, "wal_status": wal_status, "source_host": host,
+                                   "reading": bool(info and info.active_pid)}
         except SluicegateError as exc:
             facts.update({s.id: {"source_error": str(exc)} for s in streams})
         except Exception as exc:  # noqa: BLE001 - e.g. no right to read pg_replication_slots: say so, go on
@@ -85,6 +90,8 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
             "slot": s.slot_name,
             "retained_wal_bytes": None,
             "wal_status": None,
+            "source_host": None,
+            "reading": None,
             "tables": tables,
         })
         facts = (slots or {}).get(s.id, {})

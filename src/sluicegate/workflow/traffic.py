@@ -646,13 +646,11 @@ def _create_slot(url: str, slot: str, timeout: float) -> int:
     with connect(url, role="target", autocommit=True) as conn:
         conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{int(timeout * 1000)}ms",))
         try:
-            row = conn.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
-                               (slot,)).fetchone()
+            return capture.create_slot(conn, slot)
         except psycopg.errors.QueryCanceled:
             raise RetryableError(f"creating replication slot {slot} on the target waited {timeout:g} s for its "
                                  f"running transactions{locks.describe_transactions(conn)}; nothing was changed; "
                                  f"try again") from None
-    return parse_lsn(row[0])
 
 
 def _set_options(conn: psycopg.Connection, name: str, **options) -> None:
