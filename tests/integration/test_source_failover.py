@@ -20,6 +20,7 @@ import pytest
 
 from sluicegate.localpg import LocalPostgres
 from sluicegate.position import parse_lsn
+from sluicegate.preflight import probes
 from sluicegate.workflow import state as st
 from sluicegate.workflow.create import create_movetables
 from sluicegate.workflow.status import slot_facts, workflow_status
@@ -252,6 +253,14 @@ def test_a_slot_not_synchronized_stops_the_stream_naming_bootstrap(primary_and_s
     side = Side(primary.url("shop"), target_server.url(name))
     side.src("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
     side.src("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100) g")
+    # `sluicegate check` warns of a standby that synchronized_standby_slots does not name.
+    with psycopg.connect(side.source, autocommit=True) as conn:
+        assert not [p for p in probes.settings(conn, "source", 1, False) if "synchronized_standby_slots" in p.what]
+        conn.execute("ALTER SYSTEM SET synchronized_standby_slots = ''")
+        conn.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: not conn.execute("SHOW synchronized_standby_slots").fetchone()[0], what="the reload")
+        warned = [p for p in probes.settings(conn, "source", 1, False) if "synchronized_standby_slots" in p.what]
+        assert warned and warned[0].severity == "warning" and "'standby'" in warned[0].fix, warned
     create_movetables("fn", f"postgresql://postgres@{hosts}/shop", side.target, ["t"], [], {})
     slot = stream_row(side, "fn")["slot"]
     side.src("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))  # the workflow's, not failover

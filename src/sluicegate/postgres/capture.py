@@ -204,10 +204,10 @@ def judge_slot(conn: psycopg.Connection, name: str, info: SlotInfo | None, posit
         raise TerminalError(f"the source {describe_conn(conn)} is a standby (in recovery): replication slot {name} "
                             f"{what}; the source URL must reach the primary (list its hosts with "
                             f"target_session_attrs=read-write), else {way_out}")
-    if info.invalidated:
-        raise TerminalError(f"replication slot {name} was invalidated by the source ({info.invalidated}); {way_out}")
     if info.wal_status == "lost" or info.restart_lsn is None:
         raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {way_out}")
+    if info.invalidated:  # e.g. rows_removed: a standby's copy whose catalog rows its primary removed
+        raise TerminalError(f"replication slot {name} was invalidated by the source ({info.invalidated}); {way_out}")
     # Sluicegate confirms only what its reader durably handled (replication.py keeps psycopg2 from
     # acknowledging keepalives on its own): a slot further on was read by someone else, and changes may be gone.
     if info.confirmed_flush is not None and info.confirmed_flush > position:

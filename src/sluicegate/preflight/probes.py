@@ -79,6 +79,15 @@ def settings(conn: psycopg.Connection, where: str, slots: int, lww: bool) -> lis
                 "(Replicate's --max-retained-wal caps it only while a consumer runs)",
                 "ALTER SYSTEM SET max_slot_wal_keep_size = '100GB'", severity="warning",
                 action="or a size the disk can spare, then reload the configuration")
+    if version >= 170000 and not conn.execute("SHOW synchronized_standby_slots").fetchone()[0]:
+        physical = [r[0] for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' ORDER BY 1")]
+        if physical:  # a standby streams from it: the one a failover would promote (README: source failover)
+            problem(f"synchronized_standby_slots is empty while standbys stream from this server (physical slots "
+                    f"{', '.join(physical)}): a stream may apply changes a standby does not have yet, and after "
+                    f"a failover to that standby the target is ahead of it (and the slot may not be there)",
+                    f"ALTER SYSTEM SET synchronized_standby_slots = '{','.join(physical)}'", severity="warning",
+                    action="then reload the configuration; the standby also needs sync_replication_slots = on")
     if lww and conn.execute("SHOW track_commit_timestamp").fetchone()[0] != "on":
         problem("track_commit_timestamp = off: last-writer-wins compares the commit times of both sides' rows",
                 "ALTER SYSTEM SET track_commit_timestamp = on", restart=True)
