@@ -99,9 +99,13 @@ def _driver(target: str, workflow: str, log: Path, **extra_env: str) -> subproce
                             start_new_session=True)
 
 
-def _synced(standby: LocalPostgres, slot: str) -> int | None:
+def _synced(standby: LocalPostgres, slot: str, primary: LocalPostgres | None = None) -> int | None:
     """The confirmed position of the standby's synchronized copy of `slot`, once it is a lasting one (the sync
-    worker keeps a copy temporary until the primary's slot has passed what the standby has)."""
+    worker keeps a copy temporary until the primary's slot has passed what the standby has). `primary`: log
+    a running-transactions record there first, as its background writer does every 15 s of activity, so that
+    the slot's next move passes it (PostgreSQL's own tests of slot sync do the same)."""
+    if primary is not None:
+        primary.psql("SELECT pg_log_standby_snapshot()")
     rows = standby.psql(f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}' "
                         f"AND synced AND NOT temporary AND invalidation_reason IS NULL", "shop")
     return parse_lsn(rows) if rows else None
@@ -131,8 +135,10 @@ def test_a_promoted_standby_takes_over_the_stream(primary_and_standby, target_se
         slot = stream_row(side, "fo")["slot"]
         assert primary.psql(f"SELECT failover FROM pg_replication_slots WHERE slot_name = '{slot}'") == "True"
         # The standby's copy of the slot is lasting and follows what the stream confirms.
-        first = wait_for(lambda: _synced(standby, slot), timeout=60, what="the slot synchronized to the standby")
-        wait_for(lambda: (_synced(standby, slot) or 0) > first, timeout=60, what="the synchronized slot advancing")
+        first = wait_for(lambda: _synced(standby, slot, primary), timeout=60, interval=0.3,
+                         what="the slot synchronized to the standby")
+        wait_for(lambda: (_synced(standby, slot, primary) or 0) > first, timeout=60, interval=0.3,
+                 what="the synchronized slot advancing")
         copied = side.dst("SELECT xmin::text, id FROM k ORDER BY id")
         progress = side.dst("SELECT table_name, rows_copied, lastpk::text FROM sluicegate.copy_state ORDER BY 1")
 
@@ -208,13 +214,8 @@ def test_a_copy_cut_by_a_failover_is_redone(primary_and_standby, target_server, 
         wait_for(lambda: stream_row(side, "fc")["state"] == "Copying", timeout=120, what="the copy", describe=tail)
         slot = stream_row(side, "fc")["slot"]
 
-        def synced():
-            # What the background writer logs every 15 s of activity: the slot's next move past it lets the
-            # standby's copy last (as PostgreSQL's own tests of slot sync do).
-            primary.psql("SELECT pg_log_standby_snapshot()")
-            return _synced(standby, slot)
-
-        wait_for(synced, timeout=60, interval=0.3, what="the slot synchronized to the standby", describe=tail)
+        wait_for(lambda: _synced(standby, slot, primary), timeout=60, interval=0.3,
+                 what="the slot synchronized to the standby", describe=tail)
         hold.set()
         wait_for(marker.exists, timeout=60, what="a copy task at its commit", describe=tail)
         assert side.dst("SELECT NOT done FROM sluicegate.copy_state")[0][0]  # mid-copy
