@@ -341,7 +341,9 @@ class LocalPostgres:
         standby._own(standby.datadir / "standby.signal")
         standby.logfile.write_text("")  # the primary's, copied
         standby.settings = {"primary_conninfo": conninfo, "primary_slot_name": slot, "hot_standby_feedback": "on",
-                            "sync_replication_slots": "on", **(settings or {})}
+                            # a setting of 17+: an older server refuses to start with it
+                            **({"sync_replication_slots": "on"} if server_major(primary.bindir) >= 17 else {}),
+                            **(settings or {})}
         return standby.init()
 
     def promote(self, timeout: float = 60) -> None:

@@ -42,5 +42,5 @@ def test_create_refuses_every_privilege_error_at_once_and_nothing_else():
 
 def test_every_need_has_a_use_and_a_reason():
     for n in needs.NEEDS:
-        assert n.kind in ("function", "parameter") and n.uses and n.why
+        assert n.kind in ("function", "parameter", "role") and n.uses and n.why
     assert set(needs.names("parameter", {needs.REPLICA_ROLE})) == {"session_replication_role"}

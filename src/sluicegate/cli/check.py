@@ -50,7 +50,8 @@ def _check(kind: str, kw: dict) -> None:
         targets=[kw["target"]] if kw.get("target") else list(kw.get("sinks") or ()) or shards(kw.get("target_shards")),
         tables=names, exclude=split_list(kw["exclude_tables"]) if kw.get("exclude_tables") else None,
         rules=bool(kw.get("rules") or kw.get("rules_file")) or kind == "materialize",
-        bidirectional=bool(kw.get("bidirectional")), workflow=kw.get("name"), on_ddl=kw.get("on_ddl") or "stop")
+        bidirectional=bool(kw.get("bidirectional")), workflow=kw.get("name"), on_ddl=kw.get("on_ddl") or "stop",
+        target_standbys=bool(kw.get("target_standbys")))
     if not plan.sources:
         raise click.UsageError("name the source: --source URL (or --source-shard RANGE=URL)")
     rules = list(kw.get("rules") or ())

@@ -155,6 +155,12 @@ EXCLUDE = click.option("--exclude-tables", default=None, metavar="A,B",
                        help="Comma-separated tables not to move (of those --tables names, or of schema public).")
 COPY_SIZES = [click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot)."),
               click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")]
+TARGET_STANDBYS = click.option(
+    "--confirm-after-target-standbys", "target_standbys", is_flag=True,
+    help="Confirm a source position only once every physical standby streaming from the target has flushed it "
+         "too, so a promoted target standby resumes with no re-copy (list its host in the target URL). While no "
+         "standby streams, the source keeps its WAL. A user that is not a superuser needs pg_read_all_stats on "
+         "the target.")
 
 
 ON_DDL = click.option(
@@ -164,8 +170,11 @@ ON_DDL = click.option(
          "in place), exec-ignore (apply; pass it over if it fails).")
 
 
-def _options(cycle_rows, chunk_rows) -> dict:
-    return {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+def _options(cycle_rows, chunk_rows, target_standbys=False) -> dict:
+    from ..postgres.standby_flush import OPTION
+
+    return {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows),
+                              (OPTION, target_standbys or None)) if v is not None}
 
 
 def _all_rules(rules, rules_file) -> list[str]:
@@ -175,8 +184,8 @@ def _all_rules(rules, rules_file) -> list[str]:
 
 
 def _rule_options(fn):
-    """--rule, --rules-file, --udf and the copy sizes: what every create command takes."""
-    for option in reversed([RULE, RULES_FILE, UDF, *COPY_SIZES, CREATE_SPARK_CONF]):
+    """--rule, --rules-file, --udf, the copy sizes and the target's standbys: what every create command takes."""
+    for option in reversed([RULE, RULES_FILE, UDF, *COPY_SIZES, TARGET_STANDBYS, CREATE_SPARK_CONF]):
         fn = option(fn)
     return fn
 
@@ -206,14 +215,17 @@ def _rule_options(fn):
 @ON_DDL
 @friendly
 def movetables_create(name, source, target, tables, schemas, exclude_tables, rules, rules_file, udfs, cycle_rows,
-                      chunk_rows, keep_indexes, optimize_every, vacuum_every, vacuum_retention, commit_every,
-                      on_ddl):
+                      chunk_rows, target_standbys, keep_indexes, optimize_every, vacuum_every, vacuum_retention,
+                      commit_every, on_ddl):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
     schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
                 "vacuum_retention": vacuum_retention, "commit_every": commit_every}
     if target.startswith("delta:"):  # the Delta Lake target (lake/)
         from ..lake import cli as lake
 
+        if target_standbys:
+            raise UsageError("--confirm-after-target-standbys is for a PostgreSQL target: a Delta target has no "
+                             "standbys")
         notes: list[str] = []
         moved, made = lake.create(name, source, target, _table_names(tables, schemas), _excluded(exclude_tables),
                                   _all_rules(rules, rules_file),
@@ -230,7 +242,7 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_movetables
 
-    options = _options(cycle_rows, chunk_rows) | ({"defer_indexes": False} if keep_indexes else {}) | \
+    options = _options(cycle_rows, chunk_rows, target_standbys) | ({"defer_indexes": False} if keep_indexes else {}) | \
         ({"on_ddl": on_ddl} if on_ddl else {})
     notes: list[str] = []
     created = create_movetables(name, source, target, _table_names(tables, schemas), _all_rules(rules, rules_file),
@@ -281,13 +293,13 @@ def materialize() -> None:
 @TARGET
 @_rule_options
 @friendly
-def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows, chunk_rows):
+def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows, chunk_rows, target_standbys):
     """Check every rule with Spark's analyzer, then create the target tables and the workflow."""
     from ..rules.udfs import parse_udfs
     from ..workflow.create import create_materialize
 
-    created = create_materialize(name, source, target, _all_rules(rules, rules_file), _options(cycle_rows, chunk_rows),
-                                 parse_udfs(list(udfs)))
+    created = create_materialize(name, source, target, _all_rules(rules, rules_file),
+                                 _options(cycle_rows, chunk_rows, target_standbys), parse_udfs(list(udfs)))
     _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
 
 
@@ -309,7 +321,7 @@ def reshard() -> None:
 @_rule_options
 @friendly
 def reshard_create(name, source_shards, target_shards, tables, exclude_tables, shard_keys, rules, rules_file, udfs,
-                   cycle_rows, chunk_rows):
+                   cycle_rows, chunk_rows, target_standbys):
     """Check every shard and rule, then create tables and state on every target shard."""
     from ..rules.udfs import parse_udfs
     from ..workflow.reshard import create_reshard, parse_shard_keys, parse_shards
@@ -317,7 +329,8 @@ def reshard_create(name, source_shards, target_shards, tables, exclude_tables, s
     sources = parse_shards("source", list(source_shards))
     created = create_reshard(name, sources, parse_shards("target", list(target_shards)),
                              _table_names(tables), parse_shard_keys(list(shard_keys)), _all_rules(rules, rules_file),
-                             _options(cycle_rows, chunk_rows), parse_udfs(list(udfs)), _excluded(exclude_tables))
+                             _options(cycle_rows, chunk_rows, target_standbys), parse_udfs(list(udfs)),
+                             _excluded(exclude_tables))
     _created(name, f"{len(created)} target shards ({'; '.join(created)})", " --target <any target shard URL>",
              sources=list(sources.values()))
 

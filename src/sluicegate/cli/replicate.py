@@ -89,10 +89,14 @@ def replicate_group() -> None:
                    "lag (an older change arriving after its tombstone is collected brings the row back).")
 @click.option("--cycle-rows", type=click.IntRange(1), default=None, help="Rows per copy cycle (snapshot).")
 @click.option("--chunk-rows", type=click.IntRange(1), default=None, help="Rows per parallel copy task.")
+@click.option("--confirm-after-target-standbys", "target_standbys", is_flag=True,
+              help="Confirm a source position to a sink only once every physical standby streaming from that sink "
+                   "has flushed it too, so a promoted sink standby resumes with no re-copy. While none streams, the "
+                   "source keeps its WAL. A user that is not a superuser needs pg_read_all_stats on the sink.")
 @_friendly
 def replicate_create(name, source, source_shards, shard_keys, sinks, tables, schemas, exclude_tables, max_retained_wal,
                      max_retention_age, overwrite, bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows,
-                     chunk_rows):
+                     chunk_rows, target_standbys):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
     from ..errors import UsageError
@@ -103,7 +107,10 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
     max_retention_age = _cap(max_retention_age, "--max-retention-age", parse_duration)
     tombstone_retention = _cap(tombstone_retention, "--tombstone-retention", parse_duration)
 
-    options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows)) if v is not None}
+    from ..postgres.standby_flush import OPTION
+
+    options = {k: v for k, v in (("cycle_rows", cycle_rows), ("chunk_rows", chunk_rows),
+                                 (OPTION, target_standbys or None)) if v is not None}
     from ..postgres.catalog import split_list, with_schemas
 
     excluded = split_list(exclude_tables) if exclude_tables else None

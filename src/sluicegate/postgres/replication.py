@@ -61,6 +61,7 @@ class ChangeStream:
         self.in_transaction = False
         self.ended_by = ""
         self.boundary = start
+        self.last_start = 0  # WAL position of the last message read (psycopg2's last_msg_data_start)
         try:
             # The walsender formats pgoutput's text values with its session settings: the same ones as
             # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
@@ -142,6 +143,7 @@ class ChangeStream:
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 14)[0])
                 count += 1
                 received = True
+                self.last_start = msg.data_start
                 yield msg.data_start, payload
                 continue
             if received:
@@ -161,21 +163,25 @@ class ChangeStream:
             return 0
         return max(self.boundary, int(self.cur.wal_end or 0))
 
-    def confirm(self, position: int, exact: bool = True) -> None:
+    def confirm(self, position: int, exact: bool = True) -> bool:
         """Tell the server the target has durably applied everything before `position`.
 
         psycopg2 moves its flush position to a keepalive's WAL end on its own once every message received was
         confirmed, and sends that with the next feedback (ours or its periodic one, which start() turns off).
         Harmless for data (the server had sent nothing before it), but the slot would pass the target's
         position, and a fast-forward stops at an exact one: while the server has said it is past `position`,
-        send nothing and keep the slot where it is. `exact=False` (a VStream client's acknowledgement) lets it
-        pass: psycopg2 forwards only once every message received was confirmed, so nothing unread is passed.
+        send nothing and keep the slot where it is — unless a message read after `position` is still unconfirmed
+        (an older position a target's standbys have just flushed: postgres/standby_flush.py), which keeps
+        psycopg2 from forwarding. `exact=False` (a VStream client's acknowledgement) lets it pass: psycopg2
+        forwards only once every message received was confirmed, so nothing unread is passed. False: not sent,
+        for that reason (a later confirm of it, or of a later position, may be).
         """
-        if exact and int(self.cur.wal_end or 0) > position:
-            return
+        if exact and int(self.cur.wal_end or 0) > position and position >= self.last_start:
+            return False
         if position > self.confirmed:
             self.cur.send_feedback(write_lsn=position, flush_lsn=position, force=True)
             self.confirmed = position
+        return True
 
     def close(self) -> None:
         try:

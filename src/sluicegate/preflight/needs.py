@@ -17,11 +17,12 @@ from dataclasses import dataclass
 # When a run makes the call (Plan.uses gives a database's):
 BIDIRECTIONAL = "bidirectional"  # an active-active workflow's appliers and its delete, on both clusters
 REPLICA_ROLE = "replica_role"  # an applier with foreign keys in place between the tables it writes
+TARGET_STANDBYS = "target_standbys"  # a target's standbys' flush positions gate confirmation (standby_flush.py)
 
 
 @dataclass(frozen=True)
 class Need:
-    kind: str  # "function" (by name: every overload the server has) or "parameter"
+    kind: str  # "function" (by name: every overload the server has), "parameter", or "role" (a member of it)
     name: str
     uses: frozenset[str]
     why: str
@@ -44,6 +45,9 @@ NEEDS: tuple[Need, ...] = (
     Need("parameter", "deadlock_timeout", frozenset({BIDIRECTIONAL}),
          "the applier sets deadlock_timeout = 20ms, so a lock cycle with the application aborts the applier's "
          "batch (retried), never the application's transaction"),
+    Need("role", "pg_read_all_stats", frozenset({TARGET_STANDBYS}),
+         "lets the applier read the target's standbys' flush positions in pg_stat_replication "
+         "(--confirm-after-target-standbys)"),
 )
 
 

@@ -35,6 +35,7 @@ class Plan:
     # (schema, name) of the tables written on the target when they are not the source's (rules' targets)
     target_tables: list[tuple[str, str]] | None = None
     on_ddl: str = "stop"  # --on-ddl: anything but stop needs the source's DDL capture (ddl/capture.py)
+    target_standbys: bool = False  # confirms only what the targets' standbys flushed (postgres/standby_flush.py)
 
     @property
     def switches(self) -> bool:
@@ -85,6 +86,8 @@ def check(plan: Plan) -> list[Problem]:
             uses = _uses(plan, fks)
             p += _fk_problems(conn, where, uses) if nd.REPLICA_ROLE in uses and not plan.bidirectional else \
                 probes.privileged(conn, where, uses)
+            if plan.target_standbys:
+                p += probes.privileged(conn, where, {nd.TARGET_STANDBYS})
             if plan.bidirectional or plan.switches:  # read as a source too
                 existing = [t for t in tables if probes._table_exists(conn, t)]
                 p += probes.settings(conn, where, 1, plan.bidirectional)

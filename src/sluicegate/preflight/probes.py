@@ -41,6 +41,10 @@ def privileged(conn: psycopg.Connection, where: str, uses: set[str]) -> list[Pro
                 if not ok:
                     out.append(Problem(where, f"user {user} may not execute {signature}, which {need.why}",
                                        _q(conn, "GRANT EXECUTE ON FUNCTION %s TO %I", signature, user)))
+        elif need.kind == "role":
+            if not conn.execute("SELECT pg_has_role(%s, 'USAGE')", (need.name,)).fetchone()[0]:
+                out.append(Problem(where, f"user {user} is not a member of {need.name}, which {need.why}",
+                                   _q(conn, "GRANT %I TO %I", need.name, user)))
         elif conn.info.server_version < 150000:
             out.append(Problem(where, f"user {user} may not SET {need.name} (PostgreSQL 14 lets only a superuser), "
                                       f"which {need.why}", action="connect as a superuser, or upgrade to 15+"))

@@ -8,7 +8,7 @@ from psycopg import sql
 from ..cluster.model import direction
 from ..errors import SluicegateError, UsageError
 from ..names import quote_name
-from ..postgres import capture, catalog, locks, origins, replication, table_definition
+from ..postgres import capture, catalog, locks, origins, replication, standby_flush, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import (
     PGPASS_HINT,
@@ -75,7 +75,8 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         # What the run will do as these users (switch-traffic's reverse stream included): refused now, not then.
         refuse(preflight(Plan(kind, [source_url], [target_url], [quote_name(t.schema, t.name) for t in described],
-                              rules=bool(compiled), workflow=name, target_tables=[
+                              rules=bool(compiled), workflow=name, target_standbys=standby_flush.enabled(options),
+                              target_tables=[
                                   (compiled[t.qualified].target.schema, compiled[t.qualified].target.name)
                                   if t.qualified in compiled else (t.schema, t.name) for t in described])))
         with connect(target_url, role="target") as dst:

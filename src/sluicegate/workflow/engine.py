@@ -26,7 +26,7 @@ from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
-from ..postgres import capture, durable, locks, origins
+from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
@@ -380,6 +380,7 @@ class Engine:
             idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
             way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
             clusters=cluster_ids(wf), replica_role=bool(wf.options.get("apply_as_replica")),
+            confirm_after_standbys=standby_flush.enabled(wf.options),
         )
         compiled = self._compiled_rules(stream)
         if any(not rule.moves_only for rule in compiled.values()):  # Spark SQL: one Spark job a batch

@@ -28,6 +28,7 @@ from ..postgres.catalog import Table, quote_name
 from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, LogicalMessage, Origin
 from ..postgres.replication import ChangeStream
+from ..postgres.standby_flush import StandbyGate
 from ..vdiff import store as vdiff_store
 from . import state as st
 from .faults import fault_point
@@ -71,6 +72,9 @@ class PlayTask:
     # Apply with session_replication_role = replica: the target tables have foreign keys between them
     # (postgres/table_definition.py), which a batch may meet child first; the source checked them.
     replica_role: bool = False
+    # Confirm a position only once the target's physical standbys have flushed the commit that recorded it
+    # (postgres/standby_flush.py): the workflow option confirm_after_target_standbys.
+    confirm_after_standbys: bool = False
 
 
 @dataclass
@@ -107,10 +111,15 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             dst.execute("SET deadlock_timeout = '20ms'")
         dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
+        gate = StandbyGate(task.confirm_after_standbys)
+        shown_note = ""  # the gate's note as the stream's message says it
+        unsent = None  # a released position the stream could not confirm yet (ChangeStream.confirm)
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            capture.advance_slot(src_ctl, task.slot, task.position)  # died between commit and confirm
+            ready = gate.recorded(dst, task.position)  # died between commit and confirm
+            if ready is not None:
+                capture.advance_slot(src_ctl, task.slot, ready)
         framing = Framing()  # Relation messages of this task's decoding session
         task = _current_shapes(dst, task)
         follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
@@ -184,23 +193,36 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                                      safe=counting)
                     if task.clear_message and result.batches == 1:
                         st.set_message(dst, task.stream_id, "")
+                    if gate.note != shown_note:  # confirmation waits for the target's standbys, or no longer
+                        st.set_message(dst, task.stream_id, gate.note)
+                        shown_note = gate.note
                     if task.origin and batch.transactions:  # the rows carry the source's commit time
                         origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
-                    stream.confirm(new_position)
+                    unsent = _confirm(stream, gate.recorded(dst, new_position), unsent)
                     if reshaped:
                         task = _reshaped(task, reshaped)
                         follower.changed = {}
                 else:
                     dst.rollback()
+                    # The standbys may have caught up since the last commit.
+                    unsent = _confirm(stream, gate.release(dst), unsent)
                 result.position = new_position
                 if task.until == "caught_up" and not batch.limited:
                     result.caught_up = True
                     return result
                 if time.monotonic() >= deadline:
                     return result
+
+
+def _confirm(stream: ChangeStream, ready: int | None, unsent: int | None) -> int | None:
+    """Confirm the newest of `ready` and `unsent`; what is still unsent (see ChangeStream.confirm)."""
+    position = max(p for p in (ready, unsent, 0) if p is not None)
+    if position and not stream.confirm(position):
+        return position
+    return None
 
 
 def way_out(task: PlayTask) -> str:

@@ -30,6 +30,7 @@ from ..errors import RetryableError, TerminalError, from_exception
 from ..postgres import capture, durable, peek
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
+from ..postgres.standby_flush import StandbyGate
 from . import state as st
 from .faults import fault_point
 from .player import PlayResult, PlayTask, wait_flushed, way_out
@@ -70,10 +71,11 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
     with connect(task.source_url, role="source", autocommit=True) as src, \
             connect(task.target_url, role="target", autocommit=True) as dst:
         durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
+        gate = _Gate(task, src, dst)
         info = capture.check_slot(src, task.slot, task.position, way_out(task))
         capture.release_slot(src, task.slot, info)  # a walsender left behind: a peek needs the slot
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            capture.advance_slot(src, task.slot, task.position)
+            gate.recorded(task.position)
         while True:
             if task.until == "position" and result.position >= task.stop_at:
                 result.caught_up = True
@@ -98,6 +100,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
                 if task.until == "caught_up":
                     result.caught_up = True
                     return result
+                gate.release()  # the target's standbys may have caught up since the last batch
                 engine.stop.wait(task.idle_poll)
                 continue
             wait_flushed(src, upto)
@@ -114,12 +117,34 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
             result.position = summary["position"]
             last_write = now
             fault_point("rule_batch.before_advance")
-            capture.advance_slot(src, task.slot, result.position)  # after the target's commit
+            gate.recorded(result.position)  # after the target's commit
             if task.until == "caught_up" and not summary["limited"]:
                 result.caught_up = True
                 return result
             if time.monotonic() >= deadline:
                 return result
+
+
+class _Gate:
+    """The slot confirmed through the task's StandbyGate; the stream's message says when it waits."""
+
+    def __init__(self, task: PlayTask, src, dst):
+        self.task, self.src, self.dst = task, src, dst
+        self.gate = StandbyGate(task.confirm_after_standbys)
+        self.shown = ""
+
+    def recorded(self, position: int) -> None:
+        self._confirm(self.gate.recorded(self.dst, position))
+
+    def release(self) -> None:
+        self._confirm(self.gate.release(self.dst))
+
+    def _confirm(self, ready: int | None) -> None:
+        if ready is not None:
+            capture.advance_slot(self.src, self.task.slot, ready)
+        if self.gate.note != self.shown:
+            st.set_message(self.dst, self.task.stream_id, self.gate.note)
+            self.shown = self.gate.note
 
 
 def _by_name(runners: dict) -> dict:
