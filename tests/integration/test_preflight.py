@@ -147,8 +147,14 @@ def test_check_names_each_missing_requirement(role_pair, source_server, target_s
     assert expected <= set(lines), sorted(set(lines) - expected)
     keyless = [x for x in problems if "public.bare" in x["what"]]
     assert len(keyless) == 1 and "REPLICA IDENTITY FULL" in keyless[0]["what"]
+    assert not any("pg_read_all_stats" in (x["fix"] or "") for x in problems)
     text = _sg("check", "movetables", "--source", src, "--target", dst)
     assert text.returncode == 1 and len(text.stdout.splitlines()) == len(problems)  # one line each
+    # confirming only what the target's standbys flushed: their positions in pg_stat_replication
+    code, problems = _check("movetables", "--source", src, "--target", dst, "--confirm-after-target-standbys")
+    assert ("target", "error", f"GRANT pg_read_all_stats TO {ROLE}") in {
+        (x["database"].split()[0], x["severity"], x["fix"]) for x in problems}
+    assert not any("pg_read_all_stats" in (x["fix"] or "") for x in problems if x["database"].startswith("source"))
     # bidirectional: the origin functions and both parameters, on both clusters
     code, problems = _check("replicate", "--source", src, "--sink", dst, "--tables", "parent", "--bidirectional")
     for side in ("source", "sink"):
