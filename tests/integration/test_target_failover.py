@@ -64,7 +64,11 @@ def _side(source: str, target: str):
     return SimpleNamespace(source=source, target=target, src=run(source), dst=run(target))
 
 
-def test_promoted_target_standby_resumes_without_recopy(source_server, tmp_path):
+# No rule: one Spark task holds the stream (player.py). A rule with a WHERE: a Spark job a batch, the driver
+# confirms (rule_player.py; ~65 s on 2 cores, so in the slow set). Both confirm through the same gate.
+@pytest.mark.parametrize("rules", [[], pytest.param(["a: SELECT id, v FROM a WHERE v >= 0"], marks=pytest.mark.slow)],
+                         ids=["player", "rule_player"])
+def test_promoted_target_standby_resumes_without_recopy(source_server, tmp_path, rules):
     primary = LocalPostgres(tmp_path / "primary")
     primary.template_cache = False  # a standby of it: its own system identifier, not the template's
     primary.init().start()
@@ -81,7 +85,7 @@ def test_promoted_target_standby_resumes_without_recopy(source_server, tmp_path)
     try:
         p.src("CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL)")
         p.src("INSERT INTO a SELECT g, 0 FROM generate_series(1, 200) g")
-        create_movetables("tf", p.source, target, ["a"], [], {OPTION: True})
+        create_movetables("tf", p.source, target, ["a"], rules, {OPTION: True})
         env = {k: v for k, v in os.environ.items() if k not in ("SLUICEGATE_TARGET", "SLUICEGATE_DRIVER_PID")}
         driver = subprocess.Popen([sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "tf", "--target",
                                    target, "--no-progress"], env=env, stdout=log.open("ab"),
