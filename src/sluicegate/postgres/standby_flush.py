@@ -71,12 +71,8 @@ class StandbyGate:
         finally:
             if idle:
                 conn.rollback()  # a read-only transaction the caller did not open
-        if position is not None and (not self.pending or position > self.pending[-1][1]):
-            self.pending.append((parse_lsn(now), position))
-            if len(self.pending) > MAX_PENDING:
-                newest = self.pending.pop()
-                kept = list(self.pending)[1::2]  # dropping a pair only delays its release to a later one's
-                self.pending = deque([*kept, newest])
+        if position is not None:
+            self.pending = push(self.pending, parse_lsn(now), position)
         if hidden:
             user = conn.execute("SELECT current_user").fetchone()[0]
             if idle:
@@ -92,8 +88,24 @@ class StandbyGate:
                          f"source keeps its WAL")
             return None
         self.note = ""
-        upto = parse_lsn(flushed)
-        released = None
-        while self.pending and self.pending[0][0] <= upto:
-            released = self.pending.popleft()[1]
-        return released
+        return take(self.pending, parse_lsn(flushed))
+
+
+def push(pending: deque, target_lsn: int, position: int) -> deque:
+    """`pending` with the pair added (a position not past the newest one adds nothing), at most MAX_PENDING
+    long: past it every other older pair goes — dropping one only delays its release to a later one's."""
+    if pending and position <= pending[-1][1]:
+        return pending
+    pending.append((target_lsn, position))
+    if len(pending) <= MAX_PENDING:
+        return pending
+    newest = pending.pop()
+    return deque([*list(pending)[1::2], newest])
+
+
+def take(pending: deque, flushed: int) -> int | None:
+    """Pop the pairs whose target position the standbys have flushed; the newest source position of them."""
+    released = None
+    while pending and pending[0][0] <= flushed:
+        released = pending.popleft()[1]
+    return released
