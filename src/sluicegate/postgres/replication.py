@@ -61,7 +61,7 @@ class ChangeStream:
         self.in_transaction = False
         self.ended_by = ""
         self.boundary = start
-        self.last_start = 0  # WAL position of the last message read (psycopg2's last_msg_data_start)
+        self.last_start = 0  # WAL position of the last commit read: at most psycopg2's last_msg_data_start
         try:
             # The walsender formats pgoutput's text values with its session settings: the same ones as
             # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
@@ -133,6 +133,9 @@ class ChangeStream:
                     self.in_transaction = True
                 elif kind == COMMIT:
                     self.in_transaction = False
+                    # Kept at commits only (rows are most messages): never past psycopg2's last message start,
+                    # so confirm() trusting it is only ever more careful.
+                    self.last_start = msg.data_start
                     # Commit: flags, commit_lsn, end_lsn, time. Everything committing before end_lsn is read.
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 10)[0])
                 elif kind == STREAM_START:  # a block is not cut either (its changes carry no framing of their own)
@@ -143,7 +146,6 @@ class ChangeStream:
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 14)[0])
                 count += 1
                 received = True
-                self.last_start = msg.data_start
                 yield msg.data_start, payload
                 continue
             if received:
