@@ -201,14 +201,14 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
-                    unsent = _confirm(stream, gate.recorded(dst, new_position), unsent)
+                    unsent = _confirm(stream, gate.recorded(dst, new_position), unsent, gate)
                     if reshaped:
                         task = _reshaped(task, reshaped)
                         follower.changed = {}
                 else:
                     dst.rollback()
                     # The standbys may have caught up since the last commit.
-                    unsent = _confirm(stream, gate.release(dst), unsent)
+                    unsent = _confirm(stream, gate.release(dst), unsent, gate)
                 result.position = new_position
                 if task.until == "caught_up" and not batch.limited:
                     result.caught_up = True
@@ -217,10 +217,11 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
 
 
-def _confirm(stream: ChangeStream, ready: int | None, unsent: int | None) -> int | None:
-    """Confirm the newest of `ready` and `unsent`; what is still unsent (see ChangeStream.confirm)."""
+def _confirm(stream: ChangeStream, ready: int | None, unsent: int | None, gate: StandbyGate) -> int | None:
+    """Confirm the newest of `ready` and `unsent`; what is still unsent (see ChangeStream.confirm). Without the
+    gate the next commit's position comes soon and covers it; with it, a released one is kept for a retry."""
     position = max(p for p in (ready, unsent, 0) if p is not None)
-    if position and not stream.confirm(position):
+    if position and not stream.confirm(position) and gate.enabled:
         return position
     return None
 
