@@ -85,13 +85,19 @@ class Failover:
         self.writes = Writes(self.p.source)
         self.slot = None
 
-    def start(self, rules: list[str], options: dict) -> None:
-        """Create the MoveTables, run it (the target URL lists both hosts) under writes until it confirms."""
+    def start(self, rules: list[str], options: dict, then_set: str | None = None) -> None:
+        """Create the MoveTables (`then_set`: and `workflow set` the option so), run it (the target URL lists
+        both hosts) under writes until it confirms."""
         p = self.p
         p.src("CREATE TABLE a (id int PRIMARY KEY, v int NOT NULL)")
         p.src("INSERT INTO a SELECT g, 0 FROM generate_series(1, 200) g")
         create_movetables("tf", p.source, self.target, ["a"], rules, options)
         env = {k: v for k, v in os.environ.items() if k not in ("SLUICEGATE_TARGET", "SLUICEGATE_DRIVER_PID")}
+        if then_set:
+            out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "workflow", "set", "tf",
+                                  "--confirm-after-target-standbys", then_set, "--target", self.target],
+                                 env=env, capture_output=True, text=True, check=False)
+            assert out.returncode == 0 and f"confirm-after-target-standbys {then_set}" in out.stdout, out
         self.driver = subprocess.Popen(
             [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", "tf", "--target", self.target,
              "--no-progress"], env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -139,13 +145,17 @@ def failover(source_server, tmp_path):
     f.close(source_server)
 
 
-# No rule: one Spark task holds the stream (player.py). A rule with a WHERE: a Spark job a batch, the driver
-# confirms (rule_player.py; ~65 s on 2 cores, so in the slow set). Both confirm through the same gate.
+# No rule: one Spark task holds the stream (player.py), the option set by `workflow set` after create. A rule
+# with a WHERE: a Spark job a batch, the driver confirms (rule_player.py; ~65 s on 2 cores, so in the slow
+# set), the option given to create. Both confirm through the same gate.
 @pytest.mark.parametrize("rules", [[], pytest.param(["a: SELECT id, v FROM a WHERE v >= 0"], marks=pytest.mark.slow)],
                          ids=["player", "rule_player"])
 def test_promoted_target_standby_resumes_without_recopy(failover, rules):
     f, p = failover, failover.p
-    f.start(rules, {OPTION: True})
+    if rules:
+        f.start(rules, {OPTION: True})
+    else:
+        f.start(rules, {}, then_set="on")
 
     # No standby streaming: the target moves on, the slot stays, the stream's message says why.
     f.standby.stop("fast")

@@ -709,21 +709,38 @@ def workflow_start(name, target):
 @workflow.command("set")
 @click.argument("name")
 @TARGET
-@click.option("--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), required=True,
+@click.option("--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), default=None,
               help="The workflow's DDL mode (see `movetables create --on-ddl`); the next statement the stream "
                    "meets follows it, without restarting `workflow run`.")
+@click.option("--confirm-after-target-standbys", "target_standbys", type=click.Choice(("on", "off")), default=None,
+              help="Confirm source positions only once the target's standbys have flushed them (see `movetables "
+                   "create`); a running `workflow run` follows it once restarted.")
 @friendly
-def workflow_set(name, target, on_ddl):
+def workflow_set(name, target, on_ddl, target_standbys):
     """Change a setting of an existing workflow."""
     from ..ddl import modes
-    from ..postgres.connect import connect
+    from ..postgres import standby_flush
+    from ..postgres.connect import connect, describe
+    from ..preflight import needs, probes
     from ..workflow import state as st
 
+    if on_ddl is None and target_standbys is None:
+        raise UsageError("workflow set: give a setting to change (--on-ddl, --confirm-after-target-standbys)")
     with connect(target, role="target") as conn:
-        if not st.has_schema(conn) or not modes.set_mode(conn, name, on_ddl):
+        if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
+                                                         (name,)).fetchone():
             _fail(f"no workflow {name} on this target")
+        if target_standbys == "on":
+            for problem in probes.privileged(conn, f"target {describe(target)}", {needs.TARGET_STANDBYS}):
+                _fail(problem.line())
+        if on_ddl is not None:
+            modes.set_mode(conn, name, on_ddl)
+        if target_standbys is not None:
+            standby_flush.set_enabled(conn, name, target_standbys == "on")
         conn.commit()
-    click.echo(f"workflow {name}: on-ddl {on_ddl}")
+    changed = [f"on-ddl {on_ddl}"] if on_ddl else []
+    changed += [f"confirm-after-target-standbys {target_standbys}"] if target_standbys else []
+    click.echo(f"workflow {name}: {', '.join(changed)}")
 
 
 @workflow.command("delete")

@@ -43,6 +43,12 @@ def enabled(options: dict) -> bool:
     return bool(options.get(OPTION))
 
 
+def set_enabled(conn: psycopg.Connection, workflow: str, on: bool) -> None:
+    """`workflow set`: turn the option on or off for an existing workflow, in the caller's transaction."""
+    conn.execute("UPDATE sluicegate.workflows SET options = options || jsonb_build_object(%s::text, %s::boolean) "
+                 "WHERE name = %s", (OPTION, on, workflow))
+
+
 class StandbyGate:
     """Which recorded source position may be confirmed now. Disabled: each one, as soon as it is recorded."""
 
