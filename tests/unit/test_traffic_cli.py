@@ -46,3 +46,10 @@ def test_the_report_prints_each_sequence_line_once(capsys):
     _report(SwitchResult("w", "reversed", 0x16B3748, 0.01, 0.0, [line]), as_json=False)
     text = capsys.readouterr().out
     assert f"\n  {line}\n" in text and "sequence sequence" not in text
+
+
+def test_replicate_refuses_target_standbys_for_a_delta_sink(tmp_path):
+    out = CliRunner().invoke(cli, ["replicate", "create", "--workflow", "w", "--source", "postgresql://127.0.0.1:1/x",
+                                   "--sink", f"delta:{tmp_path}/lake", "--confirm-after-target-standbys"])
+    assert out.exit_code != 0 and "--confirm-after-target-standbys is for PostgreSQL sinks" in out.output
+    assert "Traceback" not in out.output and not (tmp_path / "lake").exists()

@@ -115,6 +115,9 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
 
     excluded = split_list(exclude_tables) if exclude_tables else None
     names = with_schemas(_names(tables, "--tables"), _names(schemas, "--schemas"))
+    if target_standbys and (lake := [u for u in sinks if u.startswith("delta:")]):
+        raise UsageError(f"--confirm-after-target-standbys is for PostgreSQL sinks: the Delta sink {lake[0]} has no "
+                         f"standbys (its files are durable once written); create it without the option")
     if bool(source) == bool(source_shards):
         raise UsageError("replicate create takes its source as --source URL or as --source-shard RANGE=URL "
                          "(repeated): give exactly one of the two")
