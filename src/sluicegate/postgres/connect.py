@@ -42,9 +42,9 @@ def liveness(url: str) -> tuple[dict, str]:
         given = _parse(url)
     except ValueError:
         given = {}  # connecting says what is wrong with it
+    if str(given.get("keepalives", "1")) == "0":  # turned off in the URL: only what the URL itself says
+        return {}, ""
     client = {k: v for k, v in LIVENESS.items() if k not in given}
-    if str(given.get("keepalives", "1")) == "0":  # turned off in the URL: the server's side stays as is
-        return client, ""
     effective = {**LIVENESS, **{k: str(v) for k, v in given.items() if k in LIVENESS}}
     server = " ".join(f"-c {guc}={int(effective[k])}" for k, guc in _SERVER_LIVENESS.items()
                       if str(effective[k]).isdigit())
