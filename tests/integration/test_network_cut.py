@@ -24,15 +24,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sluicegate.errors import UsageError
 from sluicegate.localpg import LocalPostgres
 from sluicegate.position import parse_lsn
+from sluicegate.workflow import run_lock
 from sluicegate.workflow.create import create_movetables
 
 from ..conftest import Pair, wait_for
 from .helpers import assert_same, caught_up, reap_group, stream_row
 from .spark_cluster import NamespaceUnavailable, NetworkNamespace
-
-pytestmark = pytest.mark.spark
 
 # What the short cuts ask libpq for: a dead peer noticed in ~4 s rather than Sluicegate's ~30 s.
 QUICK = "keepalives_idle=1&keepalives_interval=1&keepalives_count=2&tcp_user_timeout=4000"
@@ -191,6 +191,7 @@ CUTS = [pytest.param("replicate", 12, True, id="replicate-12s"),
         pytest.param("copy", 60, False, id="copy-60s", marks=pytest.mark.slow)]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("phase,seconds,quick", CUTS)
 @pytest.mark.parametrize("side", ["source", "target"])
 def test_network_cut(side, phase, seconds, quick, source_server, target_server, pgpass, tmp_path):
@@ -240,6 +241,7 @@ RESTARTS = [pytest.param(side, phase, mode, id=f"{side}-{phase}-{mode}",
             for side in ("source", "target") for phase in ("copy", "replicate") for mode in ("fast", "immediate")]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("side,phase,mode", RESTARTS)
 def test_server_restart(side, phase, mode, pair, tmp_path):
     server = pair.source_server if side == "source" else pair.target_server
@@ -249,3 +251,22 @@ def test_server_restart(side, phase, mode, pair, tmp_path):
 
     text = run_through(pair, pair.source, pair.target, phase, tmp_path, restart)
     assert "re-bootstrap" not in text, text[-3000:]
+
+
+def test_the_run_lock_is_taken_back_from_the_drivers_own_lost_session(pair):
+    """After a cut the target may still hold the driver's earlier lock session (it has not noticed the client
+    is gone): the driver ends that session of its own and goes on; another driver's session is never taken."""
+    lost = run_lock.take(pair.target, "nc")  # stands for the session the cut left behind on the target
+    try:
+        with pytest.raises(UsageError, match="already being run"):
+            run_lock.take(pair.target, "nc", former_backend=None)
+        mine = run_lock.take(pair.target, "nc", former_backend=lost.info.backend_pid)
+        try:
+            assert pair.dst("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                            (lost.info.backend_pid,)) == [(0,)]
+            with pytest.raises(UsageError, match="already being run"):  # mine now, and live
+                run_lock.take(pair.target, "nc", former_backend=lost.info.backend_pid)
+        finally:
+            mine.close()
+    finally:
+        lost.close()
