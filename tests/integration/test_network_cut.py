@@ -259,13 +259,16 @@ def test_the_run_lock_is_taken_back_from_the_drivers_own_lost_session(pair):
     lost = run_lock.take(pair.target, "nc")  # stands for the session the cut left behind on the target
     try:
         with pytest.raises(UsageError, match="already being run"):
-            run_lock.take(pair.target, "nc", former_backend=None)
-        mine = run_lock.take(pair.target, "nc", former_backend=lost.info.backend_pid)
+            run_lock.take(pair.target, "nc", former=None)
+        with pytest.raises(UsageError, match="already being run"):  # the same pid, another session
+            run_lock.take(pair.target, "nc", former=(lost.info.backend_pid, None))
+        former = run_lock.session(lost)
+        mine = run_lock.take(pair.target, "nc", former=former)
         try:
             assert pair.dst("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
                             (lost.info.backend_pid,)) == [(0,)]
             with pytest.raises(UsageError, match="already being run"):  # mine now, and live
-                run_lock.take(pair.target, "nc", former_backend=lost.info.backend_pid)
+                run_lock.take(pair.target, "nc", former=former)
         finally:
             mine.close()
     finally:

@@ -85,9 +85,9 @@ class Engine:
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
         self.lock_conn: psycopg.Connection | None = lock_conn
-        # The target backend of the run lock's session: after a network cut the target may keep it (and the
-        # lock) until it notices the client is gone; re-taking the lock ends that session of ours.
-        self._lock_backend: int | None = lock_conn.info.backend_pid if lock_conn is not None else None
+        # The run lock's session on the target (run_lock.session): after a network cut the target may keep it
+        # (and the lock) until it notices the client is gone; re-taking the lock ends that session of ours.
+        self._lock_session: tuple | None = run_lock.session(lock_conn) if lock_conn is not None else None
         self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
@@ -466,8 +466,8 @@ class Engine:
                 self._drop_lock_conn()
         # A Reshard's streams each have their own driver thread: one lock per stream then.
         key = self.workflow if self.stream_id is None else f"{self.workflow}/stream {self.stream_id}"
-        self.lock_conn = run_lock.take(self.target_url, self.workflow, key, former_backend=self._lock_backend)
-        self._lock_backend = self.lock_conn.info.backend_pid
+        self.lock_conn = run_lock.take(self.target_url, self.workflow, key, former=self._lock_session)
+        self._lock_session = run_lock.session(self.lock_conn)
 
     def _drop_lock_conn(self) -> None:
         if self.lock_conn is not None:
