@@ -38,6 +38,11 @@ class _Loop(Engine):
     def _hold_run_lock(self):
         pass
 
+    def _unreachable(self):
+        return self.down
+
+    down = None
+
     def _load(self):
         return SimpleNamespace(streams=[SimpleNamespace(id=1, state=st.RUNNING)])
 
@@ -90,3 +95,14 @@ def test_once_means_once_in_a_row():
     py = _SparkError("PYTHON_EXCEPTION", "38000")
     loop = _Loop([py, None, py, None])
     assert loop._loop() == "stopping" and loop.steps == 5
+
+
+def test_the_retry_message_names_what_the_stream_waits_for_and_since_when():
+    loop = _Loop([psycopg.OperationalError("timeout"), psycopg.OperationalError("timeout"), None])
+    loop.down = "source 10.213.0.2:5432/shop"
+    loop._loop()
+    first, second = (m for _, m in loop.recorded[:2])
+    assert first.startswith("waiting for source 10.213.0.2:5432/shop since ") and "(attempt 1," in first
+    assert "(attempt 2," in second and second.endswith(": timeout")
+    since = first.split(" since ")[1].split(" (")[0]
+    assert second.split(" since ")[1].split(" (")[0] == since  # the first failure's time, kept

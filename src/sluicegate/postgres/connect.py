@@ -24,6 +24,38 @@ SESSION_OPTIONS = (
     "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
 )
 
+# A peer behind a cut network sends no FIN and no RST: without these a session waits on it for the kernel's
+# two hours. libpq's keepalives and TCP_USER_TIMEOUT end a client session ~30 s after the peer last answered
+# (then the step is retried with backoff); the same values set on the server's side of the session
+# (tcp_keepalives_*, tcp_user_timeout) end the backend too, so its locks (the run lock) and the slot's
+# walsender are freed rather than held by a session nobody will read. A URL's own values win.
+LIVENESS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "4",
+            "tcp_user_timeout": "30000"}
+_SERVER_LIVENESS = {"keepalives_idle": "tcp_keepalives_idle", "keepalives_interval": "tcp_keepalives_interval",
+                    "keepalives_count": "tcp_keepalives_count", "tcp_user_timeout": "tcp_user_timeout"}
+
+
+def liveness(url: str) -> tuple[dict, str]:
+    """(libpq parameters, server `-c` options) that end a session whose peer stopped answering: LIVENESS,
+    less what the URL sets itself, and the server's side of the same values."""
+    try:
+        given = _parse(url)
+    except ValueError:
+        given = {}  # connecting says what is wrong with it
+    if str(given.get("keepalives", "1")) == "0":  # turned off in the URL: only what the URL itself says
+        return {}, ""
+    client = {k: v for k, v in LIVENESS.items() if k not in given}
+    effective = {**LIVENESS, **{k: str(v) for k, v in given.items() if k in LIVENESS}}
+    server = " ".join(f"-c {guc}={int(effective[k])}" for k, guc in _SERVER_LIVENESS.items()
+                      if str(effective[k]).isdigit())
+    return client, server
+
+
+def session_options(url: str, extra: str = "") -> dict:
+    """Keyword arguments for psycopg/psycopg2 connect: Sluicegate's session options and liveness."""
+    client, server = liveness(url)
+    return {**client, "options": " ".join(o for o in (SESSION_OPTIONS, server, extra) if o)}
+
 
 # user:password@ in any URL, and password=... (or a client key's sslpassword=...) as a keyword (quoted or not)
 # or URL query parameter
@@ -202,7 +234,7 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
 
     try:
         return psycopg.connect(
-            url, autocommit=autocommit, options=SESSION_OPTIONS,
+            url, autocommit=autocommit, **session_options(url),
             application_name=kwargs.pop("application_name", "sluicegate"),
             connect_timeout=kwargs.pop("connect_timeout", 10), **{**primary_only(url), **kwargs},
         )

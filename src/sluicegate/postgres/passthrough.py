@@ -21,7 +21,7 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from ..errors import RetryableError, TerminalError, is_retryable
-from .connect import SESSION_OPTIONS, connect_failure, describe, first_line, primary_only
+from .connect import connect_failure, describe, first_line, primary_only, session_options
 
 _PIPE_BUFFER = 1 << 20
 _BLOCK = 1 << 16
@@ -30,7 +30,7 @@ _BLOCK = 1 << 16
 def connect(url: str, role: str, application_name: str = ""):
     """A psycopg2 session with Sluicegate's settings, in a transaction (commit/rollback are the caller's)."""
     try:
-        return psycopg2.connect(url, options=SESSION_OPTIONS, application_name=application_name or "sluicegate",
+        return psycopg2.connect(url, **session_options(url), application_name=application_name or "sluicegate",
                                 connect_timeout=10, **primary_only(url))
     except psycopg2.OperationalError as exc:
         raise connect_failure(role, url, first_line(exc)) from None

@@ -25,13 +25,13 @@ import psycopg2.extras
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
 from .connect import (
-    SESSION_OPTIONS,
     connect_failure,
     connect_hint,
     describe,
     describe_conn,
     primary_only,
     redact,
+    session_options,
 )
 
 if TYPE_CHECKING:
@@ -66,10 +66,9 @@ class ChangeStream:
             # The walsender formats pgoutput's text values with its session settings: the same ones as
             # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
             self.conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                         connect_timeout=10, options=SESSION_OPTIONS + (
-                                             f" -c logical_decoding_work_mem={decoding_work_mem}"
-                                             if decoding_work_mem else ""),
-                                         application_name="sluicegate", **primary_only(url))
+                                         connect_timeout=10, application_name="sluicegate", **primary_only(url),
+                                         **session_options(url, f"-c logical_decoding_work_mem={decoding_work_mem}"
+                                                           if decoding_work_mem else ""))
         except psycopg2.OperationalError as exc:
             raise _connect_error(url, exc) from None
         # Of a URL that lists several hosts, the one libpq chose: the primary now (status shows it).

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 import psycopg
 
@@ -28,7 +29,7 @@ from ..cluster.model import way_out as cluster_way_out
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
 from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, first_line
+from ..postgres.connect import connect, describe, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
 from . import copier, live, metrics, run_lock, traffic
@@ -84,6 +85,9 @@ class Engine:
         self.stop = stop or threading.Event()
         self.max_backoff = max_backoff
         self.lock_conn: psycopg.Connection | None = lock_conn
+        # The run lock's session on the target (run_lock.session): after a network cut the target may keep it
+        # (and the lock) until it notices the client is gone; re-taking the lock ends that session of ours.
+        self._lock_session: tuple | None = run_lock.session(lock_conn) if lock_conn is not None else None
         self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
@@ -144,6 +148,7 @@ class Engine:
 
     def _loop(self) -> str:
         failures = 0
+        failing_since = None
         while not self.stop.is_set():
             try:
                 self._hold_run_lock()
@@ -168,9 +173,11 @@ class Engine:
                     self._record(st.ERROR, describe_error(exc))
                     return st.ERROR
                 failures += 1
+                if failures == 1:
+                    failing_since = datetime.now(timezone.utc)
                 self._count("retries")
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                message = f"retrying in {delay:.0f}s: {describe_error(exc)}"
+                message = _retry_message(self._unreachable(), failing_since, failures, delay, describe_error(exc))
                 log.warning(message)
                 self._record(None, message)
                 self._drop_lock_conn()
@@ -435,6 +442,21 @@ class Engine:
                 return s
         raise TerminalError(f"stream {self.stream_id} of workflow {self.workflow} no longer exists")
 
+    def _unreachable(self) -> str | None:
+        """Which database the stream waits for after a failure — 'target host:port/db' or 'source …' — found
+        by connecting to each (a fresh session answers or it does not: no error text is read); None when both
+        answer (the failure was something else: a lock, a restarting Spark task)."""
+        sides = [("target", self.target_url)]
+        if self._last_stream is not None:
+            sides.append(("source", self._last_stream.source_url))
+        for role, url in sides:
+            try:
+                with connect(url, role=role, autocommit=True, connect_timeout=3) as conn:
+                    conn.execute("SELECT 1")
+            except Exception:  # noqa: BLE001 - any failure to answer is the answer
+                return f"{role} {describe(url)}"
+        return None
+
     def _hold_run_lock(self) -> None:
         """One driver per workflow: a session advisory lock on the target, held while running."""
         if self.lock_conn is not None and not self.lock_conn.closed:
@@ -445,7 +467,8 @@ class Engine:
                 self._drop_lock_conn()
         # A Reshard's streams each have their own driver thread: one lock per stream then.
         key = self.workflow if self.stream_id is None else f"{self.workflow}/stream {self.stream_id}"
-        self.lock_conn = run_lock.take(self.target_url, self.workflow, key)
+        self.lock_conn = run_lock.take(self.target_url, self.workflow, key, former=self._lock_session)
+        self._lock_session = run_lock.session(self.lock_conn)
 
     def _drop_lock_conn(self) -> None:
         if self.lock_conn is not None:
@@ -478,6 +501,15 @@ class Engine:
         if self.vdiffs is not None:
             self.vdiffs.close()
         self._drop_lock_conn()
+
+
+def _retry_message(waiting_for: str | None, since: datetime, attempt: int, delay: float, error: str) -> str:
+    """What the stream's message says while it retries: what it waits for, since when, and why.
+    "waiting for source 10.1.2.3:5432/shop since 2026-01-02 12:03:04 UTC (attempt 5, retrying in 16s): …"."""
+    when = since.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if waiting_for:
+        return f"waiting for {waiting_for} since {when} (attempt {attempt}, retrying in {delay:.0f}s): {error}"
+    return f"retrying in {delay:.0f}s (attempt {attempt}, failing since {when}): {error}"
 
 
 def _add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:

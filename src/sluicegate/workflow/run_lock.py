@@ -19,20 +19,40 @@ _HOLDER = """SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AN
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1"""
 
 
-def take(target_url: str, workflow: str, key: str | None = None) -> psycopg.Connection:
+def take(target_url: str, workflow: str, key: str | None = None, former: tuple | None = None
+         ) -> psycopg.Connection:
     """The lock of `workflow` (`key`: one stream's, for a Reshard's engines) in a new autocommit session
-    that holds it until closed; a UsageError naming the holder when another session has it."""
+    that holds it until closed; a UsageError naming the holder when another session has it.
+
+    `former`: session(conn) of this driver's own earlier lock session. After a network cut the target may
+    not yet know that session's client is gone (it learns from its keepalives, or never while idle with
+    none), and it still holds the lock: that session is ended, not taken for another driver's."""
     key = key or workflow
     conn = connect(target_url, role="target", autocommit=True)
     try:
         if conn.execute(_LOCK, (key,)).fetchone()[0]:
             return conn
+        if former is not None and _holder_session(conn, key) == former:
+            conn.execute("SELECT pg_terminate_backend(%s, 10000)", (former[0],))
+            if conn.execute(_LOCK, (key,)).fetchone()[0]:
+                return conn
         raise UsageError(f"workflow {workflow!r} is already being run by another `sluicegate workflow run` "
                          f"({holder(conn, workflow, key)}): stop that one first (SIGTERM, or `sluicegate "
                          f"workflow stop {workflow}`), or let it run")
     except BaseException:
         conn.close()
         raise
+
+
+def session(conn: psycopg.Connection) -> tuple:
+    """(backend pid, backend start) of a session: which one it is, even once the pid is used again."""
+    return tuple(conn.execute("SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+                              ).fetchone())
+
+
+def _holder_session(conn: psycopg.Connection, key: str) -> tuple | None:
+    row = conn.execute(f"SELECT pid, backend_start FROM pg_stat_activity WHERE pid = ({_HOLDER})", (key,)).fetchone()
+    return tuple(row) if row else None
 
 
 def holder(conn: psycopg.Connection, workflow: str, key: str) -> str:
