@@ -97,3 +97,36 @@ def test_assembler_yields_the_prefix_messages_of_a_transaction_only_when_asked()
     found = [e for e in events if isinstance(e, LogicalMessage)]
     assert len(found) == 1 and found[0].prefix == "sluicegate.ddl" and found[0].content == b"{}"
     assert not [e for e in assemble(raw) if isinstance(e, LogicalMessage)]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("ALTER TABLE orders RENAME TO orders_old", (None, "orders", "orders_old")),
+    ('ALTER TABLE IF EXISTS ONLY sales."Big Orders" RENAME TO "Old Orders"', ("sales", "Big Orders", "Old Orders")),
+    ("alter table Public.Orders rename to Archive", ("public", "orders", "archive")),
+    ("ALTER TABLE orders RENAME COLUMN a TO b", None),
+    ("ALTER TABLE orders RENAME a TO b", None),
+    ("ALTER TABLE orders RENAME CONSTRAINT c TO d", None),
+    ("ALTER TABLE orders ADD COLUMN x int", None),
+])
+def test_table_rename_is_read_from_the_statement(text, expected):
+    assert read(text, "ALTER TABLE").renames_table == expected
+
+
+def test_create_and_drop_table_are_replayable_kinds():
+    assert read("CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE").kind == "create table"
+    drop = read("DROP TABLE IF EXISTS a, b CASCADE", "DROP TABLE")
+    assert drop.kind == "drop table" and drop.cascade
+    assert not read("DROP TABLE a", "DROP TABLE").cascade
+    with pytest.raises(NotReplayable):  # unlogged: its rows are not in the WAL; the tag differs anyway
+        read("CREATE UNLOGGED TABLE t (id int)", "CREATE TABLE")
+
+
+def test_whole_schemas_and_who_joins():
+    from sluicegate.ddl.tables import EXCLUDED, SCHEMAS, joins, qualified_names, whole_schemas
+
+    assert whole_schemas(None) == ["public"]
+    assert whole_schemas(["sales.*", "public.items", '"Big".*']) == ["sales", "Big"]
+    assert whole_schemas(["items"]) == []
+    options = {SCHEMAS: ["public"], EXCLUDED: qualified_names(["audit"])}
+    assert joins(options, "public", "fresh") and not joins(options, "public", "audit")
+    assert not joins(options, "other", "fresh") and not joins({}, "public", "fresh")

@@ -278,6 +278,22 @@ class PostgresApplier:
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"sg_stage_{t.index}")))
             self.staged.discard(t.index)
 
+    def reshape(self, source: tuple[str, str], table: Table) -> None:
+        """A statement gave the table a new description (ddl/tables.py): rows after it are staged in it. A
+        renamed table is known by its new name from then on."""
+        t = self.by_name.pop(source, None)
+        if t is None:
+            return
+        self._retable(t, table)
+        t._plan = None
+        self.by_name[(table.schema, table.name)] = t
+        self._rels.clear()
+
+    def drop_table(self, source: tuple[str, str]) -> None:
+        """The table was dropped (ddl/tables.py): nothing of it is staged (the caller synced first)."""
+        if self.by_name.pop(source, None) is not None:
+            self._rels.clear()
+
     def change(self, ch: Change) -> None:
         t = self._target(ch.relation)
         if t is None:

@@ -42,6 +42,7 @@ from ..postgres.pgoutput import LogicalMessage
 from ..workflow import state as st
 from ..workflow.schema_changes import SchemaStop
 from . import modes
+from . import tables as ddl_tables
 from .message import BadDdlMessage, DdlMessage, parse
 from .statement import NotReplayable, Statement, read, without_concurrently
 
@@ -50,13 +51,20 @@ log = logging.getLogger("sluicegate")
 
 class DdlReplay:
     def __init__(self, dst: psycopg.Connection, target_url: str, workflow: str, stream_id: int, applier,
-                 renamed: set[tuple[str, str]] = frozenset()):
+                 renamed: set[tuple[str, str]] = frozenset(), src: psycopg.Connection | None = None,
+                 publication: str = "", follower=None):
         """`applier`: the batch's PostgresApplier (its rows are written before a statement runs, and it
         forgets a table's plan after one). `renamed`: source tables the target writes under another name
-        (rules): statements on them are not replayed."""
+        (rules): statements on them are not replayed. `src`: the play task's source connection, `publication`
+        the stream's (a new table joins through them, tables.py); `follower`: the batch's SchemaFollower,
+        whose `changed` takes the descriptions a statement changed (the player keeps them with the batch)."""
         self.dst, self.target_url, self.workflow, self.stream_id = dst, target_url, workflow, stream_id
         self.applier, self.renamed = applier, set(renamed)
+        self.src, self.publication, self.follower = src, publication, follower
         self.notes: list[str] = []  # statements exec-ignore passed over in this batch: the stream's message
+        # A statement changed which tables the stream has (joined, dropped, renamed): the player ends its task
+        # after that transaction, and the engine reads the stream again.
+        self.tables_changed = False
 
     # -- the player's entry -------------------------------------------------------------------------------
     def met(self, msg: LogicalMessage) -> None:
@@ -66,6 +74,11 @@ class DdlReplay:
             raise SchemaStop(f"{exc}; or remove the capture (`sluicegate ddl remove`)") from None
         tables = self._moved(ddl)
         if not tables:
+            new = self._joining(ddl)
+            if new and modes.current(self.dst, self.workflow) in (modes.EXEC, modes.EXEC_IGNORE):
+                self._exec(ddl, new, ", ".join(f"{s}.{n}" for s, n in sorted(new)),
+                           ignore_failure=modes.current(self.dst, self.workflow) == modes.EXEC_IGNORE)
+                return
             log.debug("DDL at %s (%s) touches no table workflow %s moves: passed over",
                       format_lsn(ddl.lsn), ddl.tag, self.workflow)
             return
@@ -79,10 +92,31 @@ class DdlReplay:
             return
         self._exec(ddl, tables, names, ignore_failure=(mode == modes.EXEC_IGNORE))
 
+    def _joining(self, ddl: DdlMessage) -> set[tuple[str, str]]:
+        """The tables a CREATE TABLE made in a schema the workflow moves whole (tables.py)."""
+        if ddl.tag != "CREATE TABLE" or self.src is None or not self.publication:
+            return set()
+        options = self.dst.execute("SELECT options FROM sluicegate.workflows WHERE name = %s",
+                                   (self.workflow,)).fetchone()[0]
+        return {o.table for o in ddl.objects
+                if o.object_type == "table" and o.table is not None and ddl_tables.joins(options, *o.table)}
+
     # -- which moved tables it touches ---------------------------------------------------------------------
     def _moved(self, ddl: DdlMessage) -> set[tuple[str, str]]:
         moved = set(self.applier.by_name)  # (schema, name) of the source tables
         found = {t for t in ddl.tables() if t in moved}
+        for o in ddl.objects:
+            if o.table is None and o.object_type == "table" and (o.schema, o.name) in moved:
+                found.add((o.schema, o.name))  # a dropped table (sql_drop names it, not its table)
+        if ddl.tag == "ALTER TABLE":  # renamed: the message names it by its new name
+            try:
+                renames = read(ddl.statement, ddl.tag).renames_table
+            except NotReplayable:
+                renames = None
+            if renames is not None:
+                for s, n in ddl.tables():
+                    if n == renames[2] and (s, renames[1]) in moved and renames[0] in (None, s):
+                        found.add((s, renames[1]))
         for o in ddl.objects:
             if o.table is None and o.object_type == "index" and o.schema and o.name:
                 # a dropped index: the source's catalog no longer says whose it was; the target's does
@@ -130,15 +164,45 @@ class DdlReplay:
                 if ddl.search_path:
                     self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
                 self.dst.execute(text)  # no parameters: the text goes as the source ran it
+                self._follow(ddl, stmt, tables)  # in the statement's savepoint: undone with it
         except psycopg.Error as exc:
             if is_retryable(exc):
                 raise
             self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
                          getattr(exc, "sqlstate", None), ignore_failure)
             return
-        for t in tables:
-            self.applier.forget_plan(t)
+        except ddl_tables.CannotJoin as exc:
+            self._failed(ddl, names, f"the table cannot join workflow {self.workflow}: {exc}", None,
+                         ignore_failure)
+            return
         log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, at, names)
+
+    def _follow(self, ddl: DdlMessage, stmt: Statement, tables: set[tuple[str, str]]) -> None:
+        """What the statement did to the stream's tables, recorded with it (tables.py)."""
+        specs = {name: t.table for name, t in self.applier.by_name.items()}
+        for name in sorted(tables):
+            if stmt.kind == "create table":
+                ddl_tables.join(self.src, self.dst, self.stream_id, self.publication, *name)
+                self.tables_changed = True
+                continue
+            table = specs.get(name)
+            if table is None:
+                continue
+            if stmt.kind == "drop table":
+                ddl_tables.drop(self.dst, self.stream_id, table)
+                self.applier.drop_table(name)
+                self.tables_changed = True
+            elif stmt.kind == "alter table" and self.src is not None:
+                if stmt.renames_table is not None:
+                    new = ddl_tables.rename(self.src, self.dst, self.stream_id, table, stmt.renames_table[2])
+                    self.tables_changed = True
+                else:
+                    new = ddl_tables.refresh(self.src, self.dst, self.stream_id, table)
+                self.applier.reshape(name, new)
+                if self.follower is not None:
+                    self.follower.changed[new.qualified] = new
+            else:
+                self.applier.forget_plan(name)
 
     def _replayable(self, ddl: DdlMessage, tables: set[tuple[str, str]]) -> Statement:
         renamed = sorted(f"{s}.{n}" for s, n in tables & self.renamed)
@@ -147,7 +211,13 @@ class DdlReplay:
                                 f"statements are not rewritten yet")
         stmt = read(ddl.statement, ddl.tag)
         if stmt.kind == "other":
-            raise NotReplayable(f"{ddl.tag} is not replayed (ALTER TABLE and CREATE/DROP INDEX are)")
+            raise NotReplayable(f"{ddl.tag} is not replayed (ALTER TABLE, CREATE/DROP INDEX, CREATE TABLE in a "
+                                f"schema the workflow moves whole and DROP TABLE are)")
+        if stmt.kind == "drop table":
+            dropped = {(o.schema, o.name) for o in ddl.objects if o.object_type == "table"}
+            if dropped - tables:
+                others = ", ".join(f"{s}.{n}" for s, n in sorted(dropped - tables))
+                raise NotReplayable(f"it also drops {others}, which the workflow does not move")
         return stmt
 
     def _failed(self, ddl: DdlMessage, names: str, why: str, sqlstate: str | None, ignore: bool) -> None:

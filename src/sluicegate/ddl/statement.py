@@ -121,9 +121,13 @@ def words(text: str, n: int | None = None) -> list[str]:
 @dataclass(frozen=True)
 class Statement:
     text: str  # the one statement, as the source ran it
-    kind: str  # 'alter table', 'create index', 'drop index' (what exec replays) or 'other'
+    # 'alter table', 'create index', 'drop index', 'create table', 'drop table' (what exec replays) or 'other'
+    kind: str
     adds_columns_only: bool = False  # ALTER TABLE whose every action is ADD [COLUMN]: what follows anyway
     concurrently: bool = False  # CREATE/DROP INDEX CONCURRENTLY
+    # ALTER TABLE … RENAME TO: the table's name before (as written, its schema if it was written) and after
+    renames_table: tuple[str | None, str, str] | None = None
+    cascade: bool = False  # DROP TABLE … CASCADE
 
 
 class NotReplayable(ValueError):
@@ -148,7 +152,11 @@ def read(query: str, tag: str) -> Statement:
         raise NotReplayable(f"the query string ({' '.join(head[:3]) or 'no command'} …) is not the {tag} "
                             f"statement itself (it ran the command inside a function or block)")
     if tag_words == ["ALTER", "TABLE"]:
-        return Statement(text, "alter table", adds_columns_only=_adds_columns_only(text))
+        return Statement(text, "alter table", adds_columns_only=_adds_columns_only(text),
+                         renames_table=_renames_table(text))
+    if tag_words in (["CREATE", "TABLE"], ["DROP", "TABLE"]):
+        last = [text[s:e].upper() for kind, s, e in tokens(text) if kind == "word"][-1:]
+        return Statement(text, " ".join(tag_words).lower(), cascade=last == ["CASCADE"])
     if tag_words in (["CREATE", "INDEX"], ["DROP", "INDEX"]):
         return Statement(text, " ".join(tag_words).lower(), concurrently="CONCURRENTLY" in head)
     return Statement(text, "other")
@@ -189,6 +197,45 @@ def _adds_columns_only(text: str) -> bool:
                 and action[1][0] != "quoted"):
             return False
     return True
+
+
+def _name(toks: list, text: str, i: int) -> tuple[list[str], int]:
+    """The dotted name starting at token i: its parts (quoted identifiers unquoted, words folded to lower
+    case, as PostgreSQL reads them) and the index past it."""
+    parts = []
+    while i < len(toks):
+        kind, s, e = toks[i]
+        if kind == "word":
+            parts.append(text[s:e].lower())
+        elif kind == "quoted":
+            parts.append(text[s + 1:e - 1].replace('""', '"'))
+        else:
+            break
+        i += 1
+        if i < len(toks) and toks[i][0] == ".":
+            i += 1
+        else:
+            break
+    return parts, i
+
+
+def _renames_table(text: str) -> tuple[str | None, str, str] | None:
+    """ALTER TABLE [IF EXISTS] [ONLY] name [*] RENAME TO new: (schema or None, name, new); None for any other
+    ALTER TABLE (RENAME COLUMN, RENAME CONSTRAINT included)."""
+    toks = list(tokens(text))
+    word = lambda j: text[toks[j][1]:toks[j][2]].upper() if j < len(toks) and toks[j][0] == "word" else None
+    i = 2
+    while word(i) in ("IF", "EXISTS", "ONLY"):
+        i += 1
+    old, i = _name(toks, text, i)
+    if i < len(toks) and text[toks[i][1]:toks[i][2]] == "*":
+        i += 1
+    if not old or len(old) > 3 or word(i) != "RENAME" or word(i + 1) != "TO":
+        return None
+    new, end = _name(toks, text, i + 2)
+    if len(new) != 1 or end != len(toks):
+        return None
+    return (old[-2] if len(old) >= 2 else None), old[-1], new[0]
 
 
 def without_concurrently(text: str) -> str:

@@ -16,6 +16,8 @@ from ..postgres import origins, passthrough
 from ..postgres.connect import describe_conn
 from .faults import fault_point
 
+COPY_LOCK_TIMEOUT_MS = 2000
+
 
 @dataclass(frozen=True)
 class CopyTask:
@@ -44,6 +46,11 @@ def copy_range(task: CopyTask) -> int:
                 src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
             except psycopg2.errors.InvalidParameterValue:
                 raise snapshot_gone(task.snapshot, describe_conn(src)) from None
+            # A schema change of the table waits for the cycle's snapshot (it holds the table's share lock),
+            # and this read would queue behind it: a wait nobody detects, with the application's writes queued
+            # too. A lock timeout (55P03, retryable) fails the cycle instead, which lets the change through;
+            # the cycle is redone with the new shape.
+            src.cursor().execute("SELECT set_config('lock_timeout', %s, true)", (f"{COPY_LOCK_TIMEOUT_MS}ms",))
             rows = passthrough.pipe(src, task.select, dst, task.insert)
             fault_point("copy.before_commit")
             dst.commit()

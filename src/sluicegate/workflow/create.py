@@ -35,6 +35,14 @@ def create_movetables(name: str, source_url: str, target_url: str, tables: list[
     """Returns the qualified names of the moved tables. Creates nothing if anything is wrong. `exclude`:
     tables not to move, among the named ones (or those of schema public). `notes`: given a list, gets a line
     for each part of a source table's definition that its target table does not get."""
+    if not rules:  # a table made later in one of these schemas joins the workflow (ddl/tables.py)
+        from ..ddl import tables as ddl_tables
+
+        schemas = ddl_tables.whole_schemas(tables)
+        if schemas:
+            options = {**options, ddl_tables.SCHEMAS: schemas}
+            if exclude:
+                options[ddl_tables.EXCLUDED] = ddl_tables.qualified_names(exclude)
     return _create("MoveTables", name, source_url, target_url, tables, rules, options, udfs, exclude, notes)
 
 

@@ -210,6 +210,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     # The standbys may have caught up since the last commit.
                     unsent = _confirm(stream, gate.release(dst), unsent, gate)
                 result.position = new_position
+                if batch.tables_changed:
+                    result.interrupted = "a schema change changed the stream's tables"
+                    return result
                 if task.until == "caught_up" and not batch.limited:
                     result.caught_up = True
                     return result
@@ -270,6 +273,7 @@ class _Batch:
     limited: bool = False
     commit_time: object = None
     commit_end: int = 0  # end of the last applied transaction's commit record on the source
+    tables_changed: bool = False  # a DDL statement changed the stream's set of tables (ddl/tables.py)
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
@@ -300,7 +304,8 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
         applier = RuleReplicator(applier, ruled)
     else:  # rows through no rule: most go from their message bytes straight into the applier
         rows = base.row_sink(framing)
-    ddl = DdlReplay(dst, task.target_url, task.workflow, task.stream_id, base, renamed=set(ruled))
+    ddl = DdlReplay(dst, task.target_url, task.workflow, task.stream_id, base, renamed=set(ruled), src=src,
+                    publication=task.publication, follower=follower)
     try:
         return _play_batch(task, stream, applier, framing, position, flushed, base, rows, ddl)
     except BaseException:
@@ -369,6 +374,11 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                     batch.commit_time = ev.commit_time
                     batch.commit_end = ev.end_lsn
                 fault_point(f"{task.until}.mid_batch")
+                if ddl is not None and ddl.tables_changed:
+                    # The stream's tables changed (a table joined, was dropped or renamed): the batch ends with
+                    # this transaction, and the task with the batch; the engine reads the stream again.
+                    batch.tables_changed = True
+                    break
             elif isinstance(ev, TruncateChange) and not skipping:
                 applier.truncate(ev.relations)
             elif isinstance(ev, LogicalMessage) and not skipping:  # a captured DDL statement, in its place
@@ -383,9 +393,11 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
         batch.rows += rows.taken
     # Caught up only when the server says it has sent everything before `until`: a quiet socket may just
     # mean the walsender is still decoding a big transaction.
-    batch.limited = not reached_stop and stream.ended_by != "reached"
+    batch.limited = batch.tables_changed or (not reached_stop and stream.ended_by != "reached")
     sent = stream.sent_upto  # every transaction committing before it has been read
-    if reached_stop or (task.stop_at is not None and sent >= task.stop_at):
+    if batch.tables_changed:  # read no further than the transaction that changed them
+        batch.position = max(position, last_end)
+    elif reached_stop or (task.stop_at is not None and sent >= task.stop_at):
         batch.position = task.stop_at
     elif batch.limited:
         batch.position = max(position, last_end or position)
