@@ -41,6 +41,7 @@ def _cli(*args):
 NONE = {"schema": 0, "slots": 0, "publications": 0, "triggers": 0, "functions": 0}
 
 
+@pytest.mark.slow  # ~20 s; reshard cancel covers the cancel path in the default set
 def test_materialize_cancel_drops_its_table_slot_publication_and_state(pair, tmp_path):
     load_priced_items(pair, 1000)
     pair.dst("CREATE TABLE items (id int PRIMARY KEY)")  # the source table's name, not the rule's target

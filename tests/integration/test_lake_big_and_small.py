@@ -217,6 +217,7 @@ def test_small_transactions_then_optimize(pair, spark, tmp_path):
     assert len(source_rows(pair.source, "public.events")) == 5000
 
 
+@pytest.mark.slow  # ~16 s; test_lake_read runs optimize and vacuum in the default set
 def test_housekeeping_on_a_schedule(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
     pair.src("INSERT INTO items SELECT g, 0, md5(g::text) FROM generate_series(1, 2000) g")

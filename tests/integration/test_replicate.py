@@ -49,6 +49,9 @@ class SafeTimeSampler(threading.Thread):
             self.stop_event.wait(1.0)
 
 
+# ~70 s: in the slow set; sinks under writes, restarts and safe time stay in the default set through
+# test_replicate_recovery, test_durable_confirm and test_replicate_bidirectional
+@pytest.mark.slow
 def test_two_sinks_live_writes_kill_9_and_safe_time(rc, tmp_path):
     c = rc
     load_items(c)

@@ -9,6 +9,7 @@ equal to the new primary with every acknowledged write there once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -294,3 +295,100 @@ def _caught_up(side: Side, workflow: str = "fo") -> bool:
     s = stream_row(side, workflow)
     flushed = parse_lsn(side.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
     return s["state"] == "Running" and s["position"] >= flushed
+
+
+class SideWrites(threading.Thread):
+    """Inserts of its own keys on one side of an active-active pair through `url` (reopened after a failover);
+    the ids whose commit returned are `acked`."""
+
+    def __init__(self, url: str, first_id: int):
+        super().__init__(daemon=True)
+        self.url, self.next_id, self.acked, self.errors = url, first_id, [], 0
+        self.stop_event = threading.Event()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            try:
+                with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as c:
+                    while not self.stop_event.is_set():
+                        self.next_id += 1
+                        c.execute("INSERT INTO items (id, qty, note) VALUES (%s, 0, 'w')", (self.next_id,))
+                        self.acked.append(self.next_id)
+                        self.stop_event.wait(0.01)
+            except psycopg.OperationalError:
+                self.errors += 1
+                self.stop_event.wait(0.1)
+
+
+@pytest.mark.slow  # ~30 s; the MoveTables failovers above are in the default set
+def test_an_active_active_pair_follows_a_failover_of_one_side(primary_and_standby, sink_server, tmp_path):
+    """Replicate --bidirectional between A (a primary and its standby, both in A's URL) and B. A fails over
+    under writes on both sides: A->B resumes from A's synchronized slot, B->A writes into the promoted
+    standby (its origin's progress came with the WAL); both sides end equal, nothing lost, nothing looped."""
+    from .cluster_helpers import Consumer, cli, run, stream
+
+    primary, standby = primary_and_standby
+    hosts = f"{primary.host}:{primary.port},{standby.host}:{standby.port}"
+    a = f"postgresql://postgres@{hosts}/shop?target_session_attrs=read-write"
+    name = f"aa{os.getpid()}"
+    sink_server.create_database(name)
+    b = sink_server.url(name, with_password=False)
+    run(primary.url("shop"), "CREATE TABLE items (id bigint PRIMARY KEY, qty int, note text)")
+    run(primary.url("shop"), "INSERT INTO items SELECT g, 0, 'seed' FROM generate_series(1, 500) g")
+    out = cli("replicate", "create", "--workflow", "rp", "--source", a, "--sink", b, "--bidirectional")
+    assert out.returncode == 0, out.stdout + out.stderr
+    consumers = [Consumer("rp", a, tmp_path / "a.log").start(), Consumer("rp", b, tmp_path / "b.log").start()]
+    writers = [SideWrites(a, 1_000_000), SideWrites(b, 2_000_000)]
+    logs = lambda: "".join(c.log.read_text()[-1500:] for c in consumers)
+
+    def caught_up(sink: str, other: str) -> bool:
+        s = stream(sink, "rp")
+        flushed = parse_lsn(run(other, "SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        return s["state"] == "Running" and s["position"] is not None and s["position"] >= flushed
+
+    try:
+        wait_for(lambda: stream(b, "rp")["state"] == "Running" and stream(a, "rp")["state"] == "Running",
+                 timeout=180, what="both directions running", describe=logs)
+        for w in writers:
+            w.start()
+        slot = stream(b, "rp")["slot"]  # A->B reads A's slot
+        first = wait_for(lambda: _synced(standby, slot, primary), timeout=60, interval=0.3,
+                         what="A's slot synchronized to its standby")
+        wait_for(lambda: (_synced(standby, slot, primary) or 0) > first, timeout=60, interval=0.3,
+                 what="the synchronized slot advancing")
+        before = len(writers[0].acked)
+        primary.kill()
+        standby.promote()
+        wait_for(lambda: len(writers[0].acked) > before + 50, timeout=60, what="writes on the promoted A")
+        wait_for(lambda: len(writers[1].acked) > 50, timeout=60, what="writes on B")
+        for w in writers:
+            w.stop_event.set()
+            w.join(timeout=30)
+        a_now = standby.url("shop")
+        wait_for(lambda: caught_up(b, a_now) and caught_up(a_now, b), timeout=120, interval=0.5,
+                 what="both directions caught up after the failover", describe=logs)
+        rows_a = run(a_now, "SELECT id, qty, note FROM items ORDER BY id")
+        rows_b = run(b, "SELECT id, qty, note FROM items ORDER BY id")
+        assert rows_a == rows_b, (len(rows_a), len(rows_b))
+        ids = {r[0] for r in rows_a}
+        for w in writers:  # every acknowledged write on either side is on both, once (the key)
+            assert set(w.acked) <= ids, sorted(set(w.acked) - ids)[:10]
+        assert writers[0].errors >= 1  # A's writer did see its primary go
+        assert stream(a_now, "rp")["state"] == stream(b, "rp")["state"] == "Running"
+        assert "re-bootstrap" not in logs()
+        # Nothing looped: B's rows came to A once and were not sent back (B applied none of its own ids).
+        applied_on_b = run(b, "SELECT count(*) FROM items WHERE id > 2000000 AND "
+                              "(pg_xact_commit_timestamp_origin(xmin)).roident <> 0")[0][0]
+        assert applied_on_b == 0
+    finally:
+        for w in writers:
+            w.stop_event.set()
+        for c in consumers:
+            c.kill()
+        with contextlib.suppress(Exception):
+            with psycopg.connect(sink_server.url(), autocommit=True) as c:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+                for (s,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
+                                      (name,)).fetchall():
+                    c.execute("SELECT pg_drop_replication_slot(%s)", (s,))
+            sink_server.drop_database(name)

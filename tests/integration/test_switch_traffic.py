@@ -271,7 +271,7 @@ REVERSE_POINTS = ["reverse.locked", "reverse.caught_up", "reverse.before_commit"
 
 
 @pytest.mark.parametrize("points", [
-    ["switch.slot", "switch.source_committed", "reverse.target_committed"],
+    pytest.param(["switch.slot", "switch.source_committed", "reverse.target_committed"], marks=pytest.mark.slow),
     pytest.param(SWITCH_POINTS + REVERSE_POINTS, marks=pytest.mark.slow),
 ])
 def test_kill_9_of_traffic_commands(pair, tmp_path, points):
