@@ -48,7 +48,8 @@ def published(pair, workflow: str) -> list[str]:
                                    "WHERE pubname = %s ORDER BY 1", (slot,))]
 
 
-def test_migration_during_copy_and_replicate_with_kill_9(pair, tmp_path):
+def test_migration_during_copy_and_replicate_with_kill_9(versions_pair_system, tmp_path):
+    pair = versions_pair_system  # the system's PostgreSQL; 15 -> 18 and 18 in the slow set
     pair.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, name text, legacy text)")
     pair.src("INSERT INTO items SELECT g, g %% 7, 'item ' || g, 'old' FROM generate_series(1, %s) g", (ROWS,))
     pair.src("CREATE TABLE audit_log (id bigint PRIMARY KEY, what text)")
