@@ -60,11 +60,22 @@ def primary_and_standby(tmp_path, pg18_bindir):
         # (the standby first: with it named synchronous, the primary's commits wait for it)
         standby = LocalPostgres.standby_of(primary, tmp_path / "standby").start()
         primary.create_database("shop")
+        # A synchronous standby has flushed the CREATE DATABASE, not necessarily replayed it: a URL that lists
+        # the standby first would meet "database does not exist" there (a refusal libpq does not pass over).
+        wait_for(lambda: _accepts(standby.url("shop")), timeout=60, what="the standby replaying CREATE DATABASE")
         yield primary, standby
     finally:
         for server in (standby, primary):
             if server is not None:
                 server.stop("immediate")
+
+
+def _accepts(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 class Writes(threading.Thread):
