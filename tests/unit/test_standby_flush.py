@@ -29,3 +29,14 @@ def test_a_long_queue_is_thinned_never_releasing_early():
     # every pair left is one that was pushed: a position is never released before its commit is flushed
     assert all(lsn == 100 * pos for lsn, pos in pending)
     assert take(pending, 100 * (MAX_PENDING + 5)) <= MAX_PENDING + 5
+
+
+def test_the_note_is_said_once_and_cleared_once():
+    from sluicegate.postgres.standby_flush import StandbyGate
+
+    gate = StandbyGate(True)
+    assert gate.note_changed() is None  # nothing to say yet
+    gate.note = "waits"
+    assert gate.note_changed() == "waits" and gate.note_changed() is None
+    gate.note = ""
+    assert gate.note_changed() == "" and gate.note_changed() is None

@@ -112,11 +112,9 @@ def create_slot(conn: psycopg.Connection, name: str) -> int:
     On PostgreSQL 17+ it is a failover slot: a standby with sync_replication_slots keeps a copy of it, so that
     once that standby is promoted the stream goes on from the copy, with nothing re-copied (README: source
     failover). Older servers have no such slots: a failover there means a re-bootstrap."""
-    if conn.info.server_version < FAILOVER_VERSION:
-        query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')"
-        return parse_lsn(conn.execute(query, (name,)).fetchone()[0])
-    query = "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)"
-    return parse_lsn(conn.execute(query, (name,)).fetchone()[0])  # (name, plugin, temporary, two_phase, failover)
+    failover = ", false, false, true" if conn.info.server_version >= FAILOVER_VERSION else ""  # temporary, two_phase
+    query = f"SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput'{failover})"
+    return parse_lsn(conn.execute(query, (name,)).fetchone()[0])
 
 
 def wait_standbys(conn: psycopg.Connection, position: int, stop=None, timeout: float = 30.0) -> None:

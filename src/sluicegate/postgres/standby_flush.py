@@ -56,6 +56,7 @@ class StandbyGate:
         self.enabled = enabled
         self.pending: deque[tuple[int, int]] = deque()  # (target WAL position, source position), oldest first
         self.note = ""  # why confirmation is held, for the stream's message; "" when it is not
+        self._shown = ""  # the note as the stream's message last said it
 
     def recorded(self, conn: psycopg.Connection, position: int) -> int | None:
         """`position` was just committed on the target by a transaction of `conn`'s server: the position to
@@ -69,6 +70,13 @@ class StandbyGate:
         if not self.enabled or not self.pending:
             return None
         return self._release(conn, None)
+
+    def note_changed(self) -> str | None:
+        """The note, if the stream's message must change to say it (or to clear it); else None."""
+        if self.note == self._shown:
+            return None
+        self._shown = self.note
+        return self.note
 
     def _release(self, conn: psycopg.Connection, position: int | None) -> int | None:
         idle = not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

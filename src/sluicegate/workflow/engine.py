@@ -254,7 +254,8 @@ class Engine:
                         return  # moved under us: the next turn re-reads
                     st.save_position(dst, stream.id, snap.position)
                 stream.position = snap.position  # the next play task confirms the slot up to it
-                if untouched:
+                # (with the target's standbys to wait for, the next play task's gate confirms it: not here)
+                if untouched and not standby_flush.enabled(wf.options):
                     self._confirm_slot(stream)
             # Fast-forward: everything up to the snapshot's position, for rows already copied.
             while stream.position < snap.position:

@@ -112,7 +112,6 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
         gate = StandbyGate(task.confirm_after_standbys)
-        shown_note = ""  # the gate's note as the stream's message says it
         unsent = None  # a released position the stream could not confirm yet (ChangeStream.confirm)
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
@@ -193,9 +192,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                                      safe=counting)
                     if task.clear_message and result.batches == 1:
                         st.set_message(dst, task.stream_id, "")
-                    if gate.note != shown_note:  # confirmation waits for the target's standbys, or no longer
-                        st.set_message(dst, task.stream_id, gate.note)
-                        shown_note = gate.note
+                    if (note := gate.note_changed()) is not None:  # waits for the target's standbys, or no longer
+                        st.set_message(dst, task.stream_id, note)
                     if task.origin and batch.transactions:  # the rows carry the source's commit time
                         origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
                     fault_point("replicate.before_commit")

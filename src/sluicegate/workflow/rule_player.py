@@ -131,7 +131,6 @@ class _Gate:
     def __init__(self, task: PlayTask, src, dst):
         self.task, self.src, self.dst = task, src, dst
         self.gate = StandbyGate(task.confirm_after_standbys)
-        self.shown = ""
 
     def recorded(self, position: int) -> None:
         self._confirm(self.gate.recorded(self.dst, position))
@@ -142,9 +141,8 @@ class _Gate:
     def _confirm(self, ready: int | None) -> None:
         if ready is not None:
             capture.advance_slot(self.src, self.task.slot, ready)
-        if self.gate.note != self.shown:
-            st.set_message(self.dst, self.task.stream_id, self.gate.note)
-            self.shown = self.gate.note
+        if (note := self.gate.note_changed()) is not None:
+            st.set_message(self.dst, self.task.stream_id, note)
 
 
 def _by_name(runners: dict) -> dict:
