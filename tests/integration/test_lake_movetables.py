@@ -52,6 +52,15 @@ def kill_at(target, workflow, log, point, tmp_path):
         reap_group(driver)
 
 
+def stop_caught_up(pair, store, driver, log: Path) -> None:
+    """Once workflow lk has applied everything the source flushed: a clean stop of its driver (exit 0)."""
+    flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+    wait_for(lambda: store.load("lk").position >= flushed, timeout=60, what="caught up",
+             describe=lambda: log.read_text()[-2000:])
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+
+
 def delta_rows(root: Path, qualified: str) -> list[dict]:
     from deltalake import DeltaTable
 
@@ -112,11 +121,7 @@ def test_movetables_into_delta_survives_kill_9(pair, spark, tmp_path):
             writer.stop_event.set()
             writer.join()
             assert writer.error is None and writer.commits > 50
-            flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-            wait_for(lambda: store.load("lk").position >= flushed, timeout=60, what="caught up",
-                     describe=lambda: log.read_text()[-2000:])
-            driver.send_signal(signal.SIGTERM)
-            assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+            stop_caught_up(pair, store, driver, log)
         finally:
             reap_group(driver)
     finally:
@@ -344,11 +349,7 @@ def test_killed_at_each_fault_point_the_lake_ends_equal(pair, tmp_path, point):
             writer.stop_event.set()
             writer.join()
             assert writer.error is None
-            flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-            wait_for(lambda: store.load("lk").position >= flushed, timeout=60, what="caught up",
-                     describe=lambda: log.read_text()[-2000:])
-            driver.send_signal(signal.SIGTERM)
-            assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
+            stop_caught_up(pair, store, driver, log)
         finally:
             reap_group(driver)
     finally:
