@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from sluicegate.ddl import both_ways
 from sluicegate.ddl.message import BadDdlMessage, parse
 from sluicegate.ddl.statement import NotReplayable, read, statements, without_concurrently
 from sluicegate.postgres.assembler import assemble
@@ -130,3 +131,28 @@ def test_whole_schemas_and_who_joins():
     options = {SCHEMAS: ["public"], EXCLUDED: qualified_names(["audit"])}
     assert joins(options, "public", "fresh") and not joins(options, "public", "audit")
     assert not joins(options, "other", "fresh") and not joins({}, "public", "fresh")
+
+
+@pytest.mark.parametrize("query,tag,replayed", [
+    ("ALTER TABLE items ADD COLUMN note text DEFAULT 'x'", "ALTER TABLE", True),
+    ("alter table items add n int, add m int not null default 0", "ALTER TABLE", True),
+    ("alter table items add column n int not null", "ALTER TABLE", False),
+    ("alter table items add column n int unique", "ALTER TABLE", False),
+    ("alter table items add constraint c check (qty > 0)", "ALTER TABLE", False),
+    ("alter table items alter column qty type bigint", "ALTER TABLE", False),
+    ("alter table items alter qty set default 3, alter column qty drop not null", "ALTER TABLE", True),
+    ("alter table items alter qty set not null", "ALTER TABLE", False),
+    ("alter table items drop column qty", "ALTER TABLE", False),
+    ("alter table items drop constraint c", "ALTER TABLE", True),
+    ("alter table items rename column qty to q", "ALTER TABLE", False),
+    ("alter table items rename to things", "ALTER TABLE", False),
+    ("alter table items set (fillfactor = 80)", "ALTER TABLE", True),
+    ("alter table items set schema other", "ALTER TABLE", False),
+    ("create index i on items (qty)", "CREATE INDEX", True),
+    ("create unique index concurrently i on items (qty)", "CREATE INDEX", False),
+    ("drop index i", "DROP INDEX", True),
+    ("drop table items", "DROP TABLE", False),
+])
+def test_what_active_active_replays(query, tag, replayed):
+    why = both_ways.refusal(read(query, tag))
+    assert (why is None) == replayed, why

@@ -5,6 +5,12 @@ transaction: a staged change keeps the commit time of the transaction that made 
 id, and meets the target's own version of the row in `LwwTable.apply`. A key change is a delete of the old
 key and an upsert of the new one, as in PostgresApplier. Writes are synchronous (no executor, no C row
 sink): settle and abandon have nothing to wait for.
+
+Schema changes: a Relation whose columns differ from the table's description goes to `schema_changes` (the
+play task's SchemaFollower) once the rows staged before it are written, as in PostgresApplier: an added column
+follows, and so does a change the target table already has (the statement ran here first and this is the peer's
+copy of it coming back in the new shape). A replayed statement (ddl/replay.py) calls `sync`, then `reshape` or
+`forget_plan`.
 """
 
 from __future__ import annotations
@@ -12,24 +18,27 @@ from __future__ import annotations
 from datetime import datetime
 
 import psycopg
+from psycopg import sql
 
 from ..errors import TerminalError
 from ..postgres import origins
 from ..postgres.assembler import Change
+from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
 from .lww import Incoming, LwwTable, origin_ids
-from .postgres import TargetTable, check_columns, key_getter
+from .postgres import TargetTable, check_columns, key_getter, same_columns
 
 
 class LwwApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, local_cluster: int,
                  peer_cluster: int, origin: str, plans: dict | None = None, chunk_rows: int = 20_000,
-                 unplaced=None):
+                 unplaced=None, schema_changes=None):
         """`origin`: the replication origin this direction's writes carry (its rows here are the peer's);
-        `plans`: LwwTables kept across batches of one task (qualified name -> (Table, LwwTable));
-        `unplaced`: as PostgresApplier's."""
+        `plans`: LwwTables kept across batches of one task (qualified name -> (what it was made for, LwwTable,
+        its staging table's number));
+        `unplaced`, `schema_changes`: as PostgresApplier's (None: columns must not change)."""
         self.conn, self.local_cluster, self.peer_cluster = conn, local_cluster, peer_cluster
-        self.unplaced = unplaced
+        self.unplaced, self.schema_changes = unplaced, schema_changes
         self.origin = origin
         self.plans = {} if plans is None else plans
         self.by_name = {(t.table.schema, t.table.name): t for t in tables if t.mode != "skip"}
@@ -47,9 +56,37 @@ class LwwApplier:
             self.unplaced(rel)
             self._checked[rel.oid] = rel
         if t is not None and self._checked.get(rel.oid) is not rel:
-            check_columns(rel, t.table)  # schema changes are not followed under last-writer-wins
+            if self.schema_changes is None:
+                check_columns(rel, t.table)
+            elif not same_columns(rel, t.table):
+                self.flush()  # rows of the old shape are written in it
+                self.reshape((t.table.schema, t.table.name), self.schema_changes(rel, t.table))
             self._checked[rel.oid] = rel
         return t
+
+    # -- what a replayed statement (ddl/replay.py) needs -----------------------------------------------------
+    def sync(self) -> None:
+        self.flush()
+
+    def reshape(self, source: tuple[str, str], table: Table) -> None:
+        """The table's new description: rows after it are staged in it (its plan is made again)."""
+        t = self.by_name.pop(source, None)
+        if t is None:
+            return
+        t.table = table
+        self.by_name[(table.schema, table.name)] = t
+        self._checked.clear()
+
+    def forget_plan(self, source: tuple[str, str]) -> None:
+        """A statement changed the target table's indexes or constraints: its plan is made again."""
+        t = self.by_name.get(source)
+        hit = self.plans.get(t.table.qualified) if t is not None else None
+        if hit is not None:
+            self.plans[t.table.qualified] = (None, *hit[1:])  # matches no table: made again, same staging name
+
+    def drop_table(self, source: tuple[str, str]) -> None:
+        if self.by_name.pop(source, None) is not None:
+            self._checked.clear()
 
     def change(self, ch: Change) -> None:
         t = self._target(ch.relation)
@@ -115,9 +152,13 @@ class LwwApplier:
         ids = origin_ids(self.conn, names)
         hit = self.plans.get(name)
         if hit is None or hit[0] != (t.table, upto, ids):
+            index = len(self.plans) if hit is None else hit[2]
+            if hit is not None:  # its staging table, made earlier in this transaction, has the old shape
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(
+                    sql.Identifier(f"sg_lww_{index}")))
             hit = self.plans[name] = ((t.table, upto, ids), LwwTable(
-                self.conn, t.table, local_cluster=self.local_cluster, origins=ids, index=len(self.plans),
-                upto=upto))
+                self.conn, t.table, local_cluster=self.local_cluster, origins=ids, index=index,
+                upto=upto), index)
         return hit[1]
 
     def flush(self) -> None:

@@ -8,6 +8,12 @@ SOURCE = click.option("--source", required=True, metavar="URL",
                       help="libpq URL of the source database, as a superuser (event triggers need one).")
 PRINT = click.option("--print", "print_only", is_flag=True,
                      help="Print the SQL instead of running it (for a superuser to run).")
+# A create's DDL mode (ddl/modes.py); `workflow set --on-ddl` changes it later.
+ON_DDL = click.option(
+    "--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), default=None,
+    help="What the stream does with a DDL statement captured on the source (`sluicegate ddl install`) on a moved "
+         "table: stop (default: Error naming it; an added column follows), ignore, exec (apply it on the target "
+         "in place), exec-ignore (apply; pass it over if it fails).")
 
 
 @click.group("ddl")

@@ -16,6 +16,7 @@ import psycopg
 
 from ..errors import SluicegateError, UsageError
 from ..postgres.connect import first_line, redact
+from .ddl import ON_DDL
 from .logsetup import LEVELS
 
 TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
@@ -161,13 +162,6 @@ TARGET_STANDBYS = click.option(
          "too, so a promoted target standby resumes with no re-copy (list its host in the target URL). While no "
          "standby streams, the source keeps its WAL. A user that is not a superuser needs pg_read_all_stats on "
          "the target.")
-
-
-ON_DDL = click.option(
-    "--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), default=None,
-    help="What the stream does with a DDL statement captured on the source (`sluicegate ddl install`) on a moved "
-         "table: stop (default: Error naming it; an added column follows), ignore, exec (apply it on the target "
-         "in place), exec-ignore (apply; pass it over if it fails).")
 
 
 def _options(cycle_rows, chunk_rows, target_standbys=False) -> dict:

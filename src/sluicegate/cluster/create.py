@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from ..appliers import lww
+from ..ddl import capture as ddl_capture
 from ..errors import UsageError
 from ..postgres import capture, catalog, locks, replication, table_definition
 from ..postgres.catalog import Table
@@ -93,6 +94,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _check_no_leftovers(src, name, slot_name(name, sink))
             _check_slots_available(src, len(sinks) + len(delta))
             identity = identify(src).to_json()
+            if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
+                notes.append(note)
             source_lsn = capture.wal_insert_position(src)
             # One way, a sink table is made like its source table (postgres/table_definition.py); both ways,
             # the last-writer-wins applier takes sink tables of columns and key only.
@@ -102,6 +105,9 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         conns = open_sinks(stack, sinks, [(src, "")], pair=name if bidirectional else None)
         if bidirectional:
             _check_pair(src, conns["b"], name, source_url, sinks["b"], described, allow_unsafe_schema, warn)
+            # B is the source of B->A: a statement run there reaches A only through B's capture
+            if notes is not None and (note := ddl_capture.missing_note(conns["b"], "sink", options)):
+                notes.append(note)
         decisions = []
         for sink, conn in conns.items():
             try:

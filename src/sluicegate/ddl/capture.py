@@ -11,6 +11,12 @@ nothing about them; pg_event_trigger_dropped_objects() does). An ALTER TABLE …
 `ddl_command_end` emits it (by tag), so each statement is one message. The trigger fires only for the command
 tags below: everything else runs exactly as before.
 
+Sluicegate's own statements are not captured: a session that marks itself with the setting
+`sluicegate.applying` (the players, the copy's sessions, index builds: postgres/indexes.py) runs DDL that a
+stream put there or that restores what the source has, and on a database that is both a target and a source
+(active-active, a reverse stream) sending it on would echo it back. The players also replay under
+session_replication_role = replica, in which an event trigger enabled the default way does not fire.
+
 Without the trigger nothing is emitted and the stream behaves as it always did (Relation messages: an added
 column follows, anything else stops). Creating an event trigger takes a superuser (PostgreSQL 14–18); the
 function runs as whoever runs the DDL, and pg_logical_emit_message is executable by every role, so the
@@ -42,6 +48,9 @@ CREATE OR REPLACE FUNCTION {schema}.{function}() RETURNS event_trigger LANGUAGE 
 DECLARE
     objects jsonb;
 BEGIN
+    IF pg_catalog.current_setting('sluicegate.applying', true) OPERATOR(pg_catalog.<>) '' THEN
+        RETURN;  -- Sluicegate's own statement (a replayed one, a copy's index build): not the application's
+    END IF;
     IF TG_EVENT OPERATOR(pg_catalog.=) 'sql_drop' THEN
         IF NOT pg_catalog.starts_with(TG_TAG, 'DROP ') THEN
             RETURN;  -- e.g. ALTER TABLE … DROP COLUMN: its ddl_command_end message says it
@@ -122,3 +131,15 @@ def installed(conn: psycopg.Connection) -> bool:
     row = conn.execute("SELECT count(*) FROM pg_event_trigger WHERE evtname = ANY(%s) AND evtenabled <> 'D'",
                        (list(TRIGGERS),)).fetchone()
     return row[0] == len(TRIGGERS)
+
+
+def missing_note(conn: psycopg.Connection, side: str, options: dict) -> str | None:
+    """A create's note when its --on-ddl mode needs the capture and `side` (the workflow's source) lacks it."""
+    from . import modes
+
+    mode = modes.of(options)
+    if mode == modes.STOP or installed(conn):
+        return None
+    return (f"--on-ddl {mode}: the {side} captures no DDL statements yet: run `sluicegate ddl install --source "
+            f"URL` on it as a superuser (event triggers need one); until then a schema change meets the Relation "
+            f"handling (added columns follow, anything else stops the stream)")

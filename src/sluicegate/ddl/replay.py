@@ -41,7 +41,7 @@ from ..postgres.connect import connect, first_line
 from ..postgres.pgoutput import LogicalMessage
 from ..workflow import state as st
 from ..workflow.schema_changes import SchemaStop
-from . import modes
+from . import both_ways, modes
 from . import tables as ddl_tables
 from .message import BadDdlMessage, DdlMessage, parse
 from .statement import NotReplayable, Statement, read, without_concurrently
@@ -52,13 +52,15 @@ log = logging.getLogger("sluicegate")
 class DdlReplay:
     def __init__(self, dst: psycopg.Connection, target_url: str, workflow: str, stream_id: int, applier,
                  renamed: set[tuple[str, str]] = frozenset(), src: psycopg.Connection | None = None,
-                 publication: str = "", follower=None):
+                 publication: str = "", follower=None, both_ways: bool = False):
         """`applier`: the batch's PostgresApplier (its rows are written before a statement runs, and it
         forgets a table's plan after one). `renamed`: source tables the target writes under another name
         (rules): statements on them are not replayed. `src`: the play task's source connection, `publication`
         the stream's (a new table joins through them, tables.py); `follower`: the batch's SchemaFollower,
-        whose `changed` takes the descriptions a statement changed (the player keeps them with the batch)."""
+        whose `changed` takes the descriptions a statement changed (the player keeps them with the batch).
+        `both_ways`: a direction of an active-active pair: only what both_ways.py allows is replayed."""
         self.dst, self.target_url, self.workflow, self.stream_id = dst, target_url, workflow, stream_id
+        self.both_ways = both_ways
         self.applier, self.renamed = applier, set(renamed)
         self.src, self.publication, self.follower = src, publication, follower
         self.notes: list[str] = []  # statements exec-ignore passed over in this batch: the stream's message
@@ -74,7 +76,7 @@ class DdlReplay:
             raise SchemaStop(f"{exc}; or remove the capture (`sluicegate ddl remove`)") from None
         tables = self._moved(ddl)
         if not tables:
-            new = self._joining(ddl)
+            new = set() if self.both_ways else self._joining(ddl)  # fixed at create (both_ways.py)
             if new and modes.current(self.dst, self.workflow) in (modes.EXEC, modes.EXEC_IGNORE):
                 self._exec(ddl, new, ", ".join(f"{s}.{n}" for s, n in sorted(new)),
                            ignore_failure=modes.current(self.dst, self.workflow) == modes.EXEC_IGNORE)
@@ -155,6 +157,11 @@ class DdlReplay:
             stmt = self._replayable(ddl, tables)
         except NotReplayable as exc:
             self._failed(ddl, names, f"it cannot be replayed: {exc}", None, ignore_failure)
+            return
+        if self.both_ways and (why := both_ways.refusal(stmt)) is not None:
+            self._failed(ddl, names, f"it is not replayed: {why}. Run it here too while neither side writes "
+                                     f"the table, with `--on-ddl ignore` set on both sides meanwhile",
+                         None, ignore_failure)
             return
         text = without_concurrently(stmt.text) if stmt.concurrently else stmt.text
         self.applier.sync()  # rows before it are written in the old shape

@@ -163,8 +163,22 @@ def read(query: str, tag: str) -> Statement:
 
 
 def _adds_columns_only(text: str) -> bool:
-    """ALTER TABLE [IF EXISTS] [ONLY] name [*] ADD [COLUMN] …, ADD [COLUMN] …: every action (split at
-    top-level commas) adds a column. False when unsure."""
+    """ALTER TABLE [IF EXISTS] [ONLY] name [*] ADD [COLUMN] …, ADD [COLUMN] …: every action adds a column.
+    False when unsure."""
+    for action in alter_actions(text):
+        first = [w for w, _ in action[:2]]
+        if not first or first[0] != "ADD":
+            return False
+        # ADD "Col" type: a column named by a quoted identifier (not a word, yet no constraint)
+        if (first[1:] and first[1] in ("CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN", "EXCLUDE", None)
+                and action[1][1] != "quoted"):
+            return False
+    return True
+
+
+def alter_actions(text: str) -> list[list[tuple[str | None, str]]]:
+    """The actions of an ALTER TABLE statement (split at top-level commas, past the table's name), each as
+    its tokens: (the word upper-cased, or None for any other token; the token's kind)."""
     toks = list(tokens(text))
     actions, depth, current = [], 0, []
     i = 2  # past ALTER TABLE
@@ -186,17 +200,9 @@ def _adds_columns_only(text: str) -> bool:
             actions.append(current)
             current = []
         else:
-            current.append(t)
+            current.append((word(t), t[0]))
     actions.append(current)
-    for action in actions:
-        first = [word(t) for t in action[:2]]
-        if not first or first[0] != "ADD":
-            return False
-        # ADD "Col" type: a column named by a quoted identifier (not a word, yet no constraint)
-        if (first[1:] and first[1] in ("CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN", "EXCLUDE", None)
-                and action[1][0] != "quoted"):
-            return False
-    return True
+    return actions
 
 
 def _name(toks: list, text: str, i: int) -> tuple[list[str], int]:

@@ -29,6 +29,7 @@ def defer(conn: psycopg.Connection, table: Table) -> list[dict]:
     found = _deferrable(conn, table)
     if not found:
         return []
+    _own_statements(conn)
     rel = table.ident.as_string(conn)
     try:
         # A savepoint: a view that depends on the key, or no ownership, keeps them. A reader of the table holds
@@ -48,6 +49,7 @@ def defer(conn: psycopg.Connection, table: Table) -> list[dict]:
 
 def build(conn: psycopg.Connection, table: Table, deferred: list[dict]) -> None:
     """Build the indexes `defer` dropped, in the caller's transaction."""
+    _own_statements(conn)
     with locks.guard(conn, f"building the indexes of {table.qualified}", [table.ident.as_string(conn)], "ShareLock"):
         for index in deferred:
             log.info("building index %s of %s", index["name"], table.qualified)
@@ -82,3 +84,10 @@ def _deferrable(conn: psycopg.Connection, table: Table) -> list[tuple[str, bool,
                 table.ident, sql.Identifier(name), sql.SQL(constraintdef))
             found.append((name, True, create.as_string(conn)))
     return found
+
+
+def _own_statements(conn: psycopg.Connection) -> None:
+    """Mark the transaction's DDL as Sluicegate's (unless the session is marked already): a DDL capture on this
+    database (ddl/capture.py) leaves it out, so it never reaches a stream reading from here."""
+    conn.execute("SELECT set_config('sluicegate.applying', 'sluicegate', true) "
+                 "WHERE coalesce(current_setting('sluicegate.applying', true), '') = ''")

@@ -6,6 +6,7 @@ import psycopg
 from psycopg import sql
 
 from ..cluster.model import direction
+from ..ddl import capture as ddl_capture
 from ..errors import SluicegateError, UsageError
 from ..names import quote_name
 from ..postgres import capture, catalog, locks, origins, replication, standby_flush, table_definition
@@ -63,7 +64,8 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
     with connect(source_url, role="source", autocommit=True) as src:
         try:
             capture.check_source(src)
-            _ddl_capture_note(src, options, notes)
+            if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
+                notes.append(note)
             superuser = _check_source_role(src)
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
             described = catalog.exclude_tables(described, exclude)
@@ -391,14 +393,3 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
         with connect(target_url, role="target", autocommit=True) as dst:
             dropped += origins.drop(dst, origin)
     return dropped
-
-
-def _ddl_capture_note(src, options: dict, notes: list[str] | None) -> None:
-    """--on-ddl other than stop does something only once the source captures DDL (ddl/capture.py)."""
-    from ..ddl import capture as ddl_capture
-    from ..ddl import modes
-
-    if notes is not None and modes.of(options) != modes.STOP and not ddl_capture.installed(src):
-        notes.append(f"--on-ddl {modes.of(options)}: the source captures no DDL statements yet: run `sluicegate ddl "
-                     f"install --source URL` as a superuser (event triggers need one); until then a schema change "
-                     f"meets the Relation handling (added columns follow, anything else stops the stream)")

@@ -129,9 +129,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         vdiff_tables = False
         counting = st.counts_applied(dst)
         try:
-            # Logical messages carry the DDL capture's statements (ddl/); active-active leaves them out for now.
+            # Logical messages carry the DDL capture's statements (ddl/).
             stream = ChangeStream(task.source_url, task.slot, task.publication, result.position,
-                                  skip_origins=task.skip_origins, messages=not task.clusters[0])
+                                  skip_origins=task.skip_origins, messages=True)
         except RetryableError:
             # Gone? Say so.
             capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
@@ -281,9 +281,13 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
     placed = (lambda rel: check_placed(src, dst, task, rel)) if src is not None else None
     if task.clusters[0]:
         lww = LwwApplier(dst, tables, local_cluster=task.clusters[0], peer_cluster=task.clusters[1],
-                         origin=task.origin, plans=lww_plans, unplaced=placed)
+                         origin=task.origin, plans=lww_plans, unplaced=placed, schema_changes=follower)
+        # A statement replayed here runs under session_replication_role = replica: this side's capture
+        # trigger does not fire for it, so it never goes back to the peer (ddl/both_ways.py).
+        ddl = DdlReplay(dst, task.target_url, task.workflow, task.stream_id, lww, src=src,
+                        publication=task.publication, follower=follower, both_ways=True)
         try:
-            return _play_batch(task, stream, lww, framing, position, flushed, lww)
+            return _play_batch(task, stream, lww, framing, position, flushed, lww, None, ddl)
         except BaseException:
             lww.abandon()
             raise
