@@ -581,23 +581,6 @@ class PostgresApplier:
             t._plan = keyless.plan(self.conn, table, stage)
             self.staged.add(t.index)
             return t._plan
-        cols = [sql.Identifier(c) for c in table.column_names]
-        col_list = sql.SQL(", ").join(cols)
-        if t.index not in self.staged:
-            # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
-            # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
-            self.conn.execute(
-                sql.SQL(
-                    """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
-                       SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
-                ).format(stage, staged_columns(self.conn, table), table.ident)
-            )
-            self.staged.add(t.index)
-        match = keyrange.key_equal(table, "d", "s")
-        flt = sql.SQL("")
-        if t.mode == "upto":
-            flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", t.lastpk, alias="s"))
-        non_key = [c for c in table.column_names if c not in table.key]
         # The target's own definition: a unique index besides the key (_flush_table), an identity column
         # GENERATED ALWAYS among those written (the source's values are the ones to keep).
         unique, always, cascades = self.conn.execute(
@@ -608,55 +591,85 @@ class PostgresApplier:
                       AND current_setting('session_replication_role') <> 'replica'""",
             (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
         ).fetchone()
-        overriding = overriding_clause(always)
-        plan = {
-            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
-            # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
-            # join is held to goes between the two (_join).
-            "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
-                table.ident, stage, match, flt), sql.SQL("")),
-            "insert": (sql.SQL(
-                "INSERT INTO {} ({}){} SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
-                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
-            ).format(table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
-                     stage, flt, table.ident, match), sql.SQL(")")),
-            "clear": sql.SQL("TRUNCATE {}").format(stage),
-            # rows that keep a value the target does not have: the insert would write NULL in its place
-            "orphans": sql.SQL(
-                "SELECT EXISTS (SELECT 1 FROM {} AS s WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL{} "
-                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
-            ).format(stage, flt, table.ident, match),
-            "update": None,
-            "delete_upserts": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'U' AND {}{}").format(
-                table.ident, stage, match, flt),
-            "fill_keep": None,
-        }
-        plan["unique"], plan["referenced"] = unique, cascades
-        if non_key:
-            names = table.column_names
-
-            def assignments(keep: bool):
-                out = []
-                for c in non_key:
-                    if keep:
-                        out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
-                    else:
-                        out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
-                return sql.SQL(", ").join(out)
-
-            upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
-            for name, keep in (("update", False), ("update_keep", True)):
-                head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
-                plan[name] = (head, sql.SQL(""))
-            plan["fill_keep"] = sql.SQL(
-                "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
-                stage, sql.SQL(", ").join(
-                    sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-                    for c in non_key), table.ident, match)
+        staged = None if t.index in self.staged else staged_columns(self.conn, table)
+        plan = compose_plan(table, stage, mode=t.mode, lastpk=t.lastpk, staged=staged, unique=unique,
+                            always=always, referenced=cascades)
+        if plan["create"] is not None:
+            self.conn.execute(plan["create"])
+            self.staged.add(t.index)
         t._plan = plan
         return plan
+
+
+def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", lastpk: list[str] | None = None,
+                 staged: sql.Composable | None = None, unique: bool = False, always: bool = False,
+                 referenced: bool = False) -> dict:
+    """A keyed table's statements (pure: the caller read the target's facts). `mode`/`lastpk`: a table being
+    copied applies only keys <= lastpk ("upto"); `staged`: the staging table's columns (staged_columns), None
+    when the staging table exists already; `unique`: the target has a unique index besides the key;
+    `always`: an identity column GENERATED ALWAYS among those written; `referenced`: foreign keys point at it."""
+    cols = [sql.Identifier(c) for c in table.column_names]
+    col_list = sql.SQL(", ").join(cols)
+    # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
+    # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
+    create = None if staged is None else sql.SQL(
+        """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
+           SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
+    ).format(stage, staged, table.ident)
+    match = keyrange.key_equal(table, "d", "s")
+    flt = sql.SQL("")
+    if mode == "upto":
+        flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", lastpk, alias="s"))
+    non_key = [c for c in table.column_names if c not in table.key]
+    overriding = overriding_clause(always)
+    plan = {
+        "create": create,
+        "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
+        # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
+        # join is held to goes between the two (_join).
+        "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
+            table.ident, stage, match, flt), sql.SQL("")),
+        "insert": (sql.SQL(
+            "INSERT INTO {} ({}){} SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
+            "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
+        ).format(table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
+                 stage, flt, table.ident, match), sql.SQL(")")),
+        "clear": sql.SQL("TRUNCATE {}").format(stage),
+        # rows that keep a value the target does not have: the insert would write NULL in its place
+        "orphans": sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {} AS s WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL{} "
+            "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
+        ).format(stage, flt, table.ident, match),
+        "update": None,
+        "delete_upserts": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'U' AND {}{}").format(
+            table.ident, stage, match, flt),
+        "fill_keep": None,
+    }
+    plan["unique"], plan["referenced"] = unique, referenced
+    if non_key:
+        names = table.column_names
+
+        def assignments(keep: bool):
+            out = []
+            for c in non_key:
+                if keep:
+                    out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
+                else:
+                    out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
+            return sql.SQL(", ").join(out)
+
+        upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
+        for name, keep in (("update", False), ("update_keep", True)):
+            head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
+            plan[name] = (head, sql.SQL(""))
+        plan["fill_keep"] = sql.SQL(
+            "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
+            stage, sql.SQL(", ").join(
+                sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                    sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
+                for c in non_key), table.ident, match)
+    return plan
 
 
 # The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains.
@@ -671,7 +684,11 @@ SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = 
 
 def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
     """The table's columns as the staging table has them: a domain's as its base type."""
-    bases = dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall())
+    return staged_columns_of(table, dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall()))
+
+
+def staged_columns_of(table: Table, bases: dict[str, str]) -> sql.Composable:
+    """staged_columns, given each domain column's base type (column name -> format_type)."""
     return sql.SQL(", ").join(
         sql.SQL("{c}::{t} AS {c}").format(c=sql.Identifier(c), t=sql.SQL(bases[c])) if c in bases
         else sql.Identifier(c) for c in table.column_names)
