@@ -123,7 +123,7 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
     if wanted:
         # The planner cannot estimate the text[] join (it guesses millions of rows): it would sort the whole
         # table for a merge join and compile it with JIT. A hash of the staged rows, probed by one scan, is
-        # the plan (1M rows, 20k updates: ~0.7 s instead of ~3 s). Back to the defaults right after.
+        # the plan. Back to the defaults right after.
         cur.execute(_HASH_JOIN)
         deleted = cur.execute(plan["delete"]).rowcount
         cur.execute(_PLANNER_DEFAULTS)
