@@ -114,7 +114,7 @@ def _server_account() -> pwd.struct_passwd | None:
 
 
 class LocalPostgres:
-    # Copy one cached initdb'd datadir (cp -a, ~0.1 s) instead of running initdb (~0.7 s). Copies share one
+    # Copy one cached initdb'd datadir (cp -a) instead of running initdb, several times slower. Copies share one
     # system_identifier: set to False where servers must look distinct (e.g. physical replication checks).
     template_cache: bool = True
     host = HOST

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from sluicegate.position import format_lsn, parse_lsn
 from sluicegate.postgres.assembler import Change, Framing, TruncateChange, assemble
 from sluicegate.postgres.pgoutput import Begin, Commit, DecodeError
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
+from . import recordings
 
 
-def recorded() -> list[tuple[int, bytes]]:
-    with (FIXTURES / "pg15_text.jsonl").open() as f:
-        return [(r["lsn"], bytes.fromhex(r["data"])) for r in map(json.loads, f)]
+def recorded(name: str = "pg15_text") -> list[tuple[int, bytes]]:
+    return [(r["lsn"], bytes.fromhex(r["data"])) for r in recordings.read(name)[1]]
 
 
-def test_transactions_are_framed_and_changes_resolved():
-    events = list(assemble(recorded()))
+@pytest.mark.parametrize("name", recordings.NAMES)
+def test_transactions_are_framed_and_changes_resolved(name):
+    events = list(assemble(recorded(name)))
     begins = [e for e in events if isinstance(e, Begin)]
     commits = [e for e in events if isinstance(e, Commit)]
     assert begins and len(begins) == len(commits)

@@ -1,7 +1,7 @@
-"""Tests for the sans-IO pgoutput decoder, driven by bytes recorded from PostgreSQL 15.
+"""Tests for the sans-IO pgoutput decoder, driven by bytes recorded from PostgreSQL 15 and 18.
 
 Fixtures come from tests/fixtures/record_pgoutput.py (see its SCENARIO for the SQL behind every
-message).  LSNs, xids, OIDs and commit times differ per recording, so tests derive those from the
+message); each file's first line names the server it came from (recordings.py).  LSNs, xids, OIDs and commit times differ per recording, so tests derive those from the
 stream itself; column values are deterministic and asserted exactly.
 """
 
@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import pickle
 import struct
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
@@ -40,32 +38,48 @@ from sluicegate.postgres.pgoutput import (
     decode,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
+from . import recordings
+
 BIG = "".join(f"{i:04d}" for i in range(750))  # same value as the recorder's TOASTed column
 
 
 def load(name: str) -> list[tuple[int, int, object]]:
-    rows = []
-    with (FIXTURES / f"{name}.jsonl").open() as f:
-        for line in f:
-            r = json.loads(line)
-            rows.append((r["lsn"], r["xid"], decode(bytes.fromhex(r["data"]))))
-    return rows
+    return [(r["lsn"], r["xid"], decode(bytes.fromhex(r["data"]))) for r in recordings.read(name)[1]]
 
 
 def raw(name: str) -> list[bytes]:
-    with (FIXTURES / f"{name}.jsonl").open() as f:
-        return [bytes.fromhex(json.loads(line)["data"]) for line in f]
+    return [bytes.fromhex(r["data"]) for r in recordings.read(name)[1]]
+
+
+def every_raw() -> list[bytes]:
+    return [data for name in recordings.NAMES for data in raw(name)]
+
+
+@pytest.fixture(scope="module", params=recordings.MAJORS, ids=lambda major: f"pg{major}")
+def major(request) -> int:
+    """The server version whose recordings a test reads (text and binary of the same one)."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def text():
-    return load("pg15_text")
+def text(major):
+    return load(f"pg{major}_text")
 
 
 @pytest.fixture(scope="module")
-def binary():
-    return load("pg15_binary")
+def binary(major):
+    return load(f"pg{major}_binary")
+
+
+def test_recordings_are_marked_with_their_server_version():
+    assert recordings.MAJORS == [15, 18]
+    for name in recordings.NAMES:
+        header, rows = recordings.read(name)
+        major = int(name.removeprefix("pg").split("_")[0])
+        assert header["server_version_num"] // 10000 == major
+        assert header["server_version"].startswith(f"{major}.")
+        assert header["binary"] == name.endswith("_binary")
+        assert rows and all(set(r) == {"lsn", "xid", "data"} for r in rows)
 
 
 def msgs(rows):
@@ -100,12 +114,12 @@ CODE = {Begin: "B", Commit: "C", Origin: "O", Relation: "R", TypeMsg: "Y", Inser
 
 # --- whole-stream properties ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["pg15_text", "pg15_binary"])
+@pytest.mark.parametrize("name", recordings.NAMES)
 def test_message_sequence(name):
     assert [CODE[type(m)] for m in msgs(load(name))] == EXPECTED_SEQUENCE
 
 
-@pytest.mark.parametrize("name", ["pg15_text", "pg15_binary"])
+@pytest.mark.parametrize("name", recordings.NAMES)
 def test_transaction_framing(name):
     rows = load(name)
     begin = None
@@ -321,7 +335,7 @@ def test_empty_and_unknown_type():
 
 def test_every_truncation_of_every_recorded_message_fails():
     seen = set()
-    for data in raw("pg15_text") + raw("pg15_binary"):
+    for data in every_raw():
         if data in seen:
             continue
         seen.add(data)
@@ -394,7 +408,7 @@ def test_throughput_report():
 
 def test_decode_row_agrees_with_decode_on_every_recorded_row_change():
     rows = 0
-    for data in raw("pg15_text") + raw("pg15_binary"):
+    for data in every_raw():
         if data[0] not in po.ROW_CHANGES:
             continue
         msg = decode(data)
@@ -407,7 +421,7 @@ def test_decode_row_agrees_with_decode_on_every_recorded_row_change():
 
 
 def test_decode_row_fails_like_decode():
-    for data in set(raw("pg15_text") + raw("pg15_binary")):
+    for data in set(every_raw()):
         if data[0] not in po.ROW_CHANGES:
             continue
         for cut in range(1, len(data)):
@@ -430,7 +444,7 @@ def test_decode_row_fails_like_decode():
 
 @pytest.mark.skipif(po._decode_row_c is None, reason="the C row decoder was not built (no compiler)")
 def test_c_row_decoder_agrees_with_python_and_leaves_errors_to_it():
-    for data in set(raw("pg15_text") + raw("pg15_binary")):
+    for data in set(every_raw()):
         if data[0] not in po.ROW_CHANGES:
             continue
         assert po._decode_row_c(data, UNCHANGED) == po._decode_row_py(data)

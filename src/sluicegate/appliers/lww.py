@@ -296,142 +296,11 @@ class LwwTable:
         self.fixed_settings = any(table.columns[i].type_oid not in _PLAIN_KEY_TYPES
                                   for i in table.key_indices)
         self.statements = 0  # statements sent, for the caller's accounting (and a test that it is bounded)
-        self._plan = self._compose(sql.Identifier(f"sg_lww_{index}"))
-
-    def _key_json(self, alias: str) -> sql.Composable:
-        return sql.SQL("jsonb_build_array({})").format(sql.SQL(", ").join(
-            sql.SQL("{}::text").format(sql.Identifier(alias, k)) for k in self.table.key))
-
-    def _cluster_of(self, roident: sql.Composable) -> sql.Composable:
-        whens = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(o), sql.Literal(c))
-                                  for o, c in sorted(self.origins.items()))
-        return sql.SQL("CASE {} {} ELSE {} END").format(roident, whens, sql.Literal(self.local_cluster))
-
-    def _compose(self, stage: sql.Identifier) -> dict:
-        t = self.table
-        name = sql.Literal(t.qualified)
-        cols = sql.SQL(", ").join(map(sql.Identifier, t.column_names))
-        s_cols = sql.SQL(", ").join(sql.Identifier("s", c) for c in t.column_names)
-        keys = sql.SQL(", ").join(map(sql.Identifier, t.key))
-        match = keyrange.key_equal(t, "d", "s")
-        first_key = sql.Identifier("d", t.key[0])  # key columns are NOT NULL: NULL here is "no row"
-        non_key = [c for c in t.column_names if c not in t.key]
-        names = t.column_names
-        assign = sql.SQL(", ").join(
-            sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-            for c in non_key)
-        d_keys = sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)
-        local_time = sql.SQL("COALESCE(tb.deleted_at, pg_xact_commit_timestamp(tb.xid::xid))")
-        types = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f + o), sql.Literal(ty))
-                                  for (f, o), ty in _TYPE_OF.items())
-        plan = {
-            "create": sql.SQL(
-                """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS SELECT NULL::"char" AS _sg_op,
-                   NULL::int[] AS _sg_keep, NULL::timestamptz AS _sg_time, NULL::int AS _sg_cluster,
-                   NULL::"char" AS _sg_found, NULL::timestamptz AS _sg_ltime, NULL::int AS _sg_lcluster,
-                   NULL::bool AS _sg_win, NULL::text AS _sg_conflict, {} FROM {} WITH NO DATA"""
-            ).format(stage, staged_columns(self.conn, t), t.ident),  # domains as their base types: deletes stage NULLs
-            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, _sg_time, _sg_cluster, {}) FROM STDIN").format(
-                stage, cols),
-            # The target's rows of the batch stay as classified until the transaction ends: the application
-            # cannot change or delete them in between (a row it inserts meanwhile meets the insert's ON
-            # CONFLICT). In key order, as other appliers lock.
-            "lock": sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} AS d JOIN {} AS s ON {} ORDER BY {} "
-                            "FOR UPDATE OF d) AS l").format(t.ident, stage, match, d_keys),
-            "classify": sql.SQL(
-                """WITH x AS (
-                     SELECT s.ctid AS sid, s._sg_op AS op, s._sg_time AS rtime, s._sg_cluster AS rcl,
-                            CASE WHEN {first} IS NOT NULL THEN 'r' WHEN tb.key IS NOT NULL THEN 't'
-                                 ELSE 'n' END AS found,
-                            CASE WHEN {first} IS NOT NULL THEN v.timestamp ELSE {ltime} END AS ltime,
-                            CASE WHEN {first} IS NOT NULL THEN {origin} ELSE tb.cluster_id END AS lcl
-                     FROM {stage} AS s LEFT JOIN {target} AS d ON {match}
-                     LEFT JOIN LATERAL pg_xact_commit_timestamp_origin(d.xmin) AS v ON true
-                     LEFT JOIN sluicegate.tombstones AS tb
-                       ON {first} IS NULL AND tb.table_name = {name} AND tb.key = {skey}
-                   ), y AS (
-                     SELECT x.*,
-                            (found = 'n' OR ltime IS NULL OR lcl = rcl OR (rtime, rcl) > (ltime, lcl)) AS win,
-                            (found = 'n' AND op = 'I') OR (found <> 'n' AND (ltime IS NULL OR lcl = rcl))
-                              AS ordinary
-                     FROM x
-                   ), u AS (
-                     UPDATE {stage} AS s SET _sg_found = y.found, _sg_ltime = y.ltime, _sg_lcluster = y.lcl,
-                            _sg_win = y.win,
-                            _sg_conflict = CASE WHEN NOT y.ordinary
-                                                THEN CASE y.found::text || y.op::text {types} END END
-                     FROM y WHERE s.ctid = y.sid
-                     RETURNING s._sg_op AS op, s._sg_found AS found, s._sg_win AS win,
-                               s._sg_keep IS NOT NULL AS partial, s._sg_conflict AS conflict
-                   )
-                   SELECT count(*) FILTER (WHERE NOT win),
-                          count(*) FILTER (WHERE win AND op = 'D' AND found = 'r'),
-                          count(*) FILTER (WHERE win AND op <> 'D' AND found = 'r'),
-                          count(*) FILTER (WHERE win AND op <> 'D' AND found <> 'r'),
-                          count(*) FILTER (WHERE win AND op <> 'D' AND found <> 'r' AND partial),
-                          count(*) FILTER (WHERE win AND op = 'D'),
-                          count(*) FILTER (WHERE win AND op <> 'D' AND found = 't'),
-                          (SELECT jsonb_object_agg(conflict, n) FROM (SELECT conflict, count(*) AS n FROM u
-                             WHERE conflict IS NOT NULL GROUP BY conflict) AS c)
-                   FROM u"""
-            ).format(first=first_key, ltime=local_time, origin=self._cluster_of(sql.SQL("v.roident")),
-                     stage=stage, target=t.ident, match=match, name=name, skey=self._key_json("s"),
-                     types=types),
-            "partial": sql.SQL(
-                "SELECT {}::text FROM {} AS s WHERE s._sg_win AND s._sg_op <> 'D' AND s._sg_found <> 'r' "
-                "AND s._sg_keep IS NOT NULL LIMIT 1").format(self._key_json("s"), stage),
-            "conflicts": sql.SQL(
-                "INSERT INTO sluicegate.conflicts (table_name, key, type, local_time, local_cluster, "
-                "remote_time, remote_cluster, winner) SELECT {}, {}, s._sg_conflict, s._sg_ltime, "
-                "s._sg_lcluster, s._sg_time, s._sg_cluster, "
-                "CASE WHEN s._sg_win THEN 'remote' ELSE 'local' END FROM {} AS s "
-                "WHERE s._sg_conflict IS NOT NULL").format(name, self._key_json("s"), stage),
-            "delete": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
-                              "AND s._sg_found = 'r' AND {}").format(t.ident, stage, match),
-            "update": sql.SQL("UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
-                              "AND s._sg_found = 'r' AND {}").format(t.ident, assign, stage, match)
-            if non_key else None,
-            # A row the application inserted after the classification is a version like any other.
-            # An identity key GENERATED ALWAYS keeps the peer's value (each side's sequence draws its own).
-            "insert": sql.SQL(
-                "INSERT INTO {} AS d ({}){} SELECT {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
-                "AND s._sg_found <> 'r' ON CONFLICT ({}) {}"
-            ).format(t.ident, cols, overriding_clause(writes_always_identity(self.conn, t)), s_cols, stage, keys,
-                     self._insert_conflict(stage, non_key)),
-            "tombstone": sql.SQL(
-                "INSERT INTO sluicegate.tombstones AS tb (table_name, key, deleted_at, cluster_id) "
-                "SELECT {}, {}, s._sg_time, s._sg_cluster FROM {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
-                "ON CONFLICT (table_name, key) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
-                "cluster_id = EXCLUDED.cluster_id, xid = NULL WHERE EXCLUDED.cluster_id = tb.cluster_id "
-                "OR (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > (COALESCE({}, '-infinity'), tb.cluster_id)"
-            ).format(name, self._key_json("s"), stage, local_time),
-            "untombstone": sql.SQL(
-                "DELETE FROM sluicegate.tombstones AS tb USING {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
-                "AND s._sg_found = 't' AND tb.table_name = {} AND tb.key = {}").format(
-                    stage, name, self._key_json("s")),
-            "clear": sql.SQL("TRUNCATE {}").format(stage),
-            "trim": sql.SQL("DELETE FROM {} AS s WHERE NOT {}").format(
-                stage, keyrange.compare(t, "<=", self.upto, alias="s")) if self.upto is not None else None,
-        }
-        return plan
-
-    def _insert_conflict(self, stage: sql.Identifier, non_key: list[str]) -> sql.Composable:
-        """ON CONFLICT's action: the incoming row replaces the one the application inserted meanwhile only if
-        it is the later version (in DO UPDATE, `d` is the existing row, EXCLUDED the incoming one)."""
-        if not non_key:
-            return sql.SQL("DO NOTHING")
-        t = self.table
-        assign = sql.SQL(", ").join(
-            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in non_key)
-        same = sql.SQL(" AND ").join(
-            sql.SQL("s.{} = EXCLUDED.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in t.key)
-        local = sql.SQL("(SELECT (COALESCE(v.timestamp, '-infinity'), {}) "
-                        "FROM pg_xact_commit_timestamp_origin(d.xmin) AS v)").format(
-                            self._cluster_of(sql.SQL("v.roident")))
-        return sql.SQL(
-            "DO UPDATE SET {} WHERE (SELECT ROW(s._sg_time, s._sg_cluster) FROM {} AS s WHERE {}) > {}"
-        ).format(assign, stage, same, local)
+        # domains staged as their base types: deletes stage NULLs
+        staged = staged_columns(conn, table)
+        self._plan = compose_plan(table, sql.Identifier(f"sg_lww_{index}"), local_cluster=local_cluster,
+                                  origins=self.origins, upto=upto, staged=staged,
+                                  always=writes_always_identity(conn, table))
 
     def _exec(self, cur, statement, params=None):
         self.statements += 1
@@ -498,3 +367,145 @@ class LwwTable:
         self._exec(cur, plan["clear"])
         return Outcome(inserted=inserted, updated=updated, deleted=deleted, lost=lost,
                        conflicts=conflicts or {})
+
+
+def _key_json(table: Table, alias: str) -> sql.Composable:
+    return sql.SQL("jsonb_build_array({})").format(sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(alias, k)) for k in table.key))
+
+
+def _cluster_of(origins: Mapping[int, int], local_cluster: int, roident: sql.Composable) -> sql.Composable:
+    whens = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(o), sql.Literal(c))
+                              for o, c in sorted(origins.items()))
+    return sql.SQL("CASE {} {} ELSE {} END").format(roident, whens, sql.Literal(local_cluster))
+
+
+def compose_plan(t: Table, stage: sql.Identifier, *, local_cluster: int, origins: Mapping[int, int],
+                 upto: list[str] | None, staged: sql.Composable, always: bool) -> dict:
+    """A table's last-writer-wins statements (pure: the caller read the target's facts). `origins`: roident ->
+    cluster id, this cluster's own (LOCAL_ORIGIN) included; `staged`: the staging table's columns
+    (staged_columns); `always`: the target has an identity column GENERATED ALWAYS (writes_always_identity)."""
+    name = sql.Literal(t.qualified)
+    cols = sql.SQL(", ").join(map(sql.Identifier, t.column_names))
+    s_cols = sql.SQL(", ").join(sql.Identifier("s", c) for c in t.column_names)
+    keys = sql.SQL(", ").join(map(sql.Identifier, t.key))
+    match = keyrange.key_equal(t, "d", "s")
+    first_key = sql.Identifier("d", t.key[0])  # key columns are NOT NULL: NULL here is "no row"
+    non_key = [c for c in t.column_names if c not in t.key]
+    names = t.column_names
+    assign = sql.SQL(", ").join(
+        sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
+        for c in non_key)
+    d_keys = sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)
+    local_time = sql.SQL("COALESCE(tb.deleted_at, pg_xact_commit_timestamp(tb.xid::xid))")
+    types = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f + o), sql.Literal(ty))
+                              for (f, o), ty in _TYPE_OF.items())
+    plan = {
+        "create": sql.SQL(
+            """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS SELECT NULL::"char" AS _sg_op,
+               NULL::int[] AS _sg_keep, NULL::timestamptz AS _sg_time, NULL::int AS _sg_cluster,
+               NULL::"char" AS _sg_found, NULL::timestamptz AS _sg_ltime, NULL::int AS _sg_lcluster,
+               NULL::bool AS _sg_win, NULL::text AS _sg_conflict, {} FROM {} WITH NO DATA"""
+        ).format(stage, staged, t.ident),
+        "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, _sg_time, _sg_cluster, {}) FROM STDIN").format(
+            stage, cols),
+        # The target's rows of the batch stay as classified until the transaction ends: the application
+        # cannot change or delete them in between (a row it inserts meanwhile meets the insert's ON
+        # CONFLICT). In key order, as other appliers lock.
+        "lock": sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} AS d JOIN {} AS s ON {} ORDER BY {} "
+                        "FOR UPDATE OF d) AS l").format(t.ident, stage, match, d_keys),
+        "classify": sql.SQL(
+            """WITH x AS (
+                 SELECT s.ctid AS sid, s._sg_op AS op, s._sg_time AS rtime, s._sg_cluster AS rcl,
+                        CASE WHEN {first} IS NOT NULL THEN 'r' WHEN tb.key IS NOT NULL THEN 't'
+                             ELSE 'n' END AS found,
+                        CASE WHEN {first} IS NOT NULL THEN v.timestamp ELSE {ltime} END AS ltime,
+                        CASE WHEN {first} IS NOT NULL THEN {origin} ELSE tb.cluster_id END AS lcl
+                 FROM {stage} AS s LEFT JOIN {target} AS d ON {match}
+                 LEFT JOIN LATERAL pg_xact_commit_timestamp_origin(d.xmin) AS v ON true
+                 LEFT JOIN sluicegate.tombstones AS tb
+                   ON {first} IS NULL AND tb.table_name = {name} AND tb.key = {skey}
+               ), y AS (
+                 SELECT x.*,
+                        (found = 'n' OR ltime IS NULL OR lcl = rcl OR (rtime, rcl) > (ltime, lcl)) AS win,
+                        (found = 'n' AND op = 'I') OR (found <> 'n' AND (ltime IS NULL OR lcl = rcl))
+                          AS ordinary
+                 FROM x
+               ), u AS (
+                 UPDATE {stage} AS s SET _sg_found = y.found, _sg_ltime = y.ltime, _sg_lcluster = y.lcl,
+                        _sg_win = y.win,
+                        _sg_conflict = CASE WHEN NOT y.ordinary
+                                            THEN CASE y.found::text || y.op::text {types} END END
+                 FROM y WHERE s.ctid = y.sid
+                 RETURNING s._sg_op AS op, s._sg_found AS found, s._sg_win AS win,
+                           s._sg_keep IS NOT NULL AS partial, s._sg_conflict AS conflict
+               )
+               SELECT count(*) FILTER (WHERE NOT win),
+                      count(*) FILTER (WHERE win AND op = 'D' AND found = 'r'),
+                      count(*) FILTER (WHERE win AND op <> 'D' AND found = 'r'),
+                      count(*) FILTER (WHERE win AND op <> 'D' AND found <> 'r'),
+                      count(*) FILTER (WHERE win AND op <> 'D' AND found <> 'r' AND partial),
+                      count(*) FILTER (WHERE win AND op = 'D'),
+                      count(*) FILTER (WHERE win AND op <> 'D' AND found = 't'),
+                      (SELECT jsonb_object_agg(conflict, n) FROM (SELECT conflict, count(*) AS n FROM u
+                         WHERE conflict IS NOT NULL GROUP BY conflict) AS c)
+               FROM u"""
+        ).format(first=first_key, ltime=local_time, origin=_cluster_of(origins, local_cluster, sql.SQL("v.roident")),
+                 stage=stage, target=t.ident, match=match, name=name, skey=_key_json(t, "s"),
+                 types=types),
+        "partial": sql.SQL(
+            "SELECT {}::text FROM {} AS s WHERE s._sg_win AND s._sg_op <> 'D' AND s._sg_found <> 'r' "
+            "AND s._sg_keep IS NOT NULL LIMIT 1").format(_key_json(t, "s"), stage),
+        "conflicts": sql.SQL(
+            "INSERT INTO sluicegate.conflicts (table_name, key, type, local_time, local_cluster, "
+            "remote_time, remote_cluster, winner) SELECT {}, {}, s._sg_conflict, s._sg_ltime, "
+            "s._sg_lcluster, s._sg_time, s._sg_cluster, "
+            "CASE WHEN s._sg_win THEN 'remote' ELSE 'local' END FROM {} AS s "
+            "WHERE s._sg_conflict IS NOT NULL").format(name, _key_json(t, "s"), stage),
+        "delete": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
+                          "AND s._sg_found = 'r' AND {}").format(t.ident, stage, match),
+        "update": sql.SQL("UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
+                          "AND s._sg_found = 'r' AND {}").format(t.ident, assign, stage, match)
+        if non_key else None,
+        # A row the application inserted after the classification is a version like any other.
+        # An identity key GENERATED ALWAYS keeps the peer's value (each side's sequence draws its own).
+        "insert": sql.SQL(
+            "INSERT INTO {} AS d ({}){} SELECT {} FROM {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
+            "AND s._sg_found <> 'r' ON CONFLICT ({}) {}"
+        ).format(t.ident, cols, overriding_clause(always), s_cols, stage, keys,
+                 _insert_conflict(t, stage, non_key, origins, local_cluster)),
+        "tombstone": sql.SQL(
+            "INSERT INTO sluicegate.tombstones AS tb (table_name, key, deleted_at, cluster_id) "
+            "SELECT {}, {}, s._sg_time, s._sg_cluster FROM {} AS s WHERE s._sg_op = 'D' AND s._sg_win "
+            "ON CONFLICT (table_name, key) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
+            "cluster_id = EXCLUDED.cluster_id, xid = NULL WHERE EXCLUDED.cluster_id = tb.cluster_id "
+            "OR (EXCLUDED.deleted_at, EXCLUDED.cluster_id) > (COALESCE({}, '-infinity'), tb.cluster_id)"
+        ).format(name, _key_json(t, "s"), stage, local_time),
+        "untombstone": sql.SQL(
+            "DELETE FROM sluicegate.tombstones AS tb USING {} AS s WHERE s._sg_op <> 'D' AND s._sg_win "
+            "AND s._sg_found = 't' AND tb.table_name = {} AND tb.key = {}").format(
+                stage, name, _key_json(t, "s")),
+        "clear": sql.SQL("TRUNCATE {}").format(stage),
+        "trim": sql.SQL("DELETE FROM {} AS s WHERE NOT {}").format(
+            stage, keyrange.compare(t, "<=", upto, alias="s")) if upto is not None else None,
+    }
+    return plan
+
+
+def _insert_conflict(t: Table, stage: sql.Identifier, non_key: list[str], origins: Mapping[int, int],
+                     local_cluster: int) -> sql.Composable:
+    """ON CONFLICT's action: the incoming row replaces the one the application inserted meanwhile only if
+    it is the later version (in DO UPDATE, `d` is the existing row, EXCLUDED the incoming one)."""
+    if not non_key:
+        return sql.SQL("DO NOTHING")
+    assign = sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in non_key)
+    same = sql.SQL(" AND ").join(
+        sql.SQL("s.{} = EXCLUDED.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in t.key)
+    local = sql.SQL("(SELECT (COALESCE(v.timestamp, '-infinity'), {}) "
+                    "FROM pg_xact_commit_timestamp_origin(d.xmin) AS v)").format(
+                        _cluster_of(origins, local_cluster, sql.SQL("v.roident")))
+    return sql.SQL(
+        "DO UPDATE SET {} WHERE (SELECT ROW(s._sg_time, s._sg_cluster) FROM {} AS s WHERE {}) > {}"
+    ).format(assign, stage, same, local)

@@ -103,7 +103,7 @@ _KEY_READERS = {20: int, 21: int, 23: int, 26: int, 700: _float_key, 701: _float
 # A key of one of these (int8, int2, int4) can tell when a chunk's keys are a dense range (dense_range).
 _INTEGER_KEYS = frozenset((20, 21, 23))
 # Dense: the keys a statement joins lie within _DENSE times as many consecutive integers as there are keys,
-# and enough of them to be worth the planner settings' two round trips (~0.2 ms; ~0.6 µs a row saved).
+# and enough of them that the time saved a row outweighs the planner settings' two round trips.
 _DENSE = 2
 _DENSE_MIN_ROWS = 1000
 _MERGE_JOIN = "SET LOCAL enable_nestloop = off; SET LOCAL enable_hashjoin = off"
@@ -112,7 +112,7 @@ _PLANNER_DEFAULTS = "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_hash
 
 def key_order_getter(table: Table):
     """keys -> a list of values that sort them in (about) the target's key order, one a key; map-based, so a
-    chunk's 20k keys take ~2 ms."""
+    chunk's keys are read in C loops, not one Python call a key."""
     readers = tuple(_KEY_READERS.get(table.columns[i].type_oid) for i in table.key_indices)
     if not any(readers):
         return list  # the key tuples sort as they are
@@ -125,8 +125,8 @@ def key_order_getter(table: Table):
 def sort_by_key(rows: dict, order_of) -> tuple[list, list | None]:
     """The chunk's staged rows sorted by key, and the values that sorted them (one a row of `rows`, None when
     the keys do not sort). Each statement then meets the target's key index and heap in order, walking
-    forward instead of at random (~12-16% less of the target backend's time a row when the keys came in
-    random order; bench --burst-keys random). The order cannot change the outcome (staged keys are unique),
+    forward instead of at random, which costs the target backend less a row when the keys came in random
+    order. The order cannot change the outcome (staged keys are unique),
     so a key that does not sort (not text, as a rule's output may be) leaves the order the rows came in."""
     values = list(rows.values())
     try:
@@ -142,16 +142,14 @@ def dense_range(span: tuple[int, int] | None, rows: int) -> bool:
     """Whether `rows` staged keys within span (the chunk's lowest and highest integer key) are dense enough
     for a statement to meet the target's rows by one walk of the key index over the span, merged with the
     sorted staged rows, instead of one index search a row: a burst over a range of keys (an UPDATE … WHERE
-    id BETWEEN, a purge, rows appended). On 5M rows with 20k staged keys in a row: an update 4.2 µs a row
-    against 4.8, still 4.9 against 5.4 with every other key; a delete 1.2 against 2.0; new keys appended
-    (an update that meets none, then an insert) 1.8 against 3.3. Keys spread wider keep the search a row,
-    whose cost does not grow with the span."""
+    id BETWEEN, a purge, rows appended): one sequential walk costs less a row than as many searches. Keys
+    spread wider keep the search a row, whose cost does not grow with the span."""
     return span is not None and rows >= _DENSE_MIN_ROWS and span[1] - span[0] < _DENSE * rows
 
 
 try:  # the C versions (postgres/_pgoutput_rows.c): optional, like the decoder's
     from ..postgres._pgoutput_rows import RowSink as _RowSink
-    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # ~10x faster
+    from ..postgres._pgoutput_rows import copy_lines as _copy_lines_c  # no interpreter a value
     from ..postgres._pgoutput_rows import stage_change as _stage_change_c
 except ImportError:  # pragma: no cover - a build without a compiler
     _copy_lines_c = _stage_change_c = _RowSink = None
@@ -581,23 +579,6 @@ class PostgresApplier:
             t._plan = keyless.plan(self.conn, table, stage)
             self.staged.add(t.index)
             return t._plan
-        cols = [sql.Identifier(c) for c in table.column_names]
-        col_list = sql.SQL(", ").join(cols)
-        if t.index not in self.staged:
-            # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
-            # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
-            self.conn.execute(
-                sql.SQL(
-                    """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
-                       SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
-                ).format(stage, staged_columns(self.conn, table), table.ident)
-            )
-            self.staged.add(t.index)
-        match = keyrange.key_equal(table, "d", "s")
-        flt = sql.SQL("")
-        if t.mode == "upto":
-            flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", t.lastpk, alias="s"))
-        non_key = [c for c in table.column_names if c not in table.key]
         # The target's own definition: a unique index besides the key (_flush_table), an identity column
         # GENERATED ALWAYS among those written (the source's values are the ones to keep).
         unique, always, cascades = self.conn.execute(
@@ -608,55 +589,85 @@ class PostgresApplier:
                       AND current_setting('session_replication_role') <> 'replica'""",
             (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
         ).fetchone()
-        overriding = overriding_clause(always)
-        plan = {
-            "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
-            # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
-            # join is held to goes between the two (_join).
-            "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
-                table.ident, stage, match, flt), sql.SQL("")),
-            "insert": (sql.SQL(
-                "INSERT INTO {} ({}){} SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
-                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
-            ).format(table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
-                     stage, flt, table.ident, match), sql.SQL(")")),
-            "clear": sql.SQL("TRUNCATE {}").format(stage),
-            # rows that keep a value the target does not have: the insert would write NULL in its place
-            "orphans": sql.SQL(
-                "SELECT EXISTS (SELECT 1 FROM {} AS s WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL{} "
-                "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
-            ).format(stage, flt, table.ident, match),
-            "update": None,
-            "delete_upserts": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'U' AND {}{}").format(
-                table.ident, stage, match, flt),
-            "fill_keep": None,
-        }
-        plan["unique"], plan["referenced"] = unique, cascades
-        if non_key:
-            names = table.column_names
-
-            def assignments(keep: bool):
-                out = []
-                for c in non_key:
-                    if keep:
-                        out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
-                    else:
-                        out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
-                return sql.SQL(", ").join(out)
-
-            upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
-            for name, keep in (("update", False), ("update_keep", True)):
-                head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
-                plan[name] = (head, sql.SQL(""))
-            plan["fill_keep"] = sql.SQL(
-                "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
-                stage, sql.SQL(", ").join(
-                    sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-                    for c in non_key), table.ident, match)
+        staged = None if t.index in self.staged else staged_columns(self.conn, table)
+        plan = compose_plan(table, stage, mode=t.mode, lastpk=t.lastpk, staged=staged, unique=unique,
+                            always=always, referenced=cascades)
+        if plan["create"] is not None:
+            self.conn.execute(plan["create"])
+            self.staged.add(t.index)
         t._plan = plan
         return plan
+
+
+def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", lastpk: list[str] | None = None,
+                 staged: sql.Composable | None = None, unique: bool = False, always: bool = False,
+                 referenced: bool = False) -> dict:
+    """A keyed table's statements (pure: the caller read the target's facts). `mode`/`lastpk`: a table being
+    copied applies only keys <= lastpk ("upto"); `staged`: the staging table's columns (staged_columns), None
+    when the staging table exists already; `unique`: the target has a unique index besides the key;
+    `always`: an identity column GENERATED ALWAYS among those written; `referenced`: foreign keys point at it."""
+    cols = [sql.Identifier(c) for c in table.column_names]
+    col_list = sql.SQL(", ").join(cols)
+    # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
+    # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
+    create = None if staged is None else sql.SQL(
+        """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
+           SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
+    ).format(stage, staged, table.ident)
+    match = keyrange.key_equal(table, "d", "s")
+    flt = sql.SQL("")
+    if mode == "upto":
+        flt = sql.SQL(" AND {}").format(keyrange.compare(table, "<=", lastpk, alias="s"))
+    non_key = [c for c in table.column_names if c not in table.key]
+    overriding = overriding_clause(always)
+    plan = {
+        "create": create,
+        "copy": sql.SQL("COPY {} (_sg_op, _sg_keep, {}) FROM STDIN").format(stage, col_list),
+        # A statement that joins the staged rows with the target `d` is (head, tail): a range of keys the
+        # join is held to goes between the two (_join).
+        "delete": (sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'D' AND {}{}").format(
+            table.ident, stage, match, flt), sql.SQL("")),
+        "insert": (sql.SQL(
+            "INSERT INTO {} ({}){} SELECT {} FROM {} AS s WHERE s._sg_op = 'U'{} "
+            "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}"
+        ).format(table.ident, col_list, overriding, sql.SQL(", ").join(sql.Identifier("s", c) for c in table.column_names),
+                 stage, flt, table.ident, match), sql.SQL(")")),
+        "clear": sql.SQL("TRUNCATE {}").format(stage),
+        # rows that keep a value the target does not have: the insert would write NULL in its place
+        "orphans": sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {} AS s WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL{} "
+            "AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {}))"
+        ).format(stage, flt, table.ident, match),
+        "update": None,
+        "delete_upserts": sql.SQL("DELETE FROM {} AS d USING {} AS s WHERE s._sg_op = 'U' AND {}{}").format(
+            table.ident, stage, match, flt),
+        "fill_keep": None,
+    }
+    plan["unique"], plan["referenced"] = unique, referenced
+    if non_key:
+        names = table.column_names
+
+        def assignments(keep: bool):
+            out = []
+            for c in non_key:
+                if keep:
+                    out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
+                else:
+                    out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
+            return sql.SQL(", ").join(out)
+
+        upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
+        for name, keep in (("update", False), ("update_keep", True)):
+            head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
+            plan[name] = (head, sql.SQL(""))
+        plan["fill_keep"] = sql.SQL(
+            "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
+            stage, sql.SQL(", ").join(
+                sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
+                    sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
+                for c in non_key), table.ident, match)
+    return plan
 
 
 # The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains.
@@ -671,7 +682,11 @@ SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = 
 
 def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
     """The table's columns as the staging table has them: a domain's as its base type."""
-    bases = dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall())
+    return staged_columns_of(table, dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall()))
+
+
+def staged_columns_of(table: Table, bases: dict[str, str]) -> sql.Composable:
+    """staged_columns, given each domain column's base type (column name -> format_type)."""
     return sql.SQL(", ").join(
         sql.SQL("{c}::{t} AS {c}").format(c=sql.Identifier(c), t=sql.SQL(bases[c])) if c in bases
         else sql.Identifier(c) for c in table.column_names)

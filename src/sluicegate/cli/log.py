@@ -12,7 +12,7 @@ import click
 
 from ..position import format_lsn
 
-if TYPE_CHECKING:  # the messages' module (protobuf, ~30 ms) loads where a command uses it
+if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
 
 

@@ -16,7 +16,7 @@ import click
 from ..errors import UsageError
 from ..position import format_lsn, parse_lsn
 
-if TYPE_CHECKING:  # the messages' module (protobuf, ~30 ms) loads where a command uses it
+if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,7 @@
 the transaction that records the cycle, the order pg_restore loads in (VReplication's --defer-secondary-keys).
 
 COPY into a table with its primary key maintains the B-tree row by row (and logs each entry); a sorted build
-afterwards is far cheaper: 5M pgbench rows through 2 pipes on 2 cores took 7.4 s with the key in place, 4.1 s
-without it plus 1.4 s to build it. Only tables nothing else leans on are deferred: no foreign key points at
+afterwards is far cheaper (bench/README.md, "Notes moved from the code"). Only tables nothing else leans on are deferred: no foreign key points at
 them, they are plain (no partitions or inheritance), and their replica identity is not an index. Exclusion
 constraints and invalid indexes stay as they are. The statements that build the indexes again come from the
 server itself (pg_get_indexdef, pg_get_constraintdef) and are kept in the workflow's state, so a kill at any

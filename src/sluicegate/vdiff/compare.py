@@ -89,7 +89,7 @@ def _differing(pool: ThreadPoolExecutor, src, dst, table: Table, hashed_as_text:
     """The sub-ranges of a differing range that differ, small enough to compare row by row, in key order.
 
     Like a Merkle tree walked on demand: split at every (rows / FANOUT)-th source key, compare the parts'
-    summaries, descend into those that differ. One differing row in 200k costs ~1.15 scans, not a copy.
+    summaries, descend into those that differ. A few differing rows cost little more than one scan, not a copy.
     """
     if max(source_rows, target_rows) <= ROW_COMPARE_ROWS or table.keyless:  # keyless: no key to split by
         yield lo, hi
@@ -122,8 +122,8 @@ def _import_snapshot(conn: psycopg.Connection, name: str, *, read_only: bool) ->
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     conn.read_only = read_only
     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
-    # Ranges are the parallelism: a parallel scan per range costs ~2.5x the CPU of a plain one; and a
-    # bitmap scan reads a range's heap pages in order, ~15% cheaper than walking the index.
+    # Ranges are the parallelism: a parallel scan per range costs far more CPU than a plain one; and a
+    # bitmap scan reads a range's heap pages in order, cheaper than walking the index.
     conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
     conn.execute("SET LOCAL enable_indexscan = off")
 

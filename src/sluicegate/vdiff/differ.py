@@ -198,7 +198,7 @@ class VDiffRun:
         return max(reltuples, table.estimated_rows)  # -1: never analyzed
 
     def _range_rows(self, estimate: float) -> int:
-        """One range per Spark slot (a task costs ~0.1 s to set up, and fewer, longer range scans are cheaper
+        """One range per Spark slot (a task costs time to set up, and fewer, longer range scans are cheaper
         per row), within [50k, 1M] rows."""
         slots = max(1, int(self.runner.parallelism()))
         return int(min(MAX_RANGE_ROWS, max(MIN_RANGE_ROWS, estimate / slots)))

@@ -40,7 +40,7 @@ class DriverVDiffs:
             vdiff_id = store.next_pending(conn, wf.name)
         if vdiff_id is None:
             return
-        # Imported once a vdiff is asked for: the differ's rule support brings pyarrow (~0.2 s of CPU), which
+        # Imported once a vdiff is asked for: the differ's rule support brings pyarrow (its import takes CPU), which
         # `workflow run` would otherwise import while Spark's JVM starts on the same cores.
         from .differ import VDiffRun
 

@@ -49,11 +49,10 @@ _tags = itertools.count(1)
 @dataclass(frozen=True)
 class Settings:
     # Rows per copy cycle (one snapshot; catchup and fast-forward between cycles). Vitess copies for up to an
-    # hour before it catches up; ~30 s of copying here keeps the per-cycle cost small and the snapshot short.
+    # hour before it catches up; a much shorter cycle here keeps each catchup small and the snapshot short.
     cycle_rows: int = 10_000_000
     # Rows per Spark copy task, about (whole waves of tasks: up to twice this, copier._tasks): each opens two
-    # sessions and imports the snapshot; bigger tasks spend less on that (a 5M-row table: 0.7 s less in 4
-    # tasks than in 20 on 2 cores).
+    # sessions and imports the snapshot; bigger tasks spend less on that.
     chunk_rows: int = 1_000_000
     batch_changes: int = 20_000  # pgoutput messages per replay batch
     # How long a play task (one replication stream) runs before the driver re-reads state. None: a workflow
@@ -61,8 +60,7 @@ class Settings:
     slice_seconds: float | None = None
     idle_poll: float = 0.1
     # Drop a target table's indexes before its first copy cycle and build them when the cycle is recorded
-    # (postgres/indexes.py): 5M rows through 2 pipes on 2 cores took 7.4 s with the key in place, 4.1 s
-    # without it plus 1.4 s to build it.
+    # (postgres/indexes.py): one sorted build costs less than maintaining them row by row during COPY.
     defer_indexes: bool = True
 
     @classmethod
@@ -418,7 +416,7 @@ class Engine:
                 continue
             name = (t.table.schema, t.table.name)
             if name not in self._runners:
-                # Imported here: rules bring pyarrow (~0.2 s of CPU), which a workflow without them never
+                # Imported here: rules bring pyarrow (its import takes CPU), which a workflow without them never
                 # needs, and `workflow run` imports the engine while Spark's JVM starts on the same cores.
                 from ..rules.compile import CompiledRule
                 from ..rules.evaluate import RuleRunner
