@@ -59,7 +59,7 @@ class RowChange(_message.Message):
     def __init__(self, before: _Optional[_Union[Record, _Mapping]] = ..., after: _Optional[_Union[Record, _Mapping]] = ...) -> None: ...
 
 class Statement(_message.Message):
-    __slots__ = ("type", "table", "rows", "statement_id", "segment_id", "end_segment", "subtransaction_id", "truncated", "cascade", "restart_identity", "start_position")
+    __slots__ = ("type", "table", "rows", "statement_id", "segment_id", "end_segment", "subtransaction_id", "truncated", "cascade", "restart_identity", "start_position", "ddl")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[Statement.Type]
@@ -70,6 +70,7 @@ class Statement(_message.Message):
         ROLLBACK: _ClassVar[Statement.Type]
         ROLLBACK_STATEMENT: _ClassVar[Statement.Type]
         SCHEMA_CHANGE: _ClassVar[Statement.Type]
+        DDL: _ClassVar[Statement.Type]
     TYPE_UNSPECIFIED: Statement.Type
     INSERT: Statement.Type
     UPDATE: Statement.Type
@@ -78,6 +79,7 @@ class Statement(_message.Message):
     ROLLBACK: Statement.Type
     ROLLBACK_STATEMENT: Statement.Type
     SCHEMA_CHANGE: Statement.Type
+    DDL: Statement.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +91,7 @@ class Statement(_message.Message):
     CASCADE_FIELD_NUMBER: _ClassVar[int]
     RESTART_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DDL_FIELD_NUMBER: _ClassVar[int]
     type: Statement.Type
     table: TableHeader
     rows: _containers.RepeatedCompositeFieldContainer[RowChange]
@@ -100,7 +103,28 @@ class Statement(_message.Message):
     cascade: bool
     restart_identity: bool
     start_position: int
-    def __init__(self, type: _Optional[_Union[Statement.Type, str]] = ..., table: _Optional[_Union[TableHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowChange, _Mapping]]] = ..., statement_id: _Optional[int] = ..., segment_id: _Optional[int] = ..., end_segment: _Optional[bool] = ..., subtransaction_id: _Optional[int] = ..., truncated: _Optional[_Iterable[_Union[TableHeader, _Mapping]]] = ..., cascade: _Optional[bool] = ..., restart_identity: _Optional[bool] = ..., start_position: _Optional[int] = ...) -> None: ...
+    ddl: DdlStatement
+    def __init__(self, type: _Optional[_Union[Statement.Type, str]] = ..., table: _Optional[_Union[TableHeader, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowChange, _Mapping]]] = ..., statement_id: _Optional[int] = ..., segment_id: _Optional[int] = ..., end_segment: _Optional[bool] = ..., subtransaction_id: _Optional[int] = ..., truncated: _Optional[_Iterable[_Union[TableHeader, _Mapping]]] = ..., cascade: _Optional[bool] = ..., restart_identity: _Optional[bool] = ..., start_position: _Optional[int] = ..., ddl: _Optional[_Union[DdlStatement, _Mapping]] = ...) -> None: ...
+
+class TableName(_message.Message):
+    __slots__ = ("schema", "name")
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    schema: str
+    name: str
+    def __init__(self, schema: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DdlStatement(_message.Message):
+    __slots__ = ("tag", "sql", "search_path", "tables")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_PATH_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tag: str
+    sql: str
+    search_path: str
+    tables: _containers.RepeatedCompositeFieldContainer[TableName]
+    def __init__(self, tag: _Optional[str] = ..., sql: _Optional[str] = ..., search_path: _Optional[str] = ..., tables: _Optional[_Iterable[_Union[TableName, _Mapping]]] = ...) -> None: ...
 
 class TransactionContext(_message.Message):
     __slots__ = ("source_id", "transaction_id", "position", "commit_position", "start_time_us", "end_time_us", "origin", "streamed")

@@ -18,10 +18,13 @@ Statement = pb.Statement
 TableHeader = pb.TableHeader
 RowChange = pb.RowChange
 Record = pb.Record
+TableName = pb.TableName
+DdlStatement = pb.DdlStatement
 
 INSERT, UPDATE, DELETE = pb.Statement.INSERT, pb.Statement.UPDATE, pb.Statement.DELETE
 TRUNCATE, ROLLBACK = pb.Statement.TRUNCATE, pb.Statement.ROLLBACK
 ROLLBACK_STATEMENT, SCHEMA_CHANGE = pb.Statement.ROLLBACK_STATEMENT, pb.Statement.SCHEMA_CHANGE
+DDL = pb.Statement.DDL
 ROW_TYPES = {"I": INSERT, "U": UPDATE, "D": DELETE}
 
 def type_name(kind: int) -> str:
@@ -112,6 +115,9 @@ def to_json(txn: Transaction) -> dict:
         if st.type == TRUNCATE:
             item["tables"] = [f"{t.schema}.{t.name}" for t in st.truncated]
             item["cascade"], item["restart_identity"] = st.cascade, st.restart_identity
+        if st.type == DDL:
+            item["tables"] = [f"{t.schema}.{t.name}" for t in st.ddl.tables]
+            item["tag"], item["sql"], item["search_path"] = st.ddl.tag, st.ddl.sql, st.ddl.search_path
         if names:
             item["key"] = [c.name for c in st.table.columns if c.key]
         statements.append(item)

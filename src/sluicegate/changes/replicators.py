@@ -11,7 +11,8 @@ Options (from a spec, so lists are separated by ``;`` — ``,`` separates the sp
 - ``columns``: schema.table.column patterns (``t.c`` means ``public.t.c``) removed from the table header and from
   every record. A key column (replica identity) is never removed: the message is refused with an error naming it.
 
-ROLLBACK and ROLLBACK_STATEMENT always pass. A TRUNCATE keeps the kept tables only (and goes when none is left).
+ROLLBACK and ROLLBACK_STATEMENT always pass. A TRUNCATE keeps the kept tables only (and goes when none is left);
+a DDL statement passes, as it is, when it touches a kept table.
 A message left without statements is dropped, unless it ends a transaction of which an earlier message went on
 (the reader needs that end to close it).
 """
@@ -91,6 +92,8 @@ class FilterReplicator:
             return True
         if st.type == m.TRUNCATE:
             return all(self.keeps(t.schema, t.name) for t in st.truncated)
+        if st.type == m.DDL:
+            return all(self.keeps(t.schema, t.name) for t in st.ddl.tables)
         h = st.table
         return self.keeps(h.schema, h.name) and not (
             self.columns and any(self._drops(h.schema, h.name, c.name) for c in h.columns))
@@ -113,6 +116,9 @@ class FilterReplicator:
                     if len(kept) < len(st.truncated):
                         del new.truncated[:]
                         new.truncated.extend(kept)
+            elif st.type == m.DDL:
+                if any(self.keeps(t.schema, t.name) for t in st.ddl.tables):
+                    out.statements.append(st)
             elif self.keeps(st.table.schema, st.table.name):
                 self._copy_without_columns(st, out)
         return self._pass_or_drop(txn, out)

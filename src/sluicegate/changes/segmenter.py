@@ -7,6 +7,10 @@ with the same transaction id and the next `segment_id`; a statement cut that way
 same `statement_id` and its own next `segment_id`. A message always holds at least one row, so a single row
 larger than the threshold still travels (alone).
 
+DDL statements (the source's DDL capture, ddl/capture.py: logical messages the assembler hands over when asked)
+become DDL statements at their place among the rows, when they touch a table the reader streams (changes/ddl.py);
+a transaction with nothing else still goes out for one.
+
 Protocol 2 streaming: at each Stream Stop the transaction's pending statements go out before its commit.
 A Stream Abort of the whole transaction becomes a ROLLBACK statement if anything was sent (else nothing is
 sent at all); the abort of a subtransaction (ROLLBACK TO SAVEPOINT) drops its unsent statements and, if some
@@ -18,8 +22,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..postgres.assembler import Change, Event, TruncateChange
-from ..postgres.pgoutput import Begin, Commit, Relation, StreamAbort, StreamCommit, StreamStart, StreamStop
+from ..ddl.message import PREFIX as DDL_PREFIX
+from ..ddl.message import BadDdlMessage, parse
+from ..errors import TerminalError
+from ..postgres.assembler import Change, Event, StreamedMessage, TruncateChange
+from ..postgres.pgoutput import (
+    Begin,
+    Commit,
+    LogicalMessage,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+)
+from . import ddl as ddl_statements
 from . import model as m
 
 DEFAULT_THRESHOLD = 1 << 20  # bytes; Drizzle's default transaction_message_threshold is 1 MiB
@@ -58,14 +75,17 @@ class Segmenter:
     """Feed assembled events (in order) to :meth:`feed`; it yields the Transaction messages they complete.
 
     `position` is the resume point: the end of the last commit whose transaction went out whole.
-    `tables`, if given, is the set of (schema, name) to keep (the rest is left out).
+    `tables`, if given, is the set of (schema, name) to keep (the rest is left out). `published`: without
+    `tables`, the tables the reader streams (its publication's), which DDL statements must touch to go out
+    (a CREATE TABLE: be in one of their schemas); tables met in the rows join it. None: every DDL statement.
     """
 
     def __init__(self, source_id: str = "", threshold: int = DEFAULT_THRESHOLD, position: int = 0,
-                 tables: set[tuple[str, str]] | None = None):
+                 tables: set[tuple[str, str]] | None = None, published: set[tuple[str, str]] | None = None):
         if threshold < MIN_THRESHOLD:
             raise ValueError(f"transaction_message_threshold must be at least {MIN_THRESHOLD} bytes, got {threshold}")
         self.source_id, self.threshold, self.position, self.tables = source_id, threshold, position, tables
+        self.published = published
         # A message's own fields before any statement: the context (source id, six numbers of at most 10
         # bytes each, a flag) and the segment fields. Every message starts its size count there.
         self._base = _framed(len(source_id.encode()) + 2 + 6 * 11 + 2) + 12
@@ -85,6 +105,12 @@ class Segmenter:
             kept = [r for r in ev.relations if self._keep(r)]
             if kept:
                 yield from self._truncate(txn, ev, kept)
+        elif isinstance(ev, LogicalMessage):
+            txn = self._current()
+            yield from self._ddl(txn, ev, txn.xid)
+        elif isinstance(ev, StreamedMessage):
+            txn = self._current()
+            yield from self._ddl(txn, ev.message, ev.xid or txn.xid)
         elif isinstance(ev, Begin):
             self._plain = self._new(ev.xid, False, m.micros(ev.commit_time))
         elif isinstance(ev, Commit):
@@ -118,9 +144,16 @@ class Segmenter:
     def _keep(self, rel: Relation) -> bool:
         return self.tables is None or (rel.schema, rel.name) in self.tables
 
+    def _streams(self, schema: str, name: str) -> bool:
+        if self.tables is not None:
+            return (schema, name) in self.tables
+        return self.published is None or (schema, name) in self.published
+
     def _header(self, rel: Relation) -> tuple[m.TableHeader, int]:
         known = self._headers.get(rel.oid)
         if known is None or known[0] is not rel:
+            if self.published is not None:
+                self.published.add((rel.schema, rel.name))  # e.g. added to the publication since the start
             h = m.header(rel)
             known = self._headers[rel.oid] = (rel, h, h.ByteSize())
         return known[1], known[2]
@@ -132,7 +165,12 @@ class Segmenter:
         if known is None or known[0] is rel:
             return
         if known[0].columns == rel.columns:
-            self._headers[rel.oid] = (rel, known[1], known[2])
+            if (known[0].schema, known[0].name, known[0].replica_identity) == (
+                    rel.schema, rel.name, rel.replica_identity):
+                self._headers[rel.oid] = (rel, known[1], known[2])
+            else:  # renamed (or another replica identity): the same columns, a new header from here on
+                self._close_statement(txn)
+                del self._headers[rel.oid]
             return
         self._close_statement(txn)
         h, hsize = self._header(rel)
@@ -199,6 +237,32 @@ class Segmenter:
                          subtransaction_id=ev.xid or txn.xid, start_position=ev.lsn,
                          cascade=bool(ev.options & 1), restart_identity=bool(ev.options & 2))
         st.truncated.extend(self._header(r)[0] for r in rels)
+        txn.next_statement += 1
+        size = _FIXED + st.ByteSize()
+        if txn.msg.statements and txn.size + size > self.threshold:
+            yield self._message(txn, end=False)
+        txn.msg.statements.append(st)
+        txn.size += size
+
+    def _ddl(self, txn: _Open, msg: LogicalMessage, sub: int) -> Iterator[m.Transaction]:
+        if msg.prefix != DDL_PREFIX:
+            return
+        try:
+            ddl = parse(msg.content, msg.lsn)
+        except BadDdlMessage as exc:
+            raise TerminalError(f"{exc}; or remove the capture on the source (`sluicegate ddl remove`)") from None
+        # CREATE TABLE: only for a reader of a whole publication, in the schemas of what it streams.
+        schemas = {s for s, _ in self.published} if self.tables is None and self.published is not None else set()
+        touched = ddl_statements.touched(ddl, self._streams, schemas)
+        if not touched:
+            return
+        renamed = ddl_statements.renames(ddl)
+        if renamed is not None:  # the table goes on under its new name
+            for kept in (self.tables, self.published):
+                if kept is not None and renamed[0] in kept:
+                    kept.add(renamed[1])
+        self._close_statement(txn)
+        st = ddl_statements.statement(ddl, touched, txn.next_statement, sub)
         txn.next_statement += 1
         size = _FIXED + st.ByteSize()
         if txn.msg.statements and txn.size + size > self.threshold:

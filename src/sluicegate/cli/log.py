@@ -48,6 +48,8 @@ def statement_summary(st: m.Statement) -> str:
                                       "RESTART IDENTITY" if st.restart_identity else "")))
     if st.type == m.ROLLBACK:
         return kind
+    if st.type == m.DDL:
+        return f"{kind} {st.ddl.tag} {', '.join(f'{t.schema}.{t.name}' for t in st.ddl.tables)}"
     if st.type == m.ROLLBACK_STATEMENT:
         return f"{kind} subtransaction {st.subtransaction_id}"
     table = f"{st.table.schema}.{st.table.name}"

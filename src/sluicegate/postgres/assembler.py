@@ -56,8 +56,16 @@ class TruncateChange:
     xid: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class StreamedMessage:
+    """A transactional logical message inside a stream block, with the (sub)transaction that emitted it."""
+
+    message: LogicalMessage
+    xid: int
+
+
 Event = (Begin | Commit | Origin | LogicalMessage | Change | TruncateChange | StreamStart | StreamStop | StreamCommit
-         | StreamAbort)
+         | StreamAbort | StreamedMessage)
 
 
 class Framing:
@@ -77,7 +85,8 @@ def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, r
     first, and one it takes (stages in the applier) is not yielded. `origins`: yield the Origin message of a
     transaction (right after its Begin, before its rows) that a replication origin wrote. `messages`: yield the
     transactional logical messages with this prefix, at their place among their transaction's rows (the DDL
-    capture's, ddl/capture.py); others, and those outside a transaction, carry nothing for an applier."""
+    capture's, ddl/capture.py; inside a stream block as StreamedMessage); others, and those outside a
+    transaction, carry nothing for an applier."""
     framing = framing if framing is not None else Framing()
     rels = framing.relations
     begin: Begin | None = None
@@ -128,6 +137,8 @@ def assemble(raw: Iterable[tuple[int, bytes]], framing: Framing | None = None, r
             elif isinstance(msg, Truncate):
                 yield TruncateChange(tuple(_relation(rels, oid, lsn) for oid in msg.relation_oids), lsn,
                                      msg.options, xid)
+            elif isinstance(msg, LogicalMessage) and msg.flags & 1 and msg.prefix == messages:
+                yield StreamedMessage(msg, xid)
             elif isinstance(msg, (Begin, Commit)):
                 raise DecodeError(f"Begin/Commit at {lsn} inside the stream block of {framing.block}")
             continue

@@ -37,6 +37,12 @@ ReadAllAvailable (Trigger.Once) reads everything flushed. WAL without such commi
 other databases, a big transaction still being written) makes empty batches: they move the offset, so the
 slot lets that WAL go, but each is a micro-batch and a peek that decodes from the slot's restart_lsn.
 
+DDL: with the source's DDL capture installed (`sluicegate ddl install`), a DDL statement on a table of the
+publication comes as a row per such table with op 'ddl', at its place among its transaction's rows (before it
+the old shape, after it the new): `after` holds the statement (`statement`, its command tag `tag`, the
+`search_path` it ran under), `before` and `key` are null. A CREATE TABLE touches no published table yet: not
+sent. Which tables are published is read when a batch is read.
+
 Where it runs: initialOffset/latestOffset/partitions/commit in one long-lived Python process on the driver
 (its control connection is named `sluicegate stream planner` in pg_stat_activity); read() in executor
 workers (each opens its own connection, `sluicegate stream reader`). Errors: a psycopg error becomes a
@@ -88,12 +94,12 @@ SCHEMA = StructType([
     StructField("commit_lsn", _S),  # end of its transaction's commit record
     StructField("xid", LongType()),
     StructField("commit_time", TimestampType()),
-    StructField("op", _S),  # insert | update | delete | truncate
+    StructField("op", _S),  # insert | update | delete | truncate | ddl
     StructField("schema", _S),
     StructField("table", _S),
     StructField("key", ArrayType(_S)),  # replica identity columns (the primary key by default)
     StructField("before", MapType(_S, _S)),
-    StructField("after", MapType(_S, _S)),
+    StructField("after", MapType(_S, _S)),  # ddl: tag, statement, search_path
 ])
 
 # Option names as documented; Spark hands them over lower-cased.
@@ -448,7 +454,7 @@ def _peek(conn, settings: Settings, upto: int):
     cur.itersize = FETCH_ROWS
     cur.execute(
         "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
-        "%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s)",
+        "%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
         (settings.slot, format_lsn(upto), peek.quote_publication(settings.publication)),
     )
     return cur
@@ -456,20 +462,27 @@ def _peek(conn, settings: Settings, upto: int):
 
 def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
     """The batch's rows as Arrow record batches, in commit order, in bounded memory: one peek up to `end`."""
+    from ..ddl.message import PREFIX
     from ..postgres.assembler import Change, assemble
-    from ..postgres.pgoutput import Begin, Commit
+    from ..postgres.pgoutput import Begin, Commit, LogicalMessage
 
     builder = _ArrowBuilder()
     conn = _connect(settings.source, READER)
     try:
         _check_slot(conn, settings.slot, start)  # a peek starts at the slot: it must not be past the batch
         with conn.transaction():
+            published = {tuple(r) for r in conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                (settings.publication,))}
             cur = _peek(conn, settings, end)
             txn: _TxnRows | None = None
             begin: Begin | None = None
-            for event in assemble(peek.in_range(cur, start, end)):
+            for event in assemble(peek.in_range(cur, start, end), messages=PREFIX):
                 if isinstance(event, Change):
                     txn.add(_change_row(event, begin), event.size)
+                elif isinstance(event, LogicalMessage):
+                    for row in _ddl_rows(event, begin, published):
+                        txn.add(row, len(event.content))
                 elif isinstance(event, Begin):
                     begin, txn = event, _TxnRows()
                 elif isinstance(event, Commit):
@@ -505,6 +518,21 @@ def _truncate_rows(truncate, begin) -> list[tuple]:
     lsn = format_lsn(truncate.lsn)
     return [(lsn, begin.xid, begin.commit_time, "truncate", rel.schema, rel.name, _names(rel)[1], None, None)
             for rel in truncate.relations]
+
+
+def _ddl_rows(message, begin, published: set) -> list[tuple]:
+    """A captured DDL statement: a row per published table it touches (changes/ddl.py decides which)."""
+    from ..changes.ddl import touched
+    from ..ddl.message import BadDdlMessage, parse
+
+    try:
+        ddl = parse(message.content, message.lsn)
+    except BadDdlMessage as exc:
+        raise TerminalError(f"{exc}; or remove the capture on the source (`sluicegate ddl remove`)") from None
+    after = {"tag": ddl.tag, "statement": ddl.statement, "search_path": ddl.search_path}
+    lsn = format_lsn(ddl.lsn)
+    return [(lsn, begin.xid, begin.commit_time, "ddl", schema, table, None, None, after)
+            for schema, table in touched(ddl, lambda s, n: (s, n) in published)]
 
 
 _NAMES: dict[int, tuple] = {}

@@ -24,6 +24,10 @@ Resume semantics (Drizzle's, over a position):
   position before it is refused: the changes between were consumed and are gone, and the client has to
   re-bootstrap (copy again, or use a new client id).
 
+DDL: with the source's DDL capture installed (`sluicegate ddl install`), each DDL statement on a table the
+client streams comes as a DDL statement at its place in its transaction (changes/ddl.py); others are passed
+over. Without the capture there are none, and nothing else changes.
+
 Heartbeats: when nothing was sent for ``heartbeat_seconds``, a Heartbeat whose position is a resume point
 too: everything that committed before it has been sent (transactions of tables outside the publication or
 the filter included, so an idle client's position keeps moving). It is never taken inside a transaction the
@@ -47,6 +51,7 @@ import psycopg
 from ..changes import change_pb2 as pb
 from ..changes import model as m
 from ..changes.segmenter import DEFAULT_THRESHOLD, Segmenter
+from ..ddl.message import PREFIX as DDL_PREFIX
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
 from ..postgres import capture
@@ -135,18 +140,19 @@ def transactions(source_url: str, client_id: str, position: int = 0, tables: Ite
     try:
         with connect(source_url, role="source", autocommit=True) as ctl:
             capture.check_source(ctl)
-            keep = _ensure_publication(ctl, name, names)
+            keep, published = _ensure_publication(ctl, name, names)
             start = acks.start = _take_slot(ctl, name, client_id, position, acked)
             source_id = _source_id(ctl)
+            # Logical messages: the DDL capture's, asked for whether or not it is installed (yet).
             stream = ChangeStream(source_url, name, name, start, streaming=streaming,
-                                  decoding_work_mem=decoding_work_mem)
+                                  decoding_work_mem=decoding_work_mem, messages=True)
     except BaseException:
         acks.close()
         raise
     with stream:
         try:
-            yield from _read(stream, Segmenter(source_id, threshold, start, keep), start, heartbeat_seconds,
-                             stop, acks)
+            yield from _read(stream, Segmenter(source_id, threshold, start, keep, published), start,
+                             heartbeat_seconds, stop, acks)
         except RetryableError:
             with connect(source_url, role="source", autocommit=True) as ctl:
                 _check_slot(ctl, name, client_id, start)  # a lost slot is terminal: say so, never skip ahead
@@ -175,7 +181,7 @@ def _read(stream: ChangeStream, seg: Segmenter, start: int, heartbeat_seconds: f
         # Each read ends at a transaction boundary after `poll` seconds (busy) or `poll` idle seconds.
         raw = _until_stopped(stream.messages(_MANY, poll, poll), stop)
         try:
-            for ev in _skip_done(assemble(raw, framing), start):
+            for ev in _skip_done(assemble(raw, framing, messages=DDL_PREFIX), start):
                 for txn in seg.feed(ev):
                     yield txn
                     last_sent = time.monotonic()
@@ -215,8 +221,10 @@ def _skip_done(events: Iterator[Event], start: int) -> Iterator[Event]:
 
 # -- the client's capture on the source --------------------------------------------------------------
 
-def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) -> set[tuple[str, str]] | None:
-    """Create the client's publication if missing; the (schema, table) set to keep, or None for all of it."""
+def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]
+                        ) -> tuple[set[tuple[str, str]] | None, set[tuple[str, str]]]:
+    """Create the client's publication if missing; the (schema, table) set to keep, or None for all of it, and
+    the tables it publishes."""
     existing = list_tables(ctl)
     wanted = [resolve_name(existing, n) for n in names]
     published = {(s, t) for s, t in ctl.execute(
@@ -227,7 +235,7 @@ def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) ->
         if not chosen:
             raise UsageError("source has no tables in schema public: name the tables (--tables a,b)")
         capture.ensure_publication(ctl, name, [Table(s, t, (), ()) for s, t in dict.fromkeys(chosen)])
-        return set(wanted) or None
+        return set(wanted) or None, set(chosen)
     missing = [f"{s}.{t}" for s, t in wanted if (s, t) not in published]
     if missing:
         adds = "; ".join(f"ALTER PUBLICATION {name} ADD TABLE {t}" for t in missing)
@@ -235,7 +243,7 @@ def _ensure_publication(ctl: psycopg.Connection, name: str, names: list[str]) ->
         raise UsageError(
             f"table {', '.join(missing)} is not in this client's publication {name} (it has {has}): add "
             f"it on the source with `{adds}` (changes from then on are sent), or use another client id")
-    return set(wanted) or None
+    return set(wanted) or None, published
 
 
 def _take_slot(ctl: psycopg.Connection, name: str, client_id: str, position: int, acked: int = 0) -> int:
