@@ -129,6 +129,34 @@ def test_migration_under_writes_with_exec(pair, spark):
     assert vdiff.returncode == 0, vdiff.stdout + vdiff.stderr
 
 
+def test_enum_type_made_altered_and_used_under_exec(pair, spark):
+    """CREATE TYPE in the moved schema, a column of it, ALTER TYPE … ADD VALUE and rows using the new label in
+    the very next transactions (the target can use a label only once the transaction that added it committed);
+    an ALTER TYPE of a type the target does not have is passed over."""
+    load(pair)
+    install(pair)
+    pair.src("CREATE SCHEMA elsewhere")
+    create_movetables("enums", pair.source, pair.target, ["items"], [], {"on_ddl": "exec"})
+    with EngineThread(spark, pair.target, "enums"):
+        wait_for(lambda: stream_row(pair, "enums")["state"] == "Running", what="Running")
+        pair.src("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+        pair.src("CREATE TYPE elsewhere.other AS ENUM ('x')")  # no moved table in that schema: not made
+        pair.src("ALTER TABLE items ADD COLUMN mood mood DEFAULT 'ok'")
+        pair.src("UPDATE items SET mood = 'sad' WHERE id <= 10")
+        with psycopg.connect(pair.source, autocommit=True) as c:  # no pause between these transactions
+            c.execute("ALTER TYPE mood ADD VALUE 'happy' BEFORE 'ok'")
+            for i in range(11, 31):
+                c.execute("UPDATE items SET mood = 'happy' WHERE id = %s", (i,))
+            c.execute("ALTER TYPE elsewhere.other ADD VALUE 'y'")
+        settled(pair, "enums")
+        assert stream_row(pair, "enums")["state"] == "Running", stream_row(pair, "enums")
+        assert columns(pair.target) == columns(pair.source)
+        assert pair.dst("SELECT enum_range(NULL::mood)::text") == [("{sad,happy,ok}",)]
+        assert pair.dst("SELECT to_regtype('elsewhere.other')") == [(None,)]
+        assert pair.dst("SELECT count(*) FROM items WHERE mood = 'happy'") == [(20,)]
+        assert assert_same(pair, "public.items", ["id"]) == ROWS
+
+
 def test_stop_names_the_statement_then_by_hand_and_start(pair, spark):
     load(pair)
     install(pair)

@@ -75,7 +75,10 @@ def test_index_statements_and_concurrently():
     assert without_concurrently(s.text) == "create unique index if not exists i on t (a)"
     d = read("DROP INDEX CONCURRENTLY public.i", "DROP INDEX")
     assert d.kind == "drop index" and without_concurrently(d.text) == "DROP INDEX public.i"
-    assert read("CREATE TYPE e AS ENUM ('a')", "CREATE TYPE").kind == "other"
+    assert read("CREATE TYPE e AS ENUM ('a')", "CREATE TYPE").kind == "create type"
+    assert read("ALTER TYPE e ADD VALUE IF NOT EXISTS 'b'", "ALTER TYPE").adds_value
+    assert not read("ALTER TYPE e RENAME VALUE 'a' TO 'c'", "ALTER TYPE").adds_value
+    assert read("CREATE SEQUENCE s", "CREATE SEQUENCE").kind == "other"
 
 
 def _begin(final_lsn: int, xid: int = 7) -> bytes:
@@ -152,6 +155,9 @@ def test_whole_schemas_and_who_joins():
     ("create unique index concurrently i on items (qty)", "CREATE INDEX", False),
     ("drop index i", "DROP INDEX", True),
     ("drop table items", "DROP TABLE", False),
+    ("create type mood as enum ('a')", "CREATE TYPE", True),
+    ("alter type mood add value 'b' before 'a'", "ALTER TYPE", True),
+    ("alter type mood rename value 'a' to 'z'", "ALTER TYPE", False),
 ])
 def test_what_active_active_replays(query, tag, replayed):
     why = both_ways.refusal(read(query, tag))

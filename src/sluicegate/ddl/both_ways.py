@@ -39,6 +39,10 @@ def refusal(stmt: Statement) -> str | None:
         return None
     if stmt.kind == "drop index":
         return None
+    if stmt.kind == "create type":
+        return None  # no row uses it before a column does
+    if stmt.kind == "alter type":
+        return None if stmt.adds_value else "an ALTER TYPE other than ADD VALUE is not replayed under active-active"
     if stmt.kind in ("create table", "drop table"):
         return f"active-active replicates the tables it was created with: a {stmt.kind.upper()} is not replayed"
     if stmt.kind != "alter table":

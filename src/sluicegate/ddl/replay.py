@@ -67,6 +67,9 @@ class DdlReplay:
         # A statement changed which tables the stream has (joined, dropped, renamed): the player ends its task
         # after that transaction, and the engine reads the stream again.
         self.tables_changed = False
+        # An enum label was added: the target transaction that added it cannot use it, so the batch (and the
+        # task) ends after this source transaction, as for tables_changed.
+        self.ends_batch = False
 
     # -- the player's entry -------------------------------------------------------------------------------
     def met(self, msg: LogicalMessage) -> None:
@@ -74,6 +77,9 @@ class DdlReplay:
             ddl = parse(msg.content, msg.lsn)
         except BadDdlMessage as exc:
             raise SchemaStop(f"{exc}; or remove the capture (`sluicegate ddl remove`)") from None
+        if ddl.tag in ("CREATE TYPE", "ALTER TYPE"):
+            self._type(ddl)
+            return
         tables = self._moved(ddl)
         if not tables:
             new = set() if self.both_ways else self._joining(ddl)  # fixed at create (both_ways.py)
@@ -102,6 +108,48 @@ class DdlReplay:
                                    (self.workflow,)).fetchone()[0]
         return {o.table for o in ddl.objects
                 if o.object_type == "table" and o.table is not None and ddl_tables.joins(options, *o.table)}
+
+    # -- types ---------------------------------------------------------------------------------------------
+    def _type(self, ddl: DdlMessage) -> None:
+        """CREATE TYPE in a schema that holds a moved table, and ALTER TYPE of a type the target has (an enum's
+        new label, say): replayed under exec and exec-ignore, so that the columns and rows using them apply.
+        Other types are passed over, in every mode."""
+        mode = modes.current(self.dst, self.workflow)
+        wanted = [o.identity for o in ddl.objects if o.object_type == "type" and self._type_wanted(ddl.tag, o)]
+        if not wanted or mode not in (modes.EXEC, modes.EXEC_IGNORE):
+            log.debug("DDL at %s (%s) of a type workflow %s does not need (or --on-ddl %s): passed over",
+                      format_lsn(ddl.lsn), ddl.tag, self.workflow, mode)
+            return
+        names, ignore = ", ".join(wanted), mode == modes.EXEC_IGNORE
+        try:
+            stmt = read(ddl.statement, ddl.tag)
+        except NotReplayable as exc:
+            self._failed(ddl, names, f"it cannot be replayed: {exc}", None, ignore, "type")
+            return
+        if self.both_ways and (why := both_ways.refusal(stmt)) is not None:
+            self._failed(ddl, names, f"it is not replayed: {why}", None, ignore, "type")
+            return
+        self.applier.sync()
+        try:
+            with locks.guard(self.dst, f"applying {ddl.tag} at {format_lsn(ddl.lsn)} to {names}"):
+                if ddl.search_path:
+                    self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
+                self.dst.execute(stmt.text)
+        except psycopg.Error as exc:
+            if is_retryable(exc):
+                raise
+            self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
+                         getattr(exc, "sqlstate", None), ignore, "type")
+            return
+        self.ends_batch = self.ends_batch or stmt.adds_value
+        log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, format_lsn(ddl.lsn), names)
+
+    def _type_wanted(self, tag: str, o) -> bool:
+        if tag == "ALTER TYPE":
+            return self.dst.execute("SELECT to_regtype(%s) IS NOT NULL", (o.identity,)).fetchone()[0]
+        schemas = {schema for schema, _ in self.applier.by_name}
+        return o.schema in schemas and self.dst.execute("SELECT to_regtype(%s) IS NULL",
+                                                        (o.identity,)).fetchone()[0]
 
     # -- which moved tables it touches ---------------------------------------------------------------------
     def _moved(self, ddl: DdlMessage) -> set[tuple[str, str]]:
@@ -227,7 +275,8 @@ class DdlReplay:
                 raise NotReplayable(f"it also drops {others}, which the workflow does not move")
         return stmt
 
-    def _failed(self, ddl: DdlMessage, names: str, why: str, sqlstate: str | None, ignore: bool) -> None:
+    def _failed(self, ddl: DdlMessage, names: str, why: str, sqlstate: str | None, ignore: bool,
+                what: str = "table(s)") -> None:
         at = format_lsn(ddl.lsn)
         state = f" (SQLSTATE {sqlstate})" if sqlstate else ""
         if ignore:
@@ -238,7 +287,7 @@ class DdlReplay:
             return
         raise SchemaStop(
             f"a schema change of {names} at {at} (--on-ddl exec): {_quoted(ddl.statement)}; {why}{state}. "
-            f"Make target table(s) {names} match the source by hand, then `sluicegate workflow set "
+            f"Make target {what} {names} match the source by hand, then `sluicegate workflow set "
             f"{self.workflow} --on-ddl ignore` for this statement (or stop) and `sluicegate workflow start "
             f"{self.workflow}`; or re-create the workflow", sqlstate)
 

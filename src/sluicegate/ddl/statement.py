@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 
 _DOLLAR = re.compile(r"\$([A-Za-z_\x80-\uffff][A-Za-z_0-9\x80-\uffff]*)?\$")
 _WORD = re.compile(r"[A-Za-z_\x80-\uffff][A-Za-z_0-9$\x80-\uffff]*")
@@ -121,13 +122,15 @@ def words(text: str, n: int | None = None) -> list[str]:
 @dataclass(frozen=True)
 class Statement:
     text: str  # the one statement, as the source ran it
-    # 'alter table', 'create index', 'drop index', 'create table', 'drop table' (what exec replays) or 'other'
+    # 'alter table', 'create index', 'drop index', 'create table', 'drop table', 'create type', 'alter type'
+    # (what exec replays) or 'other'
     kind: str
     adds_columns_only: bool = False  # ALTER TABLE whose every action is ADD [COLUMN]: what follows anyway
     concurrently: bool = False  # CREATE/DROP INDEX CONCURRENTLY
     # ALTER TABLE … RENAME TO: the table's name before (as written, its schema if it was written) and after
     renames_table: tuple[str | None, str, str] | None = None
     cascade: bool = False  # DROP TABLE … CASCADE
+    adds_value: bool = False  # ALTER TYPE … ADD VALUE
 
 
 class NotReplayable(ValueError):
@@ -159,7 +162,15 @@ def read(query: str, tag: str) -> Statement:
         return Statement(text, " ".join(tag_words).lower(), cascade=last == ["CASCADE"])
     if tag_words in (["CREATE", "INDEX"], ["DROP", "INDEX"]):
         return Statement(text, " ".join(tag_words).lower(), concurrently="CONCURRENTLY" in head)
+    if tag_words in (["CREATE", "TYPE"], ["ALTER", "TYPE"]):
+        return Statement(text, " ".join(tag_words).lower(), adds_value=_adds_value(text))
     return Statement(text, "other")
+
+
+def _adds_value(text: str) -> bool:
+    """ALTER TYPE name ADD VALUE …: a new enum label, which the transaction that adds it cannot use."""
+    found = [text[s:e].upper() for kind, s, e in tokens(text) if kind == "word"]
+    return any(a == "ADD" and b == "VALUE" for a, b in pairwise(found))
 
 
 def _adds_columns_only(text: str) -> bool:

@@ -209,7 +209,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     unsent = _confirm(stream, gate.release(dst), unsent, gate)
                 result.position = new_position
                 if batch.tables_changed:
-                    result.interrupted = "a schema change changed the stream's tables"
+                    result.interrupted = "a schema change changed the stream's tables or types"
                     return result
                 if task.until == "caught_up" and not batch.limited:
                     result.caught_up = True
@@ -376,9 +376,10 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                     batch.commit_time = ev.commit_time
                     batch.commit_end = ev.end_lsn
                 fault_point(f"{task.until}.mid_batch")
-                if ddl is not None and ddl.tables_changed:
-                    # The stream's tables changed (a table joined, was dropped or renamed): the batch ends with
-                    # this transaction, and the task with the batch; the engine reads the stream again.
+                if ddl is not None and (ddl.tables_changed or ddl.ends_batch):
+                    # The stream's tables changed (a table joined, was dropped or renamed), or an enum label was
+                    # added (usable once committed): the batch ends with this transaction, and the task with the
+                    # batch; the engine reads the stream again.
                     batch.tables_changed = True
                     break
             elif isinstance(ev, TruncateChange) and not skipping:
