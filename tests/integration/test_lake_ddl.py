@@ -59,7 +59,8 @@ def test_migration_under_writes_reaches_delta_in_shape(pair, spark, tmp_path):
     root = tmp_path / "lake"
     target = f"delta:{root}"
     notes: list[str] = []
-    lake.create("mig", pair.source, target, ["items"], None, [], {"on_ddl": "exec", "slice_seconds": 1}, notes)
+    lake.create("mig", pair.source, target, ["items"], None, [], {"on_ddl": "exec", "slice_seconds": 1,
+                                                                      "stage_rows": 50}, notes)
     assert not notes, notes  # the capture is installed
     store = Store(root)
     log = tmp_path / "driver.log"
@@ -86,14 +87,19 @@ def test_migration_under_writes_reaches_delta_in_shape(pair, spark, tmp_path):
 
     engine = LakeEngine(target, "mig", SparkRunner(spark))
     try:
-        for statement in ("ALTER TABLE items ADD COLUMN tag text DEFAULT 'plain'",
-                          "ALTER TABLE items DROP COLUMN legacy",
-                          "ALTER TABLE items ALTER COLUMN qty TYPE bigint",
-                          "ALTER TABLE items ALTER COLUMN price TYPE double precision",
-                          "CREATE INDEX items_tag ON items (tag)",
-                          "ALTER TABLE items ALTER COLUMN tag SET NOT NULL"):
-            under_writes(pair.source, statement, "UPDATE items SET tag = 'hot' WHERE id % 11 = 0"
-                         if "tag" in statement and "ADD" in statement else "SELECT 1")
+        # Rows before a drop and a widened real in their transactions outgrow stage_rows: staged, then
+        # reshaped; the real's values as PostgreSQL's cast gives them.
+        for statements in (("ALTER TABLE items ADD COLUMN tag text DEFAULT 'plain'",
+                            "UPDATE items SET tag = 'hot' WHERE id % 11 = 0"),
+                           ("UPDATE items SET qty = qty + 1 WHERE id <= 400", "ALTER TABLE items DROP COLUMN legacy",
+                            "UPDATE items SET qty = qty + 1 WHERE id <= 10"),
+                           ("ALTER TABLE items ALTER COLUMN qty TYPE bigint",),
+                           ("UPDATE items SET price = price + 1 WHERE id <= 400",
+                            "ALTER TABLE items ALTER COLUMN price TYPE double precision",
+                            "UPDATE items SET price = price + 0.5 WHERE id <= 10"),
+                           ("CREATE INDEX items_tag ON items (tag)",),
+                           ("ALTER TABLE items ALTER COLUMN tag SET NOT NULL",)):
+            under_writes(pair.source, *statements)
             engine.step(store.load("mig"))
         under_writes(pair.source, "UPDATE items SET title = title || '!', price = price * 2 WHERE id % 13 = 0")
         seen = writes.commits
@@ -164,3 +170,17 @@ def test_stop_and_exec_ignore_on_a_delta_target(pair, spark, tmp_path):
     failed = store.load("sx")
     assert "column v changed type from integer to text" in failed.message, failed.message
     assert "re-create the workflow" in failed.message and "exec-ignore" in failed.message
+
+
+def test_create_takes_on_ddl_for_a_delta_target(pair, tmp_path):
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    target = f"delta:{tmp_path / 'lake'}"
+    out = cli("movetables", "create", "--workflow", "od", "--source", pair.source, "--target", target,
+              "--on-ddl", "exec")
+    assert out.returncode == 0, out.stderr
+    assert "--on-ddl exec" in out.stderr and "ddl install" in out.stderr, out.stderr  # no capture yet
+    store = Store(tmp_path / "lake")
+    assert store.load("od").options["on_ddl"] == "exec"
+    out = cli("workflow", "set", "od", "--on-ddl", "ignore", "--target", target)
+    assert out.returncode == 0 and "on-ddl ignore" in out.stdout, out.stderr
+    assert store.load("od").options["on_ddl"] == "ignore"

@@ -63,9 +63,9 @@ class Action:
 
 # Actions that change no column of a Delta table (it has no defaults, constraints, indexes, storage options).
 _KEEP = {"VALIDATE", "REPLICA", "CLUSTER", "OWNER", "ENABLE", "DISABLE", "FORCE", "NO", "SET", "RESET"}
-_NOT_KEPT_SET = {"SCHEMA", "ACCESS", "WITHOUT"}  # SET SCHEMA moves the table; SET WITHOUT OIDS/CLUSTER: below
+_NOT_KEPT_SET = {"SCHEMA", "ACCESS"}  # SET SCHEMA moves the table; SET ACCESS METHOD rewrites it elsewhere
 _CONSTRAINTS = {"CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN", "EXCLUDE"}
-_COLUMN_KEEP = {"DEFAULT", "NOT", "STATISTICS", "STORAGE", "COMPRESSION", "(", "GENERATED", "IDENTITY", "RESTART",
+_COLUMN_KEEP = {"DEFAULT", "NOT", "STATISTICS", "STORAGE", "COMPRESSION", "GENERATED", "IDENTITY", "RESTART",
                 "INCREMENT", "START", "MAXVALUE", "MINVALUE", "CACHE", "CYCLE", "OPTIONS"}
 
 
@@ -140,7 +140,7 @@ def _action(toks: list, text: str) -> Action:
         if after in _COLUMN_KEEP or (word(j) == "SET" and tok(j + 1) == "("):
             return Action("keep", name[0], text=head)
         return Action("other", name[0], text=head)  # e.g. SET EXPRESSION, DROP EXPRESSION
-    if first == "SET" and word(1) in _NOT_KEPT_SET and not (word(1) == "WITHOUT" and word(2) == "CLUSTER"):
+    if first == "SET" and word(1) in _NOT_KEPT_SET:
         return Action("other", text=head)
     if first in _KEEP:
         return Action("keep", text=head)
