@@ -138,7 +138,9 @@ def test_stop_and_exec_ignore_on_a_delta_target(pair, spark, tmp_path):
     caught_up(pair, store, engine, "sx")
     gadgets = root / "public" / "gadgets"
 
-    # stop: Error before the statement's transaction, naming it; the Delta table as it was
+    # stop: Error before the statement's transaction, naming it; what came before it applied, nothing of it
+    pair.src("INSERT INTO gadgets VALUES (500, 500, 500)")
+    before = parse_lsn(pair.src("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     pair.src("ALTER TABLE gadgets RENAME COLUMN a TO b")
     pair.src("UPDATE gadgets SET b = b + 1000 WHERE id <= 5")
     assert LakeEngine(target, "sx", SparkRunner(spark)).run() == "Error"
@@ -146,6 +148,9 @@ def test_stop_and_exec_ignore_on_a_delta_target(pair, spark, tmp_path):
     assert "RENAME COLUMN a TO b" in stopped.message and "--on-ddl stop" in stopped.message, stopped.message
     assert "--on-ddl exec" in stopped.message  # the way out
     assert "a" in [f.name for f in DeltaTable(str(gadgets)).schema().fields]
+    assert before <= stopped.position  # the insert's batch was applied ...
+    assert by_key(arrow_tables_as_of(str(root), "sx")["public.gadgets"].to_pylist())[-1]["a"] == 500
+    assert all(r["a"] < 1000 for r in arrow_tables_as_of(str(root), "sx")["public.gadgets"].to_pylist())
 
     # exec-ignore: the rename follows; a DROP TABLE a Delta target does not follow is passed over, noted
     out = cli("workflow", "set", "sx", "--on-ddl", "exec-ignore", "--target", target)

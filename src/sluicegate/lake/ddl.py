@@ -5,8 +5,10 @@ workflow moves:
 
 Index statements are passed over in every mode (a Delta table has none).
 
-- stop: the stream stops in Error before the batch that holds the statement, naming it (an ALTER TABLE that
-  only adds columns is not stopped for: added columns follow from the Relation messages, as without capture).
+- stop: the stream stops in Error before the statement's transaction (the player applies what came before
+  it), naming it (an ALTER TABLE that only adds columns is not stopped for: added columns follow from the
+  Relation messages, as without capture). A statement a table's rewrite holds already (run under exec before
+  a kill, the mode changed since) is followed whatever the mode.
 - ignore: passed over; the Relation handling decides as without capture (added columns follow, anything else
   stops the stream).
 - exec, exec-ignore: ALTER TABLE's column actions are followed: ADD COLUMN as without capture, DROP COLUMN and
@@ -210,14 +212,16 @@ class LakeDdl:
             log.info("on-ddl %s: passed over %s at %s on %s (a Delta table has no indexes)", self.mode, ddl.tag, at,
                      names)
             return
-        if self.mode == modes.IGNORE:
+        # Held by the tables' rewrites already (run under exec before a kill, the mode changed since): followed.
+        mode = modes.EXEC if all(ddl.lsn <= tables.markers.get(q, 0) for q in moved) else self.mode
+        if mode == modes.IGNORE:
             log.info("on-ddl ignore: passed over %s at %s on %s", ddl.tag, at, names)
             return
         try:
             stmt = read(ddl.statement, ddl.tag)
         except NotReplayable as exc:
             stmt, unreadable = None, str(exc)
-        if self.mode == modes.STOP:
+        if mode == modes.STOP:
             if stmt is not None and stmt.adds_columns_only:
                 return  # added columns follow from the Relation messages, as without capture
             raise SchemaStop(

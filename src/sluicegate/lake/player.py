@@ -170,7 +170,16 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
                 ddl = LakeDdl(wf.name, task.target, wf.options)
-                batch = _read_batch(this, stream, framing, tables, result.position, flushed, ddl)
+                try:
+                    batch = _read_batch(this, stream, framing, tables, result.position, flushed, ddl)
+                except SchemaStop as exc:
+                    # A statement the stream stops for: what came before its transaction is applied first (a
+                    # play to that position, on a stream of its own), nothing of it, as workflow/player.py does.
+                    if exc.before is not None and exc.before > result.position and this.stop_at is None:
+                        stream.close()
+                        play(replace(task, position=result.position, stop_at=exc.before,
+                                     max_seconds=float("inf")))
+                    raise
                 merged = _commit_tables(tables, batch, ddl)
                 commits.sync(merged)  # on disk before the state and the slot move past them
                 if merged and not batch.limited:  # (catching up: no pause)
@@ -307,8 +316,12 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 batch.commit_time = ev.commit_time
             fault_point("lake.slice.mid_batch")
         elif isinstance(ev, LogicalMessage) and ddl is not None:  # a captured DDL statement, in its place
-            ddl.met(ev, commit_lsn, tables, batch,
-                    lambda q, c=commit_lsn: c < tables.threshold[q] or c < position)
+            try:
+                ddl.met(ev, commit_lsn, tables, batch,
+                        lambda q, c=commit_lsn: c < tables.threshold[q] or c < position)
+            except SchemaStop as exc:
+                exc.before = commit_lsn  # everything before this transaction may still be applied
+                raise
         elif isinstance(ev, TruncateChange):
             for rel in ev.relations:
                 q = f"{rel.schema}.{rel.name}"
