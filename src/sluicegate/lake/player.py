@@ -7,7 +7,8 @@ MERGE carrying the app transaction (sluicegate:W, version = the batch's end posi
 table skips the transactions it already has: those committing before its threshold, the larger of its app
 transaction version (a batch a kill interrupted after this table's commit) and the snapshot position of its
 first copy cycle (the copy brought them). A kill anywhere resumes from the state's position and applies
-each transaction to each table once.
+each transaction to each table once. Captured DDL statements (lake/ddl.py) reshape a table's rows of the
+batch at their place and have the table rewritten in its new shape before its MERGE.
 """
 
 from __future__ import annotations
