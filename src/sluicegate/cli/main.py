@@ -223,7 +223,8 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
         notes: list[str] = []
         moved, made = lake.create(name, source, target, _table_names(tables, schemas), _excluded(exclude_tables),
                                   _all_rules(rules, rules_file),
-                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule), notes)
+                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule) |
+                                  ({"on_ddl": on_ddl} if on_ddl else {}), notes)
         for line in made:
             click.echo(f"created {line}")
         _created(name, f"{len(moved)} tables ({', '.join(moved)})", f" --target {shlex.quote(target)}", [source])
@@ -720,6 +721,15 @@ def workflow_set(name, target, on_ddl, target_standbys):
 
     if on_ddl is None and target_standbys is None:
         raise UsageError("workflow set: give a setting to change (--on-ddl, --confirm-after-target-standbys)")
+    if target.startswith("delta:"):  # the Delta Lake target (lake/)
+        from ..lake import cli as lake
+
+        if target_standbys is not None:
+            raise UsageError("--confirm-after-target-standbys is for a PostgreSQL target: a Delta target has no "
+                             "standbys")
+        lake.set_on_ddl(name, target, on_ddl)
+        click.echo(f"workflow {name}: on-ddl {on_ddl}")
+        return
     with connect(target, role="target") as conn:
         if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
                                                          (name,)).fetchone():

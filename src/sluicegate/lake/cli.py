@@ -50,6 +50,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
             described = check_source_tables(src, source_url, tables, exclude)
             _check_no_leftovers(src, name)
             left_out = generated_columns(src, described)
+            capture_note = _ddl_capture_note(src, options)
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
     for t in described:
@@ -63,6 +64,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
             raise UsageError(f"Delta table {path} already has rows: MoveTables fills empty tables; "
                              f"remove it or name another target")
     if notes is not None:
+        notes += capture_note
         for q, cols in left_out.items():
             notes.append(f"table {q}: generated column{'s' if len(cols) > 1 else ''} {', '.join(cols)} "
                          f"left out of its Delta table (logical replication does not send them); compute "
@@ -81,6 +83,32 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     store.create(wf)
     lines.append(f"state {store.describe(name)}")
     return [t.qualified for t in described], lines
+
+
+def _ddl_capture_note(src, options: dict) -> list[str]:
+    """--on-ddl other than stop acts only on statements the source captures (ddl/capture.py): the same check
+    as a PostgreSQL target's create (preflight/plan.py), as a note."""
+    from ..ddl import modes
+    from ..preflight.plan import _ddl_capture
+
+    mode = options.get(modes.OPTION)
+    if mode is not None and mode not in modes.MODES:
+        raise UsageError(f"--on-ddl {mode}: one of {', '.join(modes.MODES)}")
+    return [f"{p.what}: {p.action}" for p in _ddl_capture(src, "source", modes.of(options))]
+
+
+def set_on_ddl(name: str, target: str, mode: str) -> None:
+    """`workflow set W --on-ddl MODE` of a Delta workflow: kept in its options; a running driver's play task
+    sees the options change and ends, and the next one follows the mode."""
+    from ..ddl import modes
+
+    if mode not in modes.MODES:
+        raise UsageError(f"--on-ddl {mode}: one of {', '.join(modes.MODES)}")
+    store = open_store(target)
+    if not store.exists(name):
+        raise UsageError(f"no workflow {name} under {location.parse(target).uri}")
+    with store.update(name) as w:
+        w.options[modes.OPTION] = mode
 
 
 def generated_columns(conn, tables) -> dict[str, list[str]]:

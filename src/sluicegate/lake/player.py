@@ -7,7 +7,8 @@ MERGE carrying the app transaction (sluicegate:W, version = the batch's end posi
 table skips the transactions it already has: those committing before its threshold, the larger of its app
 transaction version (a batch a kill interrupted after this table's commit) and the snapshot position of its
 first copy cycle (the copy brought them). A kill anywhere resumes from the state's position and applies
-each transaction to each table once.
+each transaction to each table once. Captured DDL statements (lake/ddl.py) reshape a table's rows of the
+batch at their place and have the table rewritten in its new shape before its MERGE.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from datetime import datetime
 
 from ..cluster.model import way_out as cluster_way_out
 from ..cluster.safetime import advance_safe_time
+from ..ddl.message import PREFIX as DDL_PREFIX
 from ..errors import RetryableError, TerminalError
 from ..postgres import capture
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Column, Table
 from ..postgres.connect import connect
-from ..postgres.pgoutput import Begin, Commit
+from ..postgres.pgoutput import Begin, Commit, LogicalMessage
 from ..postgres.replication import ChangeStream
 from ..workflow.faults import fault_point
 from ..workflow.player import wait_flushed
@@ -37,6 +39,7 @@ from ..workflow.schema_changes import (
     source_columns,
 )
 from . import apply, durable, location, pointreq, points, staging
+from .ddl import LakeDdl, ddl_app_id
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 from .types import sql_literal
 
@@ -82,6 +85,10 @@ class _Tables:
         self.specs: dict[str, Table] = {}
         self.dts = {}
         self.threshold: dict[str, int] = {}
+        self.copy_from: dict[str, int] = {}
+        # the last captured statement each table's rewrites hold (lake/ddl.py); a batch reads at least past it
+        self.markers: dict[str, int] = {}
+        self.ddl_app = ddl_app_id(wf.name)
         for t in wf.tables:
             spec = t.spec
             self.specs[t.qualified] = spec
@@ -89,6 +96,8 @@ class _Tables:
             self.dts[t.qualified] = dt
             have = dt.transaction_version(self.app)
             self.threshold[t.qualified] = max(have or 0, t.copy_from or 0)
+            self.copy_from[t.qualified] = t.copy_from or 0
+            self.markers[t.qualified] = dt.transaction_version(self.ddl_app) or 0
 
     def refresh(self) -> None:
         for dt in self.dts.values():
@@ -116,7 +125,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
         framing = Framing()
         last_write = 0.0
         try:
-            stream = ChangeStream(wf.source_url, wf.slot, wf.publication, task.position)
+            # Logical messages carry the DDL capture's statements (ddl/); none come from a source without it.
+            stream = ChangeStream(wf.source_url, wf.slot, wf.publication, task.position, messages=True)
         except RetryableError:
             capture.check_slot(src_ctl, wf.slot, task.position, way_out)
             raise
@@ -160,8 +170,18 @@ def play(task: LakePlayTask) -> LakePlayResult:
                     continue
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
-                batch = _read_batch(this, stream, framing, tables, result.position, flushed)
-                merged = _commit_tables(tables, batch)
+                ddl = LakeDdl(wf.name, task.target, wf.options)
+                try:
+                    batch = _read_batch(this, stream, framing, tables, result.position, flushed, ddl)
+                except SchemaStop as exc:
+                    # A statement the stream stops for: what came before its transaction is applied first (a
+                    # play to that position, on a stream of its own), nothing of it, as workflow/player.py does.
+                    if exc.before is not None and exc.before > result.position and this.stop_at is None:
+                        stream.close()
+                        play(replace(task, position=result.position, stop_at=exc.before,
+                                     max_seconds=float("inf")))
+                    raise
+                merged = _commit_tables(tables, batch, ddl)
                 commits.sync(merged)  # on disk before the state and the slot move past them
                 if merged and not batch.limited:  # (catching up: no pause)
                     last_commit = time.monotonic()
@@ -198,6 +218,8 @@ def play(task: LakePlayTask) -> LakePlayResult:
                             w.table(q).table = spec.to_json()
                         if requested:
                             pointreq.mark_done(w, batch.position, tables.versions())
+                        if ddl.notes:  # statements exec-ignore passed over
+                            w.message = "; ".join(ddl.notes)
                     last_write = now
                     stream.confirm(batch.position)
                 result.position = batch.position
@@ -237,7 +259,7 @@ def _request_point(root, workflow: str, tables: _Tables, position: int) -> dict[
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,
-                flushed: int) -> _Batch:
+                flushed: int, ddl: LakeDdl | None = None) -> _Batch:
     batch = _Batch(position, {}, reshaped={}, spills={})
     effects = batch.effects
     commit_lsn = 0
@@ -245,8 +267,17 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
     seen_rels: dict[int, object] = {}
     stop_at = task.stop_at
     reached_stop = False
-    raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=stop_at or flushed)
-    for ev in assemble(raw, framing):
+    # A table rewritten for a statement past the position (a kill came before the batch's MERGE) has the
+    # shape after it: the batch reads at least past that statement, so its rows are merged in that shape.
+    min_end = max((m for m in tables.markers.values() if m > position), default=None) if stop_at is None else None
+    ends = [None]  # the last commit's end, read by raw_messages
+
+    def raw_messages():
+        yield from stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=stop_at or flushed)
+        while min_end is not None and (ends[0] is None or ends[0] <= min_end):
+            yield from stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=flushed)
+
+    for ev in assemble(raw_messages(), framing, messages=DDL_PREFIX if ddl is not None else None):
         if isinstance(ev, Change):
             rel = ev.relation
             q = f"{rel.schema}.{rel.name}"
@@ -258,7 +289,7 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                     seen_rels[rel.oid] = rel
                 continue
             if seen_rels.get(rel.oid) is not rel:
-                spec = _follow(tables, q, spec, rel, batch, effects)
+                spec = _follow(tables, q, spec, rel, batch)
                 seen_rels[rel.oid] = rel
             effect = effects.get(q)
             if effect is None:
@@ -281,9 +312,17 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
             commit_lsn = ev.final_lsn
         elif isinstance(ev, Commit):
             last_end = ev.end_lsn
+            ends[0] = last_end
             if commit_lsn >= position:
                 batch.commit_time = ev.commit_time
             fault_point("lake.slice.mid_batch")
+        elif isinstance(ev, LogicalMessage) and ddl is not None:  # a captured DDL statement, in its place
+            try:
+                ddl.met(ev, commit_lsn, tables, batch,
+                        lambda q, c=commit_lsn: c < tables.threshold[q] or c < position)
+            except SchemaStop as exc:
+                exc.before = commit_lsn  # everything before this transaction may still be applied
+                raise
         elif isinstance(ev, TruncateChange):
             for rel in ev.relations:
                 q = f"{rel.schema}.{rel.name}"
@@ -333,12 +372,13 @@ def added_only(rel, spec: Table, workflow: str, target: str, since: str):
     return change
 
 
-def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch, effects: dict) -> Table:
+def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch) -> Table:
     """A table's Relation message: columns the source added join the table, any other change stops the
     stream. Rows older than an added column hold, on the source, the value PostgreSQL recorded for them
     (its "fast default"; or NULL, or the immutable default it wrote): so do the rows this batch staged
     under the old shape, and, at the table's MERGE, the rows of the Delta table (`tables.fills`). A column the
     Delta table has already, not added by Sluicegate, was added by hand: its rows keep their values."""
+    effects = batch.effects
     change = added_only(rel, spec, tables.workflow, location.parse(tables.root).target, "")
     if change is None:
         return spec
@@ -396,14 +436,17 @@ def _in_order(rel, spec: Table, values: tuple | None) -> tuple | None:
     return tuple(values[index[c]] if c in index else None for c in spec.column_names)
 
 
-def _commit_tables(tables: _Tables, batch: _Batch) -> list[str]:
-    """One commit per touched table that does not have the batch yet; the tables committed."""
+def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -> list[str]:
+    """One commit per touched table that does not have the batch yet (first its rewrite, when captured
+    statements changed its columns: lake/ddl.py); the tables committed."""
     merged = []
     for q, effect in batch.effects.items():
         if tables.threshold[q] >= batch.position or not effect.changes:
             continue
         dt = tables.dts[q]
         spec = tables.specs[q]
+        if ddl is not None and ddl.rewrite_pending(dt, q, spec, tables, tables.ddl_app):
+            fault_point("lake.replicate.rewritten")
         spill = batch.spills.get(q)
         staged = spill is not None and spill.generations > 0
         if effect.truncated:
