@@ -116,8 +116,12 @@ def test_migration_under_writes_reaches_delta_in_shape(pair, spark, tmp_path):
     rows, want = by_key(got.to_pylist()), by_key(source_rows(pair.source, "public.items"))
     assert rows == want, f"{len(rows)} rows in Delta, {len(want)} on the source"
     by_id = {r["id"]: r for r in rows}
-    assert by_id[7]["title"] == "item 7 before after" and by_id[77]["title"] == "item 77 before"
-    assert sum(r["tag"] == "plain" for r in rows) > 1000 and by_id[11]["tag"] == "hot"
+    # The writes delete rows at random keys: the rows named here are checked where they are left.
+    expected = {7: ("title", "item 7 before after"), 77: ("title", "item 77 before"), 11: ("tag", "hot"),
+                 22: ("tag", "hot")}
+    left = [i for i in expected if i in by_id]
+    assert len(left) >= 2 and all(by_id[i][expected[i][0]] == expected[i][1] for i in left), left
+    assert sum(r["tag"] == "plain" for r in rows) > 1000
     # What Sluicegate's Spark readers read (the files by name) has the logical columns too.
     df = spark.read.parquet(*DeltaTable(str(root / "public" / "items")).file_uris())
     assert [c for c in df.columns if c != SPECIAL] == ["id", "qty", "title", "price", "tag"]
