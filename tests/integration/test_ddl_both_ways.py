@@ -6,14 +6,12 @@ direction that meets it, naming why. Real PostgreSQL servers; each side's consum
 
 from __future__ import annotations
 
-import random
-import threading
-
 import psycopg
 import pytest
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, cli, run, stream
+from .test_ddl_flow import Writes, indexes
 from .test_replicate_bidirectional import Pair, W, applied, caught_up, equal
 from .test_schema_changes import columns
 
@@ -21,52 +19,11 @@ pytestmark = pytest.mark.spark
 ROWS = 2000
 
 
-class SideWrites(threading.Thread):
-    """Inserts of this side's keys (odd on A, even on B), and updates and deletes anywhere: the two sides
-    write the same rows at once. Only id and qty, which the migration keeps."""
-
-    def __init__(self, url: str, parity: int, seed: int):
-        super().__init__(daemon=True)
-        self.url, self.parity, self.rng = url, parity, random.Random(seed)
-        self.next_id = 10 * ROWS + parity
-        self.stop_event, self.commits, self.error = threading.Event(), 0, None
-
-    def run(self):
-        try:
-            with psycopg.connect(self.url) as c:
-                while not self.stop_event.is_set():
-                    op, k = self.rng.random(), self.rng.randint(1, ROWS)
-                    if op < 0.6:
-                        c.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (k,))
-                    elif op < 0.9:
-                        c.execute("INSERT INTO items (id, qty) VALUES (%s, 1)", (self.next_id,))
-                        self.next_id += 2
-                    else:
-                        c.execute("DELETE FROM items WHERE id = %s", (k,))
-                    c.commit()
-                    self.commits += 1
-                    self.stop_event.wait(0.01)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-    def finish(self):
-        self.stop_event.set()
-        self.join(timeout=30)
-        assert self.error is None, self.error
-        assert self.commits > 0
-
-
 @pytest.fixture
 def sides(target_server, sink_server):
     p = Pair(target_server, sink_server)
     yield p
     p.cleanup()
-
-
-def indexes(url: str) -> list[str]:
-    with psycopg.connect(url) as c:
-        return [r[0] for r in c.execute(
-            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'items'::regclass ORDER BY 1")]
 
 
 def test_migration_on_one_side_reaches_the_other_once(sides, tmp_path):
@@ -86,7 +43,9 @@ def test_migration_on_one_side_reaches_the_other_once(sides, tmp_path):
         consumers.append(Consumer(W, p.b, tmp_path / "b.log").start())
         wait_for(lambda: caught_up(p.b, p.a) and caught_up(p.a, p.b), 240, what="both ways running",
                  describe=lambda: (tmp_path / "b.log").read_text()[-2000:])
-        writers = [SideWrites(p.a, 1, 1), SideWrites(p.b, 0, 2)]
+        # odd keys inserted on A, even on B; updates and deletes anywhere: the sides write the same rows
+        writers = [Writes(p.a, 10 * ROWS + 1, step=2, seed=1, keys=ROWS),
+                   Writes(p.b, 10 * ROWS + 2, step=2, seed=2, keys=ROWS)]
         for w in writers:
             w.start()
         wait_for(lambda: all(w.commits > 10 for w in writers), what="writes on both sides")

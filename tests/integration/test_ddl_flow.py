@@ -31,11 +31,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 class Writes(threading.Thread):
     """Updates, inserts and deletes of `items` by id and qty only (columns the migration keeps), committed
-    continuously while the migration runs."""
+    continuously while the migration runs. Inserts from `next_id` by `step` (2: one side of an active-active
+    pair its parity); updates and deletes at keys up to `keys` (default: every key so far)."""
 
-    def __init__(self, url: str, next_id: int):
+    def __init__(self, url: str, next_id: int, *, step: int = 1, seed: int = 11, keys: int | None = None):
         super().__init__(daemon=True)
-        self.url, self.next_id, self.rng = url, next_id, random.Random(11)
+        self.url, self.next_id, self.step, self.keys, self.rng = url, next_id, step, keys, random.Random(seed)
         self.stop_event, self.commits, self.error = threading.Event(), 0, None
 
     def run(self):
@@ -43,12 +44,12 @@ class Writes(threading.Thread):
             with psycopg.connect(self.url) as c:
                 while not self.stop_event.is_set():
                     for _ in range(self.rng.randint(1, 3)):
-                        op, k = self.rng.random(), self.rng.randint(1, self.next_id)
+                        op, k = self.rng.random(), self.rng.randint(1, self.keys or self.next_id)
                         if op < 0.6:
                             c.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (k,))
                         elif op < 0.9:
                             c.execute("INSERT INTO items (id, qty) VALUES (%s, 1)", (self.next_id,))
-                            self.next_id += 1
+                            self.next_id += self.step
                         else:
                             c.execute("DELETE FROM items WHERE id = %s", (k,))
                     c.commit()

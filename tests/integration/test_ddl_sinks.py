@@ -10,7 +10,7 @@ import pytest
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, run, stream
-from .test_ddl_flow import ROWS, Writes
+from .test_ddl_flow import ROWS, Writes, constraints, indexes
 from .test_schema_changes import columns
 
 pytestmark = pytest.mark.spark
@@ -18,12 +18,7 @@ pytestmark = pytest.mark.spark
 
 def definition(url: str) -> tuple:
     """What `pg_dump -s` would say of items: its columns, indexes and constraints."""
-    with psycopg.connect(url) as c:
-        indexes = c.execute("SELECT pg_get_indexdef(indexrelid) FROM pg_index "
-                            "WHERE indrelid = 'items'::regclass ORDER BY 1").fetchall()
-        constraints = c.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-                                "WHERE conrelid = 'items'::regclass ORDER BY 1").fetchall()
-    return columns(url), indexes, constraints
+    return columns(url), indexes(url), constraints(url)
 
 
 def test_migration_reaches_every_sink_with_a_consumer_killed(rc, tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ddl.message import DdlMessage
-from ..ddl.statement import NotReplayable, read
+from ..ddl.touched import touched as ddl_touched
 from . import model as m
 
 Streams = Callable[[str, str], bool]  # (schema, name) -> the reader streams that table
@@ -26,38 +26,13 @@ Streams = Callable[[str, str], bool]  # (schema, name) -> the reader streams tha
 
 def touched(ddl: DdlMessage, streams: Streams, schemas: frozenset[str] | set[str] = frozenset()
             ) -> list[tuple[str, str]]:
-    """The streamed tables the statement touches, sorted; a renamed table by its old name."""
-    found = {t for t in ddl.tables() if streams(*t)}
-    for o in ddl.objects:
-        if o.table is None and o.object_type == "table" and o.schema and o.name and streams(o.schema, o.name):
-            found.add((o.schema, o.name))
-    renamed = renames(ddl)
-    if renamed is not None:
-        (schema, old), new = renamed
-        if streams(schema, old):
-            found.discard((schema, new))
-            found.add((schema, old))
+    """The streamed tables the statement touches (ddl/touched.py), sorted; a renamed table by its old name; a
+    CREATE TABLE in a schema the reader streams whole."""
+    found = ddl_touched(ddl, streams)
     if ddl.tag == "CREATE TABLE":
         found |= {o.table for o in ddl.objects
                   if o.object_type == "table" and o.table is not None and o.table[0] in schemas}
     return sorted(found)
-
-
-def renames(ddl: DdlMessage) -> tuple[tuple[str, str], tuple[str, str]] | None:
-    """((schema, old name), (schema, new name)) of an ALTER TABLE … RENAME TO, else None."""
-    if ddl.tag != "ALTER TABLE":
-        return None
-    try:
-        renamed = read(ddl.statement, ddl.tag).renames_table
-    except NotReplayable:
-        return None
-    if renamed is None:
-        return None
-    schema_given, old, new = renamed
-    for s, n in ddl.tables():
-        if n == new and schema_given in (None, s):
-            return (s, old), (s, n)
-    return None
 
 
 def statement(ddl: DdlMessage, tables: list[tuple[str, str]], statement_id: int,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..ddl.message import PREFIX as DDL_PREFIX
 from ..ddl.message import BadDdlMessage, parse
+from ..ddl.touched import renames
 from ..errors import TerminalError
 from ..postgres.assembler import Change, Event, StreamedMessage, TruncateChange
 from ..postgres.pgoutput import (
@@ -256,7 +257,7 @@ class Segmenter:
         touched = ddl_statements.touched(ddl, self._streams, schemas)
         if not touched:
             return
-        renamed = ddl_statements.renames(ddl)
+        renamed = renames(ddl)
         if renamed is not None:  # the table goes on under its new name
             for kept in (self.tables, self.published):
                 if kept is not None and renamed[0] in kept:

@@ -45,6 +45,7 @@ from . import both_ways, modes
 from . import tables as ddl_tables
 from .message import BadDdlMessage, DdlMessage, parse
 from .statement import NotReplayable, Statement, read, without_concurrently
+from .touched import touched
 
 log = logging.getLogger("sluicegate")
 
@@ -154,19 +155,7 @@ class DdlReplay:
     # -- which moved tables it touches ---------------------------------------------------------------------
     def _moved(self, ddl: DdlMessage) -> set[tuple[str, str]]:
         moved = set(self.applier.by_name)  # (schema, name) of the source tables
-        found = {t for t in ddl.tables() if t in moved}
-        for o in ddl.objects:
-            if o.table is None and o.object_type == "table" and (o.schema, o.name) in moved:
-                found.add((o.schema, o.name))  # a dropped table (sql_drop names it, not its table)
-        if ddl.tag == "ALTER TABLE":  # renamed: the message names it by its new name
-            try:
-                renames = read(ddl.statement, ddl.tag).renames_table
-            except NotReplayable:
-                renames = None
-            if renames is not None:
-                for s, n in ddl.tables():
-                    if n == renames[2] and (s, renames[1]) in moved and renames[0] in (None, s):
-                        found.add((s, renames[1]))
+        found = touched(ddl, lambda s, n: (s, n) in moved)
         for o in ddl.objects:
             if o.table is None and o.object_type == "index" and o.schema and o.name:
                 # a dropped index: the source's catalog no longer says whose it was; the target's does

@@ -39,6 +39,7 @@ import pyarrow as pa
 from ..ddl import modes
 from ..ddl.message import BadDdlMessage, DdlMessage, parse
 from ..ddl.statement import NotReplayable, _name, read, tokens
+from ..ddl.touched import touched
 from ..position import format_lsn
 from ..postgres.catalog import Column, Table
 from ..postgres.types import FIRST_USER_OID
@@ -367,20 +368,7 @@ def _retyped(src, spec: Table, names: list[str]) -> dict[str, Column]:
 def _touched(ddl: DdlMessage, specs: dict) -> set[str]:
     """The moved tables ("schema.table") the statement names: those it changed, those it dropped."""
     moved = {(s.schema, s.name): q for q, s in specs.items()}
-    found = {moved[t] for t in ddl.tables() if t in moved}
-    for o in ddl.objects:
-        if o.table is None and o.object_type == "table" and (o.schema, o.name) in moved:
-            found.add(moved[(o.schema, o.name)])
-    if ddl.tag == "ALTER TABLE":  # renamed: the message names it by its new name
-        try:
-            renames = read(ddl.statement, ddl.tag).renames_table
-        except NotReplayable:
-            renames = None
-        if renames is not None:
-            for s, n in ddl.tables():
-                if n == renames[2] and (s, renames[1]) in moved and renames[0] in (None, s):
-                    found.add(moved[(s, renames[1])])
-    return found
+    return {moved[t] for t in touched(ddl, lambda s, n: (s, n) in moved)}
 
 
 def _touch(tables, batch, q: str, spec: Table) -> None:
