@@ -130,10 +130,10 @@ def test_migration_under_writes_with_exec(pair, spark):
     assert vdiff.returncode == 0, vdiff.stdout + vdiff.stderr
 
 
-def test_enum_type_made_altered_and_used_under_exec(pair, spark):
+def test_types_and_sequences_made_altered_and_used_under_exec(pair, spark):
     """CREATE TYPE in the moved schema, a column of it, ALTER TYPE … ADD VALUE and rows using the new label in
     the very next transactions (the target can use a label only once the transaction that added it committed);
-    an ALTER TYPE of a type the target does not have is passed over."""
+    an ALTER TYPE of a type the target does not have is passed over. Sequences made, altered and dropped."""
     load(pair)
     install(pair)
     pair.src("CREATE SCHEMA elsewhere")
@@ -149,7 +149,15 @@ def test_enum_type_made_altered_and_used_under_exec(pair, spark):
             for i in range(11, 31):
                 c.execute("UPDATE items SET mood = 'happy' WHERE id = %s", (i,))
             c.execute("ALTER TYPE elsewhere.other ADD VALUE 'y'")
+        pair.src("CREATE SEQUENCE ticket START 500 INCREMENT 5")
+        pair.src("ALTER SEQUENCE ticket INCREMENT 7")
+        pair.src("CREATE SEQUENCE gone")
+        pair.src("DROP SEQUENCE gone")
+        pair.src("CREATE SEQUENCE elsewhere.s")  # not in a moved schema: not made
         settled(pair, "enums")
+        sequences = ("SELECT schemaname, sequencename, start_value, increment_by FROM pg_sequences "
+                     "WHERE schemaname <> 'sluicegate' ORDER BY 1, 2")
+        assert pair.dst(sequences) == [("public", "ticket", 500, 7)]
         assert stream_row(pair, "enums")["state"] == "Running", stream_row(pair, "enums")
         assert columns(pair.target) == columns(pair.source)
         assert pair.dst("SELECT enum_range(NULL::mood)::text") == [("{sad,happy,ok}",)]

@@ -78,7 +78,9 @@ def test_index_statements_and_concurrently():
     assert read("CREATE TYPE e AS ENUM ('a')", "CREATE TYPE").kind == "create type"
     assert read("ALTER TYPE e ADD VALUE IF NOT EXISTS 'b'", "ALTER TYPE").adds_value
     assert not read("ALTER TYPE e RENAME VALUE 'a' TO 'c'", "ALTER TYPE").adds_value
-    assert read("CREATE SEQUENCE s", "CREATE SEQUENCE").kind == "other"
+    assert read("CREATE SEQUENCE s", "CREATE SEQUENCE").kind == "create sequence"
+    assert read("DROP TYPE e", "DROP TYPE").kind == "drop type"
+    assert read("CREATE FUNCTION f() RETURNS int AS 'select 1' LANGUAGE sql", "CREATE FUNCTION").kind == "other"
 
 
 def _begin(final_lsn: int, xid: int = 7) -> bytes:
@@ -158,6 +160,8 @@ def test_whole_schemas_and_who_joins():
     ("create type mood as enum ('a')", "CREATE TYPE", True),
     ("alter type mood add value 'b' before 'a'", "ALTER TYPE", True),
     ("alter type mood rename value 'a' to 'z'", "ALTER TYPE", False),
+    ("create sequence s", "CREATE SEQUENCE", False),
+    ("alter sequence s restart", "ALTER SEQUENCE", False),
 ])
 def test_what_active_active_replays(query, tag, replayed):
     why = both_ways.refusal(read(query, tag))

@@ -43,6 +43,11 @@ def refusal(stmt: Statement) -> str | None:
         return None  # no row uses it before a column does
     if stmt.kind == "alter type":
         return None if stmt.adds_value else "an ALTER TYPE other than ADD VALUE is not replayed under active-active"
+    if stmt.kind.endswith(" sequence"):
+        return ("each side of an active-active pair keeps its own sequences (apart, as create advises): make "
+                "and change them on each side")
+    if stmt.kind == "drop type":
+        return "a DROP TYPE is not replayed under active-active: drop it on each side"
     if stmt.kind in ("create table", "drop table"):
         return f"active-active replicates the tables it was created with: a {stmt.kind.upper()} is not replayed"
     if stmt.kind != "alter table":

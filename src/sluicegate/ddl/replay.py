@@ -49,6 +49,10 @@ from .touched import touched
 
 log = logging.getLogger("sluicegate")
 
+# Statements of types and sequences (DdlReplay._object), and the object types they name in the message
+_OBJECT_TAGS = {f"{verb} {what}" for verb in ("CREATE", "ALTER", "DROP") for what in ("TYPE", "SEQUENCE")}
+_OBJECT_TYPES = {"type": ("type", "composite type"), "sequence": ("sequence",)}
+
 
 class DdlReplay:
     def __init__(self, dst: psycopg.Connection, target_url: str, workflow: str, stream_id: int, applier,
@@ -78,8 +82,8 @@ class DdlReplay:
             ddl = parse(msg.content, msg.lsn)
         except BadDdlMessage as exc:
             raise SchemaStop(f"{exc}; or remove the capture (`sluicegate ddl remove`)") from None
-        if ddl.tag in ("CREATE TYPE", "ALTER TYPE"):
-            self._type(ddl)
+        if ddl.tag in _OBJECT_TAGS:
+            self._object(ddl)
             return
         tables = self._moved(ddl)
         if not tables:
@@ -110,25 +114,27 @@ class DdlReplay:
         return {o.table for o in ddl.objects
                 if o.object_type == "table" and o.table is not None and ddl_tables.joins(options, *o.table)}
 
-    # -- types ---------------------------------------------------------------------------------------------
-    def _type(self, ddl: DdlMessage) -> None:
-        """CREATE TYPE in a schema that holds a moved table, and ALTER TYPE of a type the target has (an enum's
-        new label, say): replayed under exec and exec-ignore, so that the columns and rows using them apply.
-        Other types are passed over, in every mode."""
+    # -- types and sequences --------------------------------------------------------------------------------
+    def _object(self, ddl: DdlMessage) -> None:
+        """CREATE TYPE/SEQUENCE in a schema that holds a moved table; ALTER and DROP of a type or sequence the
+        target has (an enum's new label, say): replayed under exec and exec-ignore, so that the columns, rows
+        and defaults using them apply. Others are passed over, in every mode."""
         mode = modes.current(self.dst, self.workflow)
-        wanted = [o.identity for o in ddl.objects if o.object_type == "type" and self._type_wanted(ddl.tag, o)]
+        what = ddl.tag.split()[1].lower()  # 'type' or 'sequence'
+        wanted = [o.identity for o in ddl.objects
+                  if o.object_type in _OBJECT_TYPES[what] and self._object_wanted(ddl.tag, what, o)]
         if not wanted or mode not in (modes.EXEC, modes.EXEC_IGNORE):
-            log.debug("DDL at %s (%s) of a type workflow %s does not need (or --on-ddl %s): passed over",
-                      format_lsn(ddl.lsn), ddl.tag, self.workflow, mode)
+            log.debug("DDL at %s (%s) of a %s workflow %s does not have (or --on-ddl %s): passed over",
+                      format_lsn(ddl.lsn), ddl.tag, what, self.workflow, mode)
             return
         names, ignore = ", ".join(wanted), mode == modes.EXEC_IGNORE
         try:
             stmt = read(ddl.statement, ddl.tag)
         except NotReplayable as exc:
-            self._failed(ddl, names, f"it cannot be replayed: {exc}", None, ignore, "type")
+            self._failed(ddl, names, f"it cannot be replayed: {exc}", None, ignore, what)
             return
         if self.both_ways and (why := both_ways.refusal(stmt)) is not None:
-            self._failed(ddl, names, f"it is not replayed: {why}", None, ignore, "type")
+            self._failed(ddl, names, f"it is not replayed: {why}", None, ignore, what)
             return
         self.applier.sync()
         try:
@@ -140,17 +146,18 @@ class DdlReplay:
             if is_retryable(exc):
                 raise
             self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
-                         getattr(exc, "sqlstate", None), ignore, "type")
+                         getattr(exc, "sqlstate", None), ignore, what)
             return
         self.ends_batch = self.ends_batch or stmt.adds_value
         log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, format_lsn(ddl.lsn), names)
 
-    def _type_wanted(self, tag: str, o) -> bool:
-        if tag == "ALTER TYPE":
-            return self.dst.execute("SELECT to_regtype(%s) IS NOT NULL", (o.identity,)).fetchone()[0]
-        schemas = {schema for schema, _ in self.applier.by_name}
-        return o.schema in schemas and self.dst.execute("SELECT to_regtype(%s) IS NULL",
-                                                        (o.identity,)).fetchone()[0]
+    def _object_wanted(self, tag: str, what: str, o) -> bool:
+        lookup = "to_regtype" if what == "type" else "to_regclass"
+        has = self.dst.execute(sql.SQL("SELECT {}(%s) IS NOT NULL").format(sql.Identifier(lookup)),
+                               (o.identity,)).fetchone()[0]
+        if not tag.startswith("CREATE "):
+            return has
+        return not has and o.schema in {schema for schema, _ in self.applier.by_name}
 
     # -- which moved tables it touches ---------------------------------------------------------------------
     def _moved(self, ddl: DdlMessage) -> set[tuple[str, str]]:

@@ -122,8 +122,8 @@ def words(text: str, n: int | None = None) -> list[str]:
 @dataclass(frozen=True)
 class Statement:
     text: str  # the one statement, as the source ran it
-    # 'alter table', 'create index', 'drop index', 'create table', 'drop table', 'create type', 'alter type'
-    # (what exec replays) or 'other'
+    # 'alter table', 'create index', 'drop index', 'create table', 'drop table', '{create,alter,drop} type',
+    # '{create,alter,drop} sequence' (what exec replays) or 'other'
     kind: str
     adds_columns_only: bool = False  # ALTER TABLE whose every action is ADD [COLUMN]: what follows anyway
     concurrently: bool = False  # CREATE/DROP INDEX CONCURRENTLY
@@ -162,8 +162,9 @@ def read(query: str, tag: str) -> Statement:
         return Statement(text, " ".join(tag_words).lower(), cascade=last == ["CASCADE"])
     if tag_words in (["CREATE", "INDEX"], ["DROP", "INDEX"]):
         return Statement(text, " ".join(tag_words).lower(), concurrently="CONCURRENTLY" in head)
-    if tag_words in (["CREATE", "TYPE"], ["ALTER", "TYPE"]):
-        return Statement(text, " ".join(tag_words).lower(), adds_value=_adds_value(text))
+    if tag_words[1:] in (["TYPE"], ["SEQUENCE"]) and tag_words[0] in ("CREATE", "ALTER", "DROP"):
+        return Statement(text, " ".join(tag_words).lower(), adds_value=tag_words == ["ALTER", "TYPE"]
+                         and _adds_value(text))
     return Statement(text, "other")
 
 
