@@ -8,9 +8,14 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from sluicegate.lake.read import arrow_tables_as_of
+from sluicegate.lake.state import Store
+from sluicegate.lake.types import SPECIAL
+
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, run, stream
 from .test_ddl_flow import ROWS, Writes, constraints, indexes
+from .test_replicate_delta import assert_lake_equal, lake_caught_up
 from .test_schema_changes import columns
 
 pytestmark = pytest.mark.spark
@@ -68,3 +73,43 @@ def test_migration_reaches_every_sink_with_a_consumer_killed(rc, tmp_path):
     for sink in c.sinks:
         out = cli("vdiff", c.workflow, "--target", sink, "--spark-master", "local[1]")
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_migration_reaches_a_postgres_and_a_delta_sink(rc, tmp_path):
+    """The Delta sink follows the column changes as a MoveTables into Delta does (lake/ddl.py): added with a
+    default, renamed, dropped, an integer widened; an index passed over."""
+    c = rc
+    c.src("CREATE TABLE items (id bigint PRIMARY KEY, qty int, name text, legacy text)")
+    c.src("INSERT INTO items SELECT g, g %% 7, 'item ' || g, 'old' FROM generate_series(1, %s) g", (ROWS,))
+    assert cli("ddl", "install", "--source", c.source).returncode == 0
+    root = tmp_path / "lake"
+    lake = f"delta:{root}"
+    out = create(c, "--on-ddl", "exec", sinks=[c.sinks[0], lake])
+    assert out.returncode == 0, out.stdout + out.stderr
+    consumers = [Consumer(c.workflow, c.sinks[0], tmp_path / "pg.log").start(),
+                 Consumer(c.workflow, lake, tmp_path / "delta.log").start()]
+    writes = Writes(c.source, ROWS + 1)
+    try:
+        wait_for(lambda: caught_up(c, c.sinks[0]) and lake_caught_up(c, root), 180, what="both sinks replicating",
+                 describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
+        writes.start()
+        wait_for(lambda: writes.commits > 10, what="writes")
+        c.src("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
+        c.src("UPDATE items SET status = 'n' || (id % 3) WHERE id <= 500")
+        c.src("CREATE INDEX items_status ON items (status)")
+        c.src("ALTER TABLE items RENAME COLUMN name TO title")
+        c.src("ALTER TABLE items ALTER COLUMN qty TYPE bigint")
+        c.src("ALTER TABLE items DROP COLUMN legacy")
+        wait_for(lambda: writes.commits > 60, what="writes after the migration")
+        writes.finish()
+        wait_for(lambda: caught_up(c, c.sinks[0]) and lake_caught_up(c, root), 180, what="both sinks caught up",
+                 describe=lambda: (stream(c.sinks[0]), Store(root).load(c.workflow).message))
+        assert definition(c.sinks[0]) == definition(c.source)
+        assert assert_equal(c, c.sinks[0], "public.items", ["id"]) > ROWS
+        assert_lake_equal(c, root)
+        got = arrow_tables_as_of(str(root), c.workflow)["public.items"]
+        assert [n for n in got.column_names if n != SPECIAL] == ["id", "qty", "title", "status"]
+    finally:
+        writes.stop_event.set()
+        for consumer in consumers:
+            consumer.kill()

@@ -121,10 +121,6 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
     if target_standbys and (lake := [u for u in sinks if u.startswith("delta:")]):
         raise UsageError(f"--confirm-after-target-standbys is for PostgreSQL sinks: the Delta sink {lake[0]} has no "
                          f"standbys (its files are durable once written); create it without the option")
-    if on_ddl not in (None, "stop") and (lake := [u for u in sinks if u.startswith("delta:")]):
-        raise UsageError(f"--on-ddl {on_ddl}: a Delta sink ({lake[0]}) of a Replicate workflow does not replay "
-                         f"schema changes yet (a MoveTables into Delta does); leave the option out, or make the "
-                         f"Delta sink its own `movetables create --target delta:PATH --on-ddl {on_ddl}`")
     if bool(source) == bool(source_shards):
         raise UsageError("replicate create takes its source as --source URL or as --source-shard RANGE=URL "
                          "(repeated): give exactly one of the two")
