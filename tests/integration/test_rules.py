@@ -206,3 +206,40 @@ def test_a_pattern_rule_matches_tables_by_name_and_keeps_their_names(pair, spark
     assert pair.dst("SELECT to_regclass('public.other')")[0][0] is None
     with pytest.raises(UsageError, match="FROM `item_\\*`"):
         create_materialize("pat2", pair.source, pair.target, ["item_*: SELECT id FROM item_a"], {})
+
+
+def test_a_rule_goes_on_past_changes_of_columns_it_does_not_read(pair, spark):
+    """Source columns the rule does not read may be added, dropped, renamed or retyped: the stream goes on in
+    the shape the rule was made for. A change of one it reads stops the stream, naming the column and the rule,
+    before anything of that batch is applied."""
+    pair.src("CREATE TABLE items (id bigint PRIMARY KEY, name text, region text, qty int, legacy text)")
+    pair.src("INSERT INTO items SELECT g, 'item ' || g, (ARRAY['eu','us'])[1 + g % 2], g % 9, 'old' "
+             "FROM generate_series(1, 3000) g")
+    create_materialize("shape", pair.source, pair.target,
+                       ["items_eu: SELECT id AS item_id, qty * 2 AS dbl FROM items WHERE region = 'eu'"], {})
+    expected = "SELECT id, qty * 2 FROM items WHERE region = 'eu' ORDER BY id"
+    target = lambda: pair.dst("SELECT item_id, dbl FROM items_eu ORDER BY item_id")
+    with EngineThread(spark, pair.target, "shape"):
+        wait_for(lambda: stream_row(pair, "shape")["state"] == "Running", what="Running",
+                 describe=lambda: stream_row(pair, "shape"))
+        for statement, change in (
+                ("ALTER TABLE items ADD COLUMN note text DEFAULT 'n'", "UPDATE items SET qty = qty + 1 WHERE id <= 40"),
+                ("ALTER TABLE items DROP COLUMN legacy", "UPDATE items SET qty = qty + 1 WHERE id % 7 = 0"),
+                ("ALTER TABLE items RENAME COLUMN name TO title",
+                 "INSERT INTO items (id, title, region, qty) SELECT g, 't', 'eu', 5 FROM generate_series(5001, 5020) g"),
+                ("ALTER TABLE items ALTER COLUMN title TYPE varchar(40)",
+                 "UPDATE items SET region = 'eu' WHERE id BETWEEN 41 AND 60")):
+            with psycopg.connect(pair.source) as c:  # rows before and after the change in one transaction
+                c.execute("UPDATE items SET qty = qty + 2 WHERE id BETWEEN 100 AND 110")
+                c.execute(statement)
+                c.execute(change)
+        pair.src("DELETE FROM items WHERE id BETWEEN 200 AND 210")
+        wait_for(lambda: caught_up(pair, "shape"), what="caught up", describe=lambda: stream_row(pair, "shape"))
+        assert stream_row(pair, "shape")["state"] == "Running"
+        assert target() == pair.src(expected)
+        pair.src("ALTER TABLE items RENAME COLUMN qty TO amount")
+        pair.src("UPDATE items SET amount = 100 WHERE id <= 10")
+        wait_for(lambda: stream_row(pair, "shape")["state"] == "Error", what="Error")
+    message = stream_row(pair, "shape")["message"]
+    assert "qty" in message and "the rule for public.items" in message, message
+    assert pair.dst("SELECT count(*) FROM items_eu WHERE dbl = 200") == [(0,)]  # nothing of that batch

@@ -34,6 +34,7 @@ from ..postgres.standby_flush import StandbyGate
 from . import state as st
 from .faults import fault_point
 from .player import PlayResult, PlayTask, wait_flushed, way_out
+from .schema_changes import rule_input
 
 log = logging.getLogger("sluicegate")
 
@@ -339,9 +340,13 @@ def _read(spec: BatchSpec, index: int, builder):
     task = spec.task
     table = Table.from_json(task.tables[index][0])
     rule_json = spec.rules.get(table.qualified)
-    needs = set(CompiledRule.from_json(rule_json, table).needs) if rule_json else set()
+    compiled = CompiledRule.from_json(rule_json, table) if rule_json else None
+    needs = set(compiled.needs) if compiled else set()
+    # what the rule reads: a change of another column of the table goes on (schema_changes.rule_input)
+    reads = needs | {i for kind, i in compiled.outputs if kind == "raw"} if compiled else set()
     key_idx = table.key_indices
-    checked: set[int] = set()
+    checked: dict[int, object] = {}  # relation oid -> the Relation checked (a new one comes after a change)
+    shapes: dict[int, tuple | None] = {}  # relation oid -> where the table's columns are in its rows
     recent: dict[tuple, list] = {}  # key -> its last values: unchanged TOAST values filled in from them
     counted = 0
     taking = False
@@ -359,25 +364,32 @@ def _read(spec: BatchSpec, index: int, builder):
             if isinstance(ev, Change):
                 if not taking or (ev.relation.schema, ev.relation.name) != (table.schema, table.name):
                     continue
-                if ev.relation.oid not in checked:
-                    check_columns(ev.relation, table, f"the rule for {table.qualified}" if rule_json else "")
-                    checked.add(ev.relation.oid)
+                if checked.get(ev.relation.oid) is not ev.relation:
+                    if compiled is not None:
+                        shapes[ev.relation.oid] = rule_input(ev.relation, table, reads,
+                                                             f"the rule for {table.qualified}")
+                    else:
+                        check_columns(ev.relation, table)
+                    checked[ev.relation.oid] = ev.relation
+                old_row, new_row = ev.old, ev.new
+                if (shape := shapes.get(ev.relation.oid)) is not None:  # in the shape the rule was made for
+                    old_row, new_row = _reshaped(old_row, shape), _reshaped(new_row, shape)
                 if ev.kind == "D":
-                    yield from builder.add("D", ev.old, None)
-                    recent.pop(tuple(ev.old[i] for i in key_idx), None)
+                    yield from builder.add("D", old_row, None)
+                    recent.pop(tuple(old_row[i] for i in key_idx), None)
                     continue
-                new = list(ev.new)
+                new = list(new_row)
                 key = tuple(new[i] for i in key_idx)
-                if ev.old is not None and tuple(ev.old[i] for i in key_idx) != key:
-                    yield from builder.add("D", ev.old, None)
+                if old_row is not None and tuple(old_row[i] for i in key_idx) != key:
+                    yield from builder.add("D", old_row, None)
                 unchanged = None
                 if UNCHANGED in new:
                     prev = recent.get(key)
                     for j, v in enumerate(new):
                         if v is not UNCHANGED:
                             continue
-                        if ev.old is not None and ev.old[j] is not None and ev.old[j] is not UNCHANGED:
-                            new[j] = ev.old[j]
+                        if old_row is not None and old_row[j] is not None and old_row[j] is not UNCHANGED:
+                            new[j] = old_row[j]
                         elif prev is not None and prev[j] is not UNCHANGED:
                             new[j] = prev[j]
                     unchanged = [j for j, v in enumerate(new) if v is UNCHANGED]
@@ -385,7 +397,7 @@ def _read(spec: BatchSpec, index: int, builder):
                         if j in needs:
                             from ..rules.replicator import needs_full
 
-                            needs_full(CompiledRule.from_json(rule_json, table), j)
+                            needs_full(compiled, j)
                 if len(recent) >= UNCHANGED_WINDOW:
                     recent.clear()
                 recent[key] = new
@@ -413,6 +425,10 @@ def _read(spec: BatchSpec, index: int, builder):
         yield from builder.marker("M", json.dumps({
             "position": max(end, spec.start), "limited": limited, "transactions": transactions,
             "commit_time": commit_time.isoformat() if commit_time is not None else None}))
+
+
+def _reshaped(values, shape: tuple[int | None, ...]):
+    return None if values is None else tuple(None if at is None else values[at] for at in shape)
 
 
 class _Rows:

@@ -137,6 +137,28 @@ def classify(rel: Relation, table: Table) -> ColumnChanges:
     return ColumnChanges(table.qualified, added, dropped, tuple(renamed), tuple(retyped), tuple(readded), key)
 
 
+def rule_input(rel: Relation, table: Table, reads: set[int], reader: str) -> tuple[int | None, ...] | None:
+    """A table a rule reads (`table`: the source's description it was made for; `reads`: the indices of the
+    columns it reads) met in a new shape: where each of its columns now is in the Relation's rows, None for a
+    column the rule does not read that was dropped, renamed or retyped (it reads NULL); None when nothing
+    changed. Added columns are not read (the rule's output is what it was made with). A change of a column the
+    rule reads, or of the key, raises SchemaStop naming it: the rule depends on it."""
+    changes = classify(rel, table)
+    if changes.unchanged:
+        return None
+    back = {new: old for old, new in changes.renamed}
+    lost = ({*changes.dropped, *changes.readded, *back.values()}
+            | {back.get(name, name) for name, *_ in changes.retyped})
+    hit = [c.name for i, c in enumerate(table.columns) if i in reads and c.name in lost]
+    if hit or changes.key:
+        what = "; ".join(changes.describe(all_added=True))
+        read = f"reads column{'s' if len(hit) > 1 else ''} {', '.join(hit)}" if hit else "finds rows by the key"
+        raise SchemaStop(f"source table {table.qualified} changed ({what}), and {reader} {read}: re-create the "
+                         f"workflow with a rule for the new columns")
+    names = [c.name for c in rel.columns]
+    return tuple(None if c.name in lost else names.index(c.name) for c in table.columns)
+
+
 # -- IO: the source's catalog, the target table, the stream's description ------------------------------------
 _SOURCE_COLUMNS = """
 SELECT a.attname, a.atttypid::int, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull,
