@@ -237,6 +237,9 @@ def test_a_rule_goes_on_past_changes_of_columns_it_does_not_read(pair, spark):
         wait_for(lambda: caught_up(pair, "shape"), what="caught up", describe=lambda: stream_row(pair, "shape"))
         assert stream_row(pair, "shape")["state"] == "Running"
         assert target() == pair.src(expected)
+        out = _cli("vdiff", "shape", "--target", pair.target, "--json")  # through the rule, in the new shape
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(out.stdout)["equal"]
         pair.src("ALTER TABLE items RENAME COLUMN qty TO amount")
         pair.src("UPDATE items SET amount = 100 WHERE id <= 10")
         wait_for(lambda: stream_row(pair, "shape")["state"] == "Error", what="Error")

@@ -383,7 +383,6 @@ def read_ranges(task: RuleRead, batches):
 
     table = Table.from_json(task.table)
     names = [RAW.format(i) for i in range(len(table.columns))]
-    cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
                                    quoted_strings_can_be_null=False, null_values=[""])
     parse = pacsv.ParseOptions(newlines_in_values=True)
@@ -394,6 +393,7 @@ def read_ranges(task: RuleRead, batches):
             src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
         except psycopg.errors.InvalidParameterValue:
             raise snapshot_gone(task.snapshot, describe_conn(src)) from None
+        cols = _rule_columns(src, table)
         for batch in batches:
             for idx in batch.column(0).to_pylist():
                 lo, hi = task.ranges[idx]
@@ -409,6 +409,15 @@ def read_ranges(task: RuleRead, batches):
                                             parse_options=parse, convert_options=convert)
                     yield from reader
         src.rollback()
+
+
+def _rule_columns(src: psycopg.Connection, table: Table) -> sql.Composable:
+    """The rule's source columns as the source has them now: a column dropped, renamed or retyped since the rule
+    was made reads NULL, as in the stream (schema_changes.rule_input; the stream stops if the rule reads it)."""
+    now = dict(src.execute("SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s::regclass "
+                           "AND attnum > 0 AND NOT attisdropped", (table.ident.as_string(src),)).fetchall())
+    return sql.SQL(", ").join(sql.Identifier(c.name) if now.get(c.name) == c.type_oid else sql.SQL("NULL")
+                              for c in table.columns)
 
 
 def write_rows(task: RuleWrite, batches):
