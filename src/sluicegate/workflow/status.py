@@ -139,7 +139,10 @@ def merge_status(parts: list[tuple[str, dict]]) -> dict:
     first = parts[0][1]
     drivers = [status["driver"] for _, status in parts]
     running = [d for d in drivers if d["running"]]
-    warnings = list(dict.fromkeys(w for _, status in parts for w in status["warnings"]))
+    # A warning of some target shards only (a driver that no longer updates one of them) says which.
+    every = set.intersection(*(set(status["warnings"]) for _, status in parts))
+    warnings = list(dict.fromkeys(w if w in every else f"target shard {shard}: {w}"
+                                  for shard, status in parts for w in status["warnings"]))
     return {"workflow": first["workflow"], "kind": first["kind"], "state": state, "message": message,
             "driver": (running or drivers)[0], "warnings": warnings, "streams": streams}
 
