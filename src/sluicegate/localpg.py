@@ -24,6 +24,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from . import config
 from .procs import pid_alive
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ class LocalPostgresError(RuntimeError):
 
 
 def find_bindir() -> Path:
-    if os.environ.get("SLUICEGATE_PG_BINDIR"):
-        return Path(os.environ["SLUICEGATE_PG_BINDIR"])
+    if given := config.from_env("pg_bindir"):
+        return Path(given)
     if shutil.which("pg_config"):
         out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
                              check=False).stdout.strip()

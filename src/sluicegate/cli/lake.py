@@ -8,7 +8,9 @@ from functools import wraps
 
 import click
 
-LAKE_TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="delta:PATH",
+from .. import config
+
+LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="delta:PATH",
                            help="The workflow's Delta target, delta:PATH (or SLUICEGATE_TARGET).")
 JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 

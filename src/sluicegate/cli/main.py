@@ -14,12 +14,13 @@ from functools import wraps
 import click
 import psycopg
 
+from .. import config
 from ..errors import SluicegateError, UsageError
 from ..postgres.connect import first_line, redact
 from .ddl import ON_DDL
 from .logsetup import LEVELS
 
-TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
+TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database, or delta:PATH for Delta tables under PATH (or SLUICEGATE_TARGET).")
 
 
@@ -342,8 +343,9 @@ def workflow() -> None:
 @SPARK_CONF
 @click.option("--no-progress", is_flag=True,
               help="Progress lines on stdout instead of the live table (as when stdout is not a terminal).")
-@click.option("--progress-interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              envvar="SLUICEGATE_PROGRESS_INTERVAL", metavar="SECONDS",
+@click.option("--progress-interval", type=click.FloatRange(min=0.1), default=config.default("progress_interval"),
+              show_default=True,
+              envvar=config.env_var("progress_interval"), metavar="SECONDS",
               help="Seconds between progress lines (stdout, when not drawn on a terminal).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
               help="Serve Prometheus metrics at http://ADDR:N/metrics while the workflow runs.")
@@ -578,8 +580,8 @@ def _size(ctx, param, value):
 @click.argument("name")
 @TARGET
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--wal-warning", default="1GB", show_default=True, metavar="SIZE", callback=_size,
-              envvar="SLUICEGATE_WAL_WARNING",
+@click.option("--wal-warning", default=config.default("wal_warning"), show_default=True, metavar="SIZE", callback=_size,
+              envvar=config.env_var("wal_warning"),
               help="Warn when a stream's replication slot holds more WAL than this on its source.")
 @friendly
 def workflow_status_cmd(name, target, as_json, wal_warning):

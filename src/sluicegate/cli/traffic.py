@@ -8,7 +8,9 @@ from functools import wraps
 
 import click
 
-TARGET = click.option("--target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
+from .. import config
+
+TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
 KEEP_TARGET_TABLES = click.option("--keep-target-tables", is_flag=True,
                                   help="Keep the target tables and their rows (default: drop them, as Vitess does).")

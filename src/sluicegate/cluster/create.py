@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg import sql
 
+from .. import config
 from ..appliers import lww
 from ..ddl import capture as ddl_capture
 from ..errors import UsageError
@@ -70,6 +71,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
     `notes`: given a list, gets a line for each
     part of a source table's definition that a sink table made here does not get."""
     st.check_name(name)
+    config.check_options(options)
     if not sink_urls:
         raise UsageError("replicate create needs at least one --sink URL")
     if bidirectional and len(sink_urls) != 1:

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 import psycopg
 from psycopg import sql
 
+from .. import config
 from ..errors import UsageError
 from ..postgres import capture, catalog, replication
 from ..postgres.catalog import Table
@@ -79,6 +80,7 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
     """As create_replicate, with a stream per (sink, source shard); nothing created unless every check passed."""
 
     st.check_name(name)
+    config.check_options(options)
     if not sink_urls:
         raise UsageError("replicate create needs at least one --sink URL")
     if max_retention_age is not None:  # its samples date one server's WAL, and the shards are several

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 
+from .. import config
 from ..errors import SluicegateError, UsageError
 from ..position import format_lsn
 from ..postgres import capture
@@ -38,6 +39,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     from deltalake import DeltaTable
 
     pg_state.check_name(name)
+    config.check_options(options)
     if rules:
         raise UsageError("a Delta target moves tables as they are: --rule is for PostgreSQL targets")
     loc = location.parse(target)

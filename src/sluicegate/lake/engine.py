@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 
+from ..config import Settings
 from ..errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
 from ..postgres import capture
 from ..postgres.catalog import Column, Table
@@ -36,7 +37,6 @@ from .player import LakePlayTask, added_only, play
 from .state import (
     COPYING,
     ERROR,
-    HOUSEKEEPING_DEFAULTS,
     INIT,
     RUNNING,
     STOPPED,
@@ -162,12 +162,11 @@ class LakeEngine:
         copy_app = copy_app_id(wf.name)
         outcome = lake_copy.committed_cycle(dt, copy_app, cycle)
         if outcome is None:
-            cycle_rows = int(wf.options.get("cycle_rows", 10_000_000))
-            chunk_rows = int(wf.options.get("chunk_rows", 1_000_000))
+            settings = Settings.from_options(wf.options, f"workflow {wf.name}")
             with take_snapshot(wf.source_url, table, stop=self.stop) as snap:
                 if current.cycles == 0:
                     table = self._adopt_added_columns(wf, table, dt, snap.conn)
-                plan = copier.plan_cycle(snap.conn, table, current.lastpk, cycle_rows, chunk_rows,
+                plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
                                          slots=self.runner.parallelism(), by_pages=True)
                 # What the progress view adds to rows_copied while the cycle runs (workflow/live.py)
                 progress = live.cycle_started(self.target, wf.name, 1, current.qualified, current.rows_copied,
@@ -243,15 +242,14 @@ class LakeEngine:
                 w.state, w.position = RUNNING, start
 
     def replicate_step(self, wf: LakeWorkflow) -> None:
-        opts = wf.options
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         until_due = self.housekeeping(wf)
         if self.stop.is_set():
             return
-        task = LakePlayTask(self.target, wf.name, wf.position,
-                            max_seconds=min(float(opts.get("slice_seconds", math.inf)), until_due),
-                            batch_changes=int(opts.get("batch_changes", 20_000)),
-                            stage_rows=int(opts.get("stage_rows", 50_000)),
-                            commit_every=float(opts.get("commit_every", HOUSEKEEPING_DEFAULTS["commit_every"])))
+        slice_seconds = math.inf if settings.slice_seconds is None else settings.slice_seconds
+        task = LakePlayTask(self.target, wf.name, wf.position, max_seconds=min(slice_seconds, until_due),
+                            batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
+                            commit_every=settings.commit_every)
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
 
     def housekeeping(self, wf: LakeWorkflow) -> float:
@@ -259,8 +257,9 @@ class LakeEngine:
         first comes due one interval after replication starts. A failure is logged and tried again at the next
         interval: replication goes on."""
         wait = math.inf
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         for job in ("optimize", "vacuum"):
-            every = float(wf.options.get(f"{job}_every", HOUSEKEEPING_DEFAULTS[f"{job}_every"]))
+            every = getattr(settings, f"{job}_every")
             if every <= 0:
                 continue
             if not wf.first_point:  # nothing to keep house for before readers have a point: look again later
@@ -286,7 +285,7 @@ class LakeEngine:
                 log.info("optimize %s: %s", wf.name, ", ".join(
                     f"{t['table']} {t['files_before']} -> {t['files_after']} files" for t in report["tables"]))
             else:
-                retention = float(wf.options.get("vacuum_retention", HOUSEKEEPING_DEFAULTS["vacuum_retention"]))
+                retention = Settings.from_options(wf.options, f"workflow {wf.name}").vacuum_retention
                 # allow_short: between play tasks this driver is the tables' only writer (it holds the run lock).
                 report = housekeeping.vacuum(self.root, wf.name, timedelta(seconds=retention),
                                              allow_short=True)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import config
 from ..errors import RetryableError, UsageError
 from ..postgres.catalog import Table
 from . import location
@@ -40,8 +41,8 @@ INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped"
 # (retention + vacuum period) / commit interval. A reader using a point for longer than the retention (a
 # vdiff beside the driver pins its own) needs a longer one: `lake schedule --vacuum-retention`.
 # commit_every: seconds between one commit of changes and the next batch (0: commit as they come).
-HOUSEKEEPING_DEFAULTS = {"optimize_every": 300.0, "vacuum_every": 30.0, "vacuum_retention": 60.0,
-                         "commit_every": 30.0}
+HOUSEKEEPING_DEFAULTS = {k: config.default(k) for k in ("optimize_every", "vacuum_every", "vacuum_retention",
+                                                           "commit_every")}
 PREFIX = "delta:"
 
 

@@ -12,7 +12,6 @@ not have to wait out the timeout.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,11 +20,12 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
+from .. import config
 from ..errors import RetryableError
 
 # Long enough for the brief locks of a busy application, short enough that the queue behind us stays short
-# and that a blocked step says so promptly. SLUICEGATE_LOCK_TIMEOUT (seconds) overrides it.
-DEFAULT_TIMEOUT = 3.0
+# and that a blocked step says so promptly. SLUICEGATE_LOCK_TIMEOUT (seconds) overrides it (config.py).
+DEFAULT_TIMEOUT = config.default("lock_timeout")
 
 # Lock modes each requested mode must wait for (PostgreSQL's table-level conflict table).
 _CONFLICTS = {
@@ -49,10 +49,7 @@ class LockTimeout(RetryableError):
 
 
 def timeout_seconds() -> float:
-    try:
-        return float(os.environ.get("SLUICEGATE_LOCK_TIMEOUT", DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
+    return config.from_env("lock_timeout")
 
 
 # Connections whose statement waits for a lock now, by the thread that runs it: cancel_waiting(thread) ends

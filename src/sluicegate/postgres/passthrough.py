@@ -19,6 +19,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
+from .. import config
 from ..errors import RetryableError, TerminalError, is_retryable
 from .connect import connect_failure, describe, first_line, primary_only, session_options
 
@@ -98,7 +99,7 @@ def _translate(exc: BaseException, role: str, dsn: str) -> BaseException:
 def _c_pump():
     """(the C pump, the path of the libpq psycopg2 runs on), or (None, None): not built, turned off, or no
     libpq that is surely psycopg2's own (the pump must call the very library its connections belong to)."""
-    if os.environ.get("SLUICEGATE_COPY_PUMP", "").lower() == "python":
+    if config.from_env("copy_pump").lower() == "python":
         return None, None
     try:
         from ._copy_pump import pump

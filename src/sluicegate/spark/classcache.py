@@ -22,12 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import config
+
 QUIET = "-Xlog:cds=off,cds+dynamic=off"  # the archive is an optimization: nothing to say about it
 
 
 def archive_path() -> Path | None:
     """Where the archive is (or would be written); None when turned off."""
-    override = os.environ.get("SLUICEGATE_SPARK_CLASS_ARCHIVE", "")
+    override = config.from_env("spark_class_archive")
     if override.lower() == "off":
         return None
     if override:
@@ -51,7 +53,7 @@ def build(path: Path, timeout: float = 300) -> bool:
     fd, partial = tempfile.mkstemp(prefix=".spark-classes-", suffix=".jsa", dir=path.parent)
     os.close(fd)
     os.unlink(partial)  # the JVM creates it at exit
-    env = {**os.environ, "SLUICEGATE_SPARK_CLASS_ARCHIVE": "off"}
+    env = {**os.environ, config.env_var("spark_class_archive"): "off"}
     try:
         proc = subprocess.run([sys.executable, "-m", "sluicegate.spark.classcache", "--child", partial],
                               env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
+from .. import config
 from ..errors import UsageError
 
 log = logging.getLogger("sluicegate")
@@ -76,7 +77,7 @@ def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, st
     """What goes to spark-submit as `--conf`: the user's settings, and the master when one was named
     (`--spark-master` or SLUICEGATE_SPARK_MASTER; else spark-defaults.conf's, else Spark's local[*])."""
     settings = dict(conf)
-    master = master or os.environ.get("SLUICEGATE_SPARK_MASTER") or None
+    master = config.resolve("spark_master", master or None)
     if master:
         if settings.get("spark.master", master) != master:
             raise UsageError(f"two Spark masters: --spark-master {master} and --conf spark.master="
@@ -198,7 +199,7 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
         # Executors of local-cluster[...] bind to Spark's idea of this host; spark.driver.* still win.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SLUICEGATE_DRIVER_PID", str(os.getpid()))  # for fault-injection tests
+    os.environ.setdefault(config.env_var("driver_pid"), str(os.getpid()))  # for fault-injection tests
     _ensure_java()
     _lazy_numpy_converters()
     with SparkContext._lock:

@@ -5,15 +5,15 @@ bearer token. Tokens come from a file or SLUICEGATE_VSTREAM_TOKEN, never from a 
 from __future__ import annotations
 
 import hmac
-import os
 from dataclasses import dataclass
 
 import grpc
 
+from .. import config
 from ..errors import UsageError
 from ..listen import check_listen, read_file
 
-TOKEN_ENV = "SLUICEGATE_VSTREAM_TOKEN"
+TOKEN_ENV = config.env_var("vstream_token")
 _HEADER = "authorization"
 
 
@@ -25,7 +25,7 @@ def load_token(token_file: str | None) -> str | None:
         if not token:
             raise UsageError(f"--token-file {token_file} is empty: write the token in it")
         return token
-    return os.environ.get(TOKEN_ENV) or None
+    return config.from_env("vstream_token") or None
 
 
 @dataclass(frozen=True)

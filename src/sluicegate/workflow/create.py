@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from .. import config
 from ..cluster.model import direction
 from ..ddl import capture as ddl_capture
 from ..errors import SluicegateError, UsageError
@@ -59,6 +60,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             options: dict, udfs: dict | None, exclude: list[str] | None = None,
             notes: list[str] | None = None) -> list[str]:
     st.check_name(name)
+    config.check_options(options)
     specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
     # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
     with connect(source_url, role="source", autocommit=True) as src:

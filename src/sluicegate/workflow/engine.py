@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import psycopg
@@ -26,6 +26,7 @@ import psycopg
 from ..cluster.model import cluster_ids
 from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
+from ..config import Settings
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
 from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
@@ -44,29 +45,6 @@ SHARED_SLICE_SECONDS = 10.0
 # task slot, which replicating streams free only at the end of a slice.
 COPY_NEIGHBOUR_SLICE_SECONDS = 2.0
 _tags = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class Settings:
-    # Rows per copy cycle (one snapshot; catchup and fast-forward between cycles). Vitess copies for up to an
-    # hour before it catches up; a much shorter cycle here keeps each catchup small and the snapshot short.
-    cycle_rows: int = 10_000_000
-    # Rows per Spark copy task, about (whole waves of tasks: up to twice this, copier._tasks): each opens two
-    # sessions and imports the snapshot; bigger tasks spend less on that.
-    chunk_rows: int = 1_000_000
-    batch_changes: int = 20_000  # pgoutput messages per replay batch
-    # How long a play task (one replication stream) runs before the driver re-reads state. None: a workflow
-    # with one stream plays until interrupted; streams sharing the executors use SHARED_SLICE_SECONDS.
-    slice_seconds: float | None = None
-    idle_poll: float = 0.1
-    # Drop a target table's indexes before its first copy cycle and build them when the cycle is recorded
-    # (postgres/indexes.py): one sorted build costs less than maintaining them row by row during COPY.
-    defer_indexes: bool = True
-
-    @classmethod
-    def from_options(cls, options: dict) -> Settings:
-        known = {k: v for k, v in options.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 class Engine:
@@ -212,7 +190,7 @@ class Engine:
                 st.save_position(dst, stream.id, start, state=st.COPYING)
 
     def copy_step(self, wf: st.Workflow, stream: st.Stream) -> None:
-        settings = Settings.from_options(wf.options)
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         current = stream.copying_table()
         if current is None:
             with connect(self.target_url, role="target") as dst:
@@ -372,7 +350,7 @@ class Engine:
 
     def play(self, wf, stream, *, until: str, expect: str, stop_at: int | None = None):
         """One play task (player.py) from where `stream` stands; at most one slice of time."""
-        settings = Settings.from_options(wf.options)
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         seconds = settings.slice_seconds
         if seconds is None:
             seconds = float("inf") if self.stream_id is None else SHARED_SLICE_SECONDS

@@ -13,18 +13,19 @@ import os
 import time
 from pathlib import Path
 
+from .. import config
 from ..procs import pid_alive
 
 
 def fault_point(name: str) -> None:
-    if os.environ.get("SLUICEGATE_FAULT_PAUSE") != name:
+    if config.from_env("fault_pause") != name:
         return
-    directory = os.environ.get("SLUICEGATE_FAULT_DIR")
+    directory = config.from_env("fault_dir")
     if not directory:
         return
     marker = Path(directory, name)
     marker.touch()
-    driver = int(os.environ.get("SLUICEGATE_DRIVER_PID", "0") or 0)
+    driver = config.from_env("driver_pid")
     while marker.exists():  # the test kills the driver; a Spark worker then dies with it
         if driver and driver != os.getpid() and not pid_alive(driver):
             os._exit(137)

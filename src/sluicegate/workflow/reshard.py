@@ -16,6 +16,7 @@ from contextlib import ExitStack
 
 import psycopg
 
+from .. import config
 from ..errors import UsageError
 from ..postgres import capture, catalog, locks, replication
 from ..postgres.catalog import Table
@@ -64,6 +65,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
                    udfs: dict | None = None, exclude: list[str] | None = None) -> list[str]:
     """Validate every shard and rule, then create tables and state on every target shard (all or none)."""
     st.check_name(name)
+    config.check_options(options)
     specs = parse_rules(rules)
     first = next(iter(source_shards))
     with ExitStack() as stack:

@@ -16,6 +16,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
+from .. import config
 from ..errors import UsageError, did_you_mean
 from ..position import format_lsn, parse_lsn
 from ..postgres.catalog import Table
@@ -234,6 +235,7 @@ def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: 
 
 def insert_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict) -> None:
     check_new_name(conn, name)
+    config.check_options(options)
     conn.execute(
         "INSERT INTO sluicegate.workflows (name, kind, source_url, options) VALUES (%s, %s, %s, %s)",
         (name, kind, strip_password(source_url), json.dumps(options)),
