@@ -7,6 +7,7 @@ from functools import wraps
 
 import click
 
+from .. import config
 from .ddl import ON_DDL
 
 
@@ -205,8 +206,8 @@ def replicate_bootstrap(name, sink, tables):
 @replicate_group.command("add-tables")
 @click.argument("name")
 @click.option("--tables", required=True, metavar="A,B", help="Comma-separated source tables to add.")
-@click.option("--target", "--sink", "target", envvar="SLUICEGATE_TARGET", required=True, metavar="URL",
-              help="Any sink of the workflow (env SLUICEGATE_TARGET); the tables are added on every sink.")
+@click.option("--target", "--sink", "target", envvar=config.env_var("target"), required=True, metavar="URL",
+              help=f"Any sink of the workflow (env {config.env_var('target')}); the tables are added on every sink.")
 @SHARD_KEY
 @OVERWRITE
 @_friendly
