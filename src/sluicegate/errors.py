@@ -5,7 +5,10 @@ Errors are picklable (Spark ships them from executors back to the driver) and re
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from .redact import first_line, redact
 
 
 class SluicegateError(Exception):
@@ -185,8 +188,6 @@ def from_exception(exc: BaseException) -> SluicegateError:
     terminal or retryable by their class (classify), one line, with the database's SQLSTATE kept."""
     if isinstance(exc, SluicegateError):
         return exc
-    from .postgres.connect import first_line  # (psycopg: only once there is an error to describe)
-
     state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)  # psycopg 3, psycopg2
     if not isinstance(state, str):
         state = None  # (a PySpark error's sqlstate is a method)
@@ -217,8 +218,6 @@ def _detail(exc: BaseException) -> str | None:
     detail = getattr(diag, "message_detail", None) if diag is not None else None
     if not detail:
         return None
-    from .postgres.connect import redact
-
     line = " ".join(str(detail).split())
     return redact(line if len(line) <= 200 else line[:199] + "…")
 
@@ -228,13 +227,35 @@ def describe_error(exc: BaseException) -> str:
     class and message (a Py4JJavaError's own text is "An error occurred while calling o95.collectToPython")."""
     if isinstance(exc, SluicegateError):
         return str(exc)
-    from .postgres.connect import first_line
-
     if type(exc).__module__.startswith(("py4j", "pyspark")):
-        from .spark.errors import message
-
-        return message(exc)
+        return spark_message(exc)
     return first_line(exc)
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\w*: ")
+
+
+def spark_message(exc: BaseException) -> str:
+    """Spark's message on one line, without its SQLSTATE tail, query context and stack (formatting only)."""
+    info = spark_error_info(exc)
+    text = (info.message or _java_message(exc) or str(exc)).strip().splitlines()
+    if info.condition == "PYTHON_EXCEPTION":  # a traceback: its last line says what was raised
+        raised = next((ln.strip() for ln in reversed(text) if _RAISED.match(ln)), None)
+        if raised:
+            return f"[PYTHON_EXCEPTION] {raised.rstrip(' .')}."
+    first = next((ln.strip() for ln in text if "[" in ln and "]" in ln), text[0] if text else type(exc).__name__)
+    first = re.sub(r"^.*?(\[[A-Z_.]+\])", r"\1", first)
+    return re.sub(r"\s*SQLSTATE: [0-9A-Z]{5}", "", first).rstrip(" .;") + "."
+
+
+def _java_message(exc: BaseException) -> str | None:
+    java = getattr(exc, "java_exception", None)
+    if java is None:
+        return None
+    try:
+        return str(java.getMessage())
+    except Exception:  # noqa: BLE001 - the JVM is gone
+        return None
 
 
 def did_you_mean(name: str, choices: list[str], *, cutoff: float = 0.6) -> str:

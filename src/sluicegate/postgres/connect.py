@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..errors import ConnectError, SluicegateError, UsageError
+from ..redact import first_line, redact  # (re-exported: callers read them here)
 
 if TYPE_CHECKING:
     import psycopg
@@ -55,17 +56,6 @@ def session_options(url: str, extra: str = "") -> dict:
     """Keyword arguments for psycopg/psycopg2 connect: Sluicegate's session options and liveness."""
     client, server = liveness(url)
     return {**client, "options": " ".join(o for o in (SESSION_OPTIONS, server, extra) if o)}
-
-
-# user:password@ in any URL, and password=... (or a client key's sslpassword=...) as a keyword (quoted or not)
-# or URL query parameter
-_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']*@", re.IGNORECASE)
-_KEYWORD_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"]*)", re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """The URL (or any text quoting one, such as a libpq error) without its password, fit for output and logs."""
-    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def describe(url: str) -> str:
@@ -242,14 +232,3 @@ def connect(url: str, *, role: str, autocommit: bool = False, **kwargs) -> psyco
         raise connect_failure(role, url, first_line(exc)) from None
     except psycopg.ProgrammingError as exc:  # malformed URL
         raise ConnectError(f"bad {role} URL {redact(url)}: {first_line(exc)}") from None
-
-
-def first_line(exc: BaseException) -> str:
-    """The server's message without libpq's multi-line detail (and never a password)."""
-    text = str(exc).strip().splitlines()
-    msg = text[0].strip() if text else type(exc).__name__
-    # libpq prefixes 'connection failed: connection to server at "127.0.0.1", port 5: ...'; keep the cause
-    msg = re.sub(r'^connection failed: connection to server at "[^"]*", port \d+ failed: ', "", msg)
-    msg = re.sub(r"^(connection failed|connection is bad): ", "", msg)
-    msg = re.sub(r"^(FATAL|ERROR):\s+", "", msg)
-    return redact(msg)

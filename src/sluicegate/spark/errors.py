@@ -4,16 +4,14 @@ attaches to its exceptions (errors.spark_error_info), as for PostgreSQL, never b
 
 from __future__ import annotations
 
-import re
-
 from ..errors import TERMINAL, classify_state, spark_error_info
+from ..errors import spark_message as message  # noqa: F401 - (re-exported: spark_errors.message)
 
 # 22: data exception (a cast of malformed input, an overflow, a division by zero); 38: a function the rule
 # calls raised (a Python UDF). Both fail again on the same row, however often they are retried.
 _DATA_CLASSES = ("22", "38")
 # The message parameter that holds the offending value, by error class.
 _VALUE_PARAMETERS = ("expression", "value", "input", "str")
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\w*: ")
 
 
 def sql_state(exc: BaseException) -> str | None:
@@ -31,26 +29,3 @@ def value(exc: BaseException) -> str | None:
     """The value a row failed on, as Spark quotes it ('12.50'), when the error class carries it."""
     params = spark_error_info(exc).parameters
     return next((str(params[k]) for k in _VALUE_PARAMETERS if params.get(k)), None)
-
-
-def message(exc: BaseException) -> str:
-    """Spark's message on one line, without its SQLSTATE tail, query context and stack (formatting only)."""
-    info = spark_error_info(exc)
-    text = (info.message or _java_message(exc) or str(exc)).strip().splitlines()
-    if info.condition == "PYTHON_EXCEPTION":  # a traceback: its last line says what was raised
-        raised = next((ln.strip() for ln in reversed(text) if _RAISED.match(ln)), None)
-        if raised:
-            return f"[PYTHON_EXCEPTION] {raised.rstrip(' .')}."
-    first = next((ln.strip() for ln in text if "[" in ln and "]" in ln), text[0] if text else type(exc).__name__)
-    first = re.sub(r"^.*?(\[[A-Z_.]+\])", r"\1", first)
-    return re.sub(r"\s*SQLSTATE: [0-9A-Z]{5}", "", first).rstrip(" .;") + "."
-
-
-def _java_message(exc: BaseException) -> str | None:
-    java = getattr(exc, "java_exception", None)
-    if java is None:
-        return None
-    try:
-        return str(java.getMessage())
-    except Exception:  # noqa: BLE001 - the JVM is gone
-        return None
