@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ..faults import fault_point
 from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
 from ..workflow.copier import CopyRange, task_where
-from ..workflow.faults import fault_point
 from . import durable
 from .types import arrow_schema, record_batch
 

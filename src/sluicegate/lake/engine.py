@@ -22,6 +22,7 @@ from datetime import timedelta
 
 from ..config import Settings
 from ..errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
+from ..faults import fault_point
 from ..postgres import capture
 from ..postgres.catalog import Column, Table
 from ..postgres.connect import connect, first_line
@@ -29,7 +30,6 @@ from ..postgres.pgoutput import Column as RelColumn
 from ..postgres.pgoutput import Relation
 from ..postgres.snapshot import take_snapshot
 from ..workflow import copier, live
-from ..workflow.faults import fault_point
 from ..workflow.schema_changes import source_columns
 from . import apply, durable, location
 from . import copy as lake_copy

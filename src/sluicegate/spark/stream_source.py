@@ -71,6 +71,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
 from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean, is_retryable
+from ..faults import fault_point
 from ..position import format_lsn, parse_lsn
 from ..postgres import peek
 
@@ -331,8 +332,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executors -----------------------------------------------------------------------------------------
 
     def read(self, partition: LsnRange):
-        from ..workflow.faults import fault_point
-
         fault_point("stream_source.read")  # kill -9 tests: a batch planned, none of it handed to Spark
         yield from _read_retrying(self.settings, partition.start, partition.end)
 

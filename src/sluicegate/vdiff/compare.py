@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ..faults import fault_point
 from ..postgres import keyrange
 from ..postgres import types as pgtypes
 from ..postgres.catalog import FIRST_USER_OID, Table
 from ..postgres.connect import connect
-from ..workflow.faults import fault_point
 from . import store
 
 SIDE = "_sg_vdiff_side"  # marks which side of the full join a row came from

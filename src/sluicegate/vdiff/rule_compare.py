@@ -12,12 +12,12 @@ import io
 from dataclasses import dataclass
 from functools import partial
 
+from ..faults import fault_point
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..rules.compile import CompiledRule
 from ..rules.evaluate import RuleRunner, target_columns
 from ..workflow.copier import RuleRead, read_ranges
-from ..workflow.faults import fault_point
 from . import store
 from .compare import _import_snapshot, join_compare, new_stage
 

@@ -18,12 +18,12 @@ import psycopg
 from psycopg import sql
 
 from ..errors import TerminalError
+from ..faults import fault_point
 from ..postgres import indexes, keyrange, locks
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe_conn
 from . import state as st
 from .copy_task import CopyTask, snapshot_gone
-from .faults import fault_point
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import psycopg2.errors
 
 from ..errors import RetryableError
+from ..faults import fault_point
 from ..postgres import origins, passthrough
 from ..postgres.connect import describe_conn
-from .faults import fault_point
 
 COPY_LOCK_TIMEOUT_MS = 2000
 

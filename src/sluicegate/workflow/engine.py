@@ -28,6 +28,7 @@ from ..cluster.model import direction as cluster_direction
 from ..cluster.model import way_out as cluster_way_out
 from ..config import Settings
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
+from ..faults import fault_point
 from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
@@ -36,7 +37,6 @@ from ..vdiff.executor import DriverVDiffs
 from . import copier, live, metrics, run_lock, traffic
 from . import state as st
 from .copy_task import copy_range
-from .faults import fault_point
 from .player import PlayTask, play
 
 log = logging.getLogger("sluicegate")

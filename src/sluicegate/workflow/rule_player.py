@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from functools import partial, reduce
 
 from ..errors import RetryableError, TerminalError, from_exception
+from ..faults import fault_point
 from ..postgres import capture, durable, peek
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.standby_flush import StandbyGate
 from . import state as st
-from .faults import fault_point
 from .player import PlayResult, PlayTask, wait_flushed, way_out
 from .schema_changes import rule_input
 

@@ -32,13 +32,13 @@ import psycopg
 from psycopg import sql
 
 from ..errors import RetryableError, TerminalError, UsageError
+from ..faults import fault_point
 from ..position import format_lsn, parse_lsn
 from ..postgres import capture, locks
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, strip_password
 from ..postgres.table_definition import advance_sequences, may_apply_as_replica
 from . import state as st
-from .faults import fault_point
 from .heartbeat import is_running
 
 log = logging.getLogger("sluicegate")
