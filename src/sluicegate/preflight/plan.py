@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from ..errors import SluicegateError
+from ..names import object_name
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from . import needs as nd
@@ -53,8 +54,6 @@ def check(plan: Plan) -> list[Problem]:
     fks = False
     publication = None
     if plan.workflow:
-        from ..workflow.state import object_name
-
         publication = object_name("sg", plan.workflow)
     for url in plan.sources:
         where = f"source {describe(url)}"

@@ -7,7 +7,6 @@ Source URLs are stored without their password (libpq's pgpass file or environmen
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from psycopg import sql
 
 from .. import config
 from ..errors import UsageError, did_you_mean
+from ..names import object_name  # (its home; callers also name it here)
 from ..position import format_lsn, parse_lsn
 from ..postgres.catalog import Table
 from ..postgres.connect import strip_password
@@ -207,13 +207,6 @@ def check_name(name: str) -> None:
     if not NAME_PATTERN.fullmatch(name or ""):
         raise UsageError(f"workflow name {name!r} is not allowed: use 1 to 100 letters, digits, '_', '.' or '-', "
                          f"starting with a letter or '_'")
-
-
-def object_name(prefix: str, workflow: str) -> str:
-    """Slot/publication name for a workflow: lowercase [a-z0-9_], <= 63 bytes, unique by a hash."""
-    clean = re.sub(r"[^a-z0-9_]", "_", workflow.lower())[:40]
-    digest = hashlib.sha1(workflow.encode()).hexdigest()[:8]
-    return f"{prefix}_{clean}_{digest}"
 
 
 def check_new_name(conn: psycopg.Connection, name: str) -> None:
