@@ -1,7 +1,7 @@
 """`sluicegate check`: the preflight proves what a run needs, as a role that has nothing but what it prints.
 
 - every privileged call the code makes is one the check knows (scanned from the source against a real
-  server's catalogs: a new call that needs a grant fails this test until preflight/needs.py has it);
+  server's catalogs: a new call that needs a grant fails this test until postgres/needs.py has it);
 - a bare role: each missing requirement is one line with the SQL that fixes it; a server without logical
   decoding: each setting one line;
 - a role with exactly the grants `check` printed runs MoveTables with foreign keys through copy, replication,
@@ -24,7 +24,7 @@ import pytest
 from psycopg import sql
 
 from sluicegate.localpg import LocalPostgres
-from sluicegate.preflight import needs
+from sluicegate.postgres import needs
 
 from ..conftest import wait_for
 from .helpers import assert_same, caught_up, reap_group, run_sql
@@ -115,7 +115,7 @@ def test_every_privileged_call_is_known(server, request):
             "SELECT name FROM pg_settings WHERE name = ANY(%s) AND context = 'superuser'", (sorted(params),))}
     assert privileged_functions, "the server grants every function the code calls to PUBLIC?"
     unknown = (privileged_functions - set(needs.names("function"))) | (privileged_params - set(needs.names("parameter")))
-    assert not unknown, f"privileged calls preflight/needs.py does not know: {sorted(unknown)}"
+    assert not unknown, f"privileged calls postgres/needs.py does not know: {sorted(unknown)}"
 
 
 # --- a bare role: one line per missing requirement ------------------------------------------------------------

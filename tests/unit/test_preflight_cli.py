@@ -7,7 +7,7 @@ import pytest
 
 from sluicegate.cli.main import cli
 from sluicegate.errors import UsageError
-from sluicegate.preflight import needs
+from sluicegate.postgres import needs
 from sluicegate.preflight.report import Problem, refuse
 
 

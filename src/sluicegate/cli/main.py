@@ -716,9 +716,9 @@ def workflow_start(name, target):
 def workflow_set(name, target, on_ddl, target_standbys):
     """Change a setting of an existing workflow."""
     from ..ddl import modes
-    from ..postgres import standby_flush
+    from ..postgres import needs, standby_flush
     from ..postgres.connect import connect, describe
-    from ..preflight import needs, probes
+    from ..preflight import probes
     from ..workflow import state as st
 
     if on_ddl is None and target_standbys is None:

@@ -28,7 +28,7 @@ from ..postgres import capture, catalog, locks, replication, table_definition
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify, same_database
-from ..preflight.needs import BIDIRECTIONAL
+from ..postgres.needs import BIDIRECTIONAL
 from ..preflight.probes import privileged
 from ..preflight.report import refuse
 from ..workflow import state as st
@@ -189,7 +189,7 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
                 raise UsageError(f"{side} {describe(url)} has track_commit_timestamp = off; bidirectional "
                                  f"replication resolves conflicts by commit time: ALTER SYSTEM SET "
                                  f"track_commit_timestamp = on, then restart that server")
-            # the origin functions and the settings both directions' appliers use (preflight/needs.py)
+            # the origin functions and the settings both directions' appliers use (postgres/needs.py)
             refuse(privileged(conn, f"{side} {describe(url)}", {BIDIRECTIONAL}))
         except psycopg.Error as exc:
             raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None

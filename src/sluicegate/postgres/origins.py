@@ -19,6 +19,7 @@ Works on psycopg 3 and psycopg2 connections alike (copy tasks run on psycopg2): 
 from __future__ import annotations
 
 from ..errors import RetryableError, TerminalError
+from .needs import BIDIRECTIONAL, names
 
 POOL = 16  # sessions of one direction writing at once: the copy's parallel tasks, a play task, the driver
 _LOCK_SPACE = "sluicegate-origin"
@@ -75,8 +76,6 @@ def _translate(exc: Exception, name: str) -> Exception:
         return RetryableError(f"replication origin {name} is still in use on the sink ({text}); will retry",
                               code)
     if code == "42501":
-        from ..preflight.needs import BIDIRECTIONAL, names
-
         return TerminalError(f"the sink user may not use replication origin {name} ({text}): connect as a "
                              f"superuser, or GRANT EXECUTE ON FUNCTION {', '.join(names('function', {BIDIRECTIONAL}))} "
                              f"TO the user (`sluicegate check replicate … --bidirectional` prints each statement)",

@@ -11,7 +11,7 @@ The gate keeps (target WAL position, source position) pairs in commit order and 
 whose target position every standby has flushed. With no standby streaming it releases nothing: the source
 keeps its WAL meanwhile (max_slot_wal_keep_size and Replicate's governor cap it), and `note` says so for the
 stream's status. Reading the standbys' positions in pg_stat_replication takes pg_read_all_stats for a user
-that is not a superuser (preflight/needs.py).
+that is not a superuser (postgres/needs.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`sluicegate check`: before a workflow exists, prove that its run will have what it needs.
 
-- needs.py     the privileged calls the code makes (functions, parameters), each with when a run makes it; the
-               one list that `create`, `check` and the appliers' own error messages read, kept complete by a
-               test that scans the code for such calls against a real server's catalogs
+- (postgres/needs.py: the privileged calls the code makes, each with when a run makes it; the one list that
+  `create`, `check` and the appliers' own error messages read, so it lives below all three)
 - plan.py      a planned workflow (kind, clusters, options) and what it asks of each database: read as a
                source, apply as a target, both (bidirectional, or a MoveTables' reverse after switch-traffic)
 - probes.py    the checks, one database at a time, each returning Problems with the SQL that fixes them

@@ -14,9 +14,9 @@ import psycopg
 
 from ..errors import SluicegateError
 from ..names import object_name
+from ..postgres import needs as nd
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
-from . import needs as nd
 from . import probes
 from .report import Problem
 

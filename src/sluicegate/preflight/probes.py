@@ -9,8 +9,8 @@ from psycopg import sql
 
 from ..errors import SluicegateError
 from ..postgres import catalog
+from ..postgres import needs as nd
 from ..postgres.catalog import Table
-from . import needs as nd
 from .report import Problem
 
 
