@@ -5,7 +5,7 @@ its own checkpoints (its own `sluicegate` schema, one stream per source) and its
 the source, so a slow, stopped or unreachable sink never holds up another. The data path is MoveTables's
 (copy -> catchup -> fast-forward -> replicate). Around it this package adds what a long-lived replica needs:
 
-- model.py      the workflow's sinks and caps, as every sink records them; slot names; ways out
+- model.py      (re-exports workflow/cluster_model.py) the workflow's sinks and caps, as every sink records them
 - create.py     `replicate create`: the checks, and the bootstrap decision for each sink and table
 - keyspace.py   `replicate create --source-shard …`: a keyspace source, one stream per (sink, source shard)
 - decisions.py  the seed's bootstrap chart for an existing setup: resume, or Error with the command

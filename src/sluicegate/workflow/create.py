@@ -6,7 +6,6 @@ import psycopg
 from psycopg import sql
 
 from .. import config
-from ..cluster.model import direction
 from ..ddl import capture as ddl_capture
 from ..errors import SluicegateError, UsageError
 from ..names import quote_name
@@ -29,6 +28,7 @@ from ..rules.compile import CompiledRule
 from ..rules.spec import RuleSpec, parse_rules
 from . import copier
 from . import state as st
+from .cluster_model import direction
 
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,

@@ -23,9 +23,6 @@ from datetime import datetime, timezone
 
 import psycopg
 
-from ..cluster.model import cluster_ids
-from ..cluster.model import direction as cluster_direction
-from ..cluster.model import way_out as cluster_way_out
 from ..config import Settings
 from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
 from ..faults import fault_point
@@ -36,6 +33,9 @@ from ..postgres.snapshot import committed_since, take_snapshot
 from ..vdiff.executor import DriverVDiffs
 from . import copier, live, metrics, run_lock, traffic
 from . import state as st
+from .cluster_model import cluster_ids
+from .cluster_model import direction as cluster_direction
+from .cluster_model import way_out as cluster_way_out
 from .copy_task import copy_range
 from .player import PlayTask, play
 
