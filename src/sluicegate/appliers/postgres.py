@@ -26,6 +26,7 @@ from ..postgres import keyrange, locks
 from ..postgres.assembler import Change, Framing
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED, Relation
+from ..postgres.relation_changes import classify
 from . import keyless
 from .identity import overriding_clause
 
@@ -55,8 +56,6 @@ def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
     nothing follows added ones. `reader`: what reads the columns (a rule), for the message."""
     names = tuple(c.name for c in rel.columns)
     if names != source.column_names:
-        from ..workflow.schema_changes import classify
-
         what = "; ".join(classify(rel, source).describe(all_added=True)) or f"now {list(names)}"
         if reader:
             raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does "
