@@ -929,7 +929,7 @@ def _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark
 @friendly
 def demo(rows, keep, workdir):
     """Local source and target PostgreSQL, live writes during a MoveTables, status, and a check."""
-    from ..demo.run import run_demo
+    from .demo import run_demo
 
     sys.exit(run_demo(rows=rows, keep=keep, workdir=workdir))
 

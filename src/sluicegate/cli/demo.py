@@ -23,13 +23,13 @@ import psycopg
 from rich.console import Console
 from rich.markup import escape
 
+from ..demo import shop
 from ..errors import SluicegateError
 from ..localpg import LocalPostgres, LocalPostgresError
 from ..position import format_lsn, parse_lsn
 from ..postgres.connect import connect, first_line, redact
 from ..workflow import state as st
 from ..workflow.status import workflow_status
-from . import shop
 
 WORKFLOW = "demo"
 DATABASE = "shop"
@@ -125,7 +125,7 @@ class _Demo:
         self._show_lag()
         self._stop_writer_and_catch_up()
         equal = self._vdiff()
-        from ..cli.output import print_status
+        from .output import print_status
 
         print_status(self.console, self._status())
         return equal
@@ -252,7 +252,7 @@ class _Demo:
             return status["state"] == st.RUNNING
 
         def report() -> None:
-            from ..cli.progress import read_streams
+            from .progress import read_streams
 
             status = self._status()
             # with what the engine's copy cycle has moved so far (workflow/live.py), not only copy_state's
@@ -267,7 +267,7 @@ class _Demo:
                 last_line[0] = line
 
         if self.console.is_terminal:
-            from ..cli.progress import ProgressView
+            from .progress import ProgressView
 
             self.view = ProgressView(self.target_url, WORKFLOW, self.console)
             self.view.start()
