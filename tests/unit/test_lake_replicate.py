@@ -1,11 +1,13 @@
-"""Pure helpers of a Replicate workflow's Delta sink (cluster/lake_sink.py, cluster/safetime.py)."""
+"""Pure helpers of a Replicate workflow's Delta sink (lake/sink.py, cluster/sinks.py, cluster/safetime.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from sluicegate.cluster.lake_sink import LakeSamples, _reset, split_sinks, tell_sink
 from sluicegate.cluster.safetime import advance_safe_time, lake_safe_time_fields
+from sluicegate.cluster.sinks import kind_of
+from sluicegate.cluster.sinks import split as split_sinks
+from sluicegate.lake.sink import DELTA, LakeSamples, _reset, tell_sink
 from sluicegate.lake.state import LakeWorkflow, Store, TableState
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -32,6 +34,8 @@ def test_safe_time_fields():
 def test_split_sinks_keeps_order():
     pg, delta = split_sinks({"s1": "postgresql://a/db", "s2": "delta:/x", "s3": "postgresql://b/db"})
     assert list(pg) == ["s1", "s3"] and delta == {"s2": "delta:/x"}
+    # cluster/ finds the Delta sink's code through the kind lake/sink.py registered, not by importing lake/
+    assert kind_of("delta:/x") is DELTA and kind_of("postgresql://a/db") is None
 
 
 def _workflow(tmp_path) -> Store:

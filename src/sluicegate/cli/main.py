@@ -15,10 +15,22 @@ import click
 import psycopg
 
 from .. import config
+from ..cluster import sinks as sink_kinds
 from ..errors import SluicegateError, UsageError
+from ..lake import location
 from ..postgres.connect import first_line, redact
 from .ddl import ON_DDL
 from .logsetup import LEVELS
+
+
+def _delta_sink():
+    from ..lake.sink import DELTA  # (only once a Delta sink turns up: it costs the start of every command)
+
+    return DELTA
+
+
+# The CLI composes the program: the sink kinds cluster/ reaches through its interface (cluster/sinks.py).
+sink_kinds.register(location.is_delta, _delta_sink)
 
 TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database, or delta:PATH for Delta tables under PATH (or SLUICEGATE_TARGET).")

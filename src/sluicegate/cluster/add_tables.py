@@ -9,7 +9,7 @@ taken after (1): everything committed before the snapshot is in the copy, everyt
 for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
 between the copy's cycles. From a keyspace, each (sink, source shard) stream takes the tables with its shard's
 key-range rule (keyspace.py), and (1) widens that shard's publication. A Delta sink takes the same steps on
-its state document (lake_sink.append_tables); there the other tables wait during the copy, which the lake
+its state document (lake/sink.py: append_tables); there the other tables wait during the copy, which the lake
 engine runs before it replays again.
 """
 
@@ -29,18 +29,16 @@ from ..workflow.reshard import _check_same_tables
 from .create import Decision, decide_tables, refuse_rows
 from .keyspace import keyrange_rules
 from .model import Cluster
+from .sinks import AddedTables, kind_of
 
 
 def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite: bool = False,
                shard_keys: dict[str, str] | None = None) -> list[Decision]:
     """`shard_keys`: the new tables' sharding columns (TABLE=COLUMN), for a keyspace source (default: the
     key's first column, as at create)."""
-    from ..lake import location
-    from ..lake.state import is_lake, open_store
-    from . import lake_sink
-
-    if is_lake(any_sink_url):
-        cluster = Cluster.of(open_store(any_sink_url).load(workflow))
+    kind = kind_of(any_sink_url)
+    if kind is not None:
+        cluster = kind.cluster(any_sink_url, workflow)
     else:
         with connect(any_sink_url, role="target") as conn:
             cluster = Cluster.of(st.load_workflow(conn, workflow))
@@ -72,7 +70,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             sources[shard] = conn
         src = sources[first]
         sinks = {}
-        lakes = {}  # Delta sinks (lake_sink.py): their state document, the tables they do not have yet
+        others: dict[str, AddedTables] = {}  # Delta sinks (lake/sink.py): what to do once every check passed
         decisions = []
         on_sinks: dict[str, list[str]] = {}  # table -> the sinks that already have it
 
@@ -85,14 +83,11 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             return [t for t in new if t.qualified not in have]
 
         for sink, url in cluster.sinks.items():
-            if is_lake(url):
-                lake_sink.check_mappable(new)
-                store = open_store(url)
-                wf = store.load(workflow)
-                wanted = not_on(sink, {t.qualified for t in wf.tables})
+            kind = kind_of(url)
+            if kind is not None:
                 source_lsn = parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-                decisions += lake_sink.table_decisions(workflow, sink, url, wanted, overwrite, source_lsn)
-                lakes[sink] = (store, wf, wanted)
+                found, others[sink] = kind.add_tables(workflow, sink, url, new, not_on, source_lsn, overwrite)
+                decisions += found
                 continue
             conn = stack.enter_context(connect(url, role="target"))
             try:
@@ -119,16 +114,15 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 shard_src = sources[s.source_shard]
                 if wanted and (capture.slot_info(shard_src, s.slot_name) is not None or s.position is not None):
                     capture.ensure_publication(shard_src, s.publication, [t.table for t in s.tables] + wanted)
-        for sink, (store, wf, wanted) in lakes.items():
+        for added in others.values():
             # Add-only, whether or not the stream has started: its Init adds its tables the same way, so
             # neither it nor another add-tables racing this one can take ours out (lake/engine.py)
-            if wanted:
-                capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables] + wanted, add_only=True)
-        # (2) each Delta sink: its new tables made, then recorded (lake_sink.append_tables)
-        for sink, (store, wf, wanted) in lakes.items():
-            if wanted:
-                lake_sink.make_tables(location.parse(cluster.sinks[sink]), wanted)
-                lake_sink.append_tables(store, workflow, wanted)
+            if added.wanted:
+                capture.ensure_publication(src, added.publication, added.published, add_only=True)
+        # (2) each Delta sink: its new tables made, then recorded (lake/sink.py: append_tables)
+        for added in others.values():
+            if added.wanted:
+                added.commit()
         # (2) every PostgreSQL sink, each in its own transaction (a sink that fails here is fixed by running this again)
         for sink, (conn, wf, wanted) in sinks.items():
             for s in wf.streams:

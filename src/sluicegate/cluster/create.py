@@ -41,7 +41,8 @@ from ..workflow.create import (
     check_source_tables,
 )
 from ..workflow.traffic import deny
-from . import lake_sink, schema_safety
+from . import schema_safety
+from . import sinks as sink_kinds
 from .model import KIND, Cluster, slot_name
 
 CLUSTER_IDS = {"a": 1, "b": 2}  # a bidirectional pair's fixed ids: --source is a, --sink is b
@@ -79,12 +80,13 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                          f"{len(sink_urls) + 1} were given: name exactly one --sink")
     sinks = {"b": sink_urls[0]} if bidirectional else {f"s{i}": url for i, url in enumerate(sink_urls, 1)}
     order = list(sinks)
-    sinks, delta = lake_sink.split_sinks(sinks)  # Delta sinks (delta:PATH): lake_sink.py
-    if delta and bidirectional:
-        lake = next(iter(delta.values()))
-        raise UsageError(f"--bidirectional replicates back from the sink: a Delta sink ({lake}) cannot be a "
+    sinks, others = sink_kinds.split(sinks)  # Delta sinks (delta:PATH): lake/sink.py, through sinks.py
+    if others and bidirectional:
+        lake = next(iter(others.values()))
+        raise UsageError(f"--bidirectional replicates back from the sink: a {sink_kinds.kind_of(lake).label} "
+                         f"({lake}) cannot be a "
                          f"source; use a PostgreSQL sink, or leave out --bidirectional")
-    delta = {s: lake_sink.sink_url(u) for s, u in delta.items()}
+    others = {s: sink_kinds.kind_of(u).url(u) for s, u in others.items()}
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
         try:
@@ -92,9 +94,9 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
             if bidirectional:
                 catalog.refuse_keyless(described, "--bidirectional resolves conflicts by last writer wins per key; "
                                                   "add a primary key on the source, or leave the table out")
-            for sink in [*sinks, *delta]:
+            for sink in [*sinks, *others]:
                 _check_no_leftovers(src, name, slot_name(name, sink))
-            _check_slots_available(src, len(sinks) + len(delta))
+            _check_slots_available(src, len(sinks) + len(others))
             identity = identify(src).to_json()
             if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
                 notes.append(note)
@@ -116,7 +118,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite, definitions)
             except psycopg.Error as exc:
                 raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
-        decisions += lake_sink.check_sinks(name, delta, described, overwrite, source_lsn)
+        for kind, group in sink_kinds.by_kind(others):
+            decisions += kind.check_new(name, group, described, overwrite, source_lsn)
         decisions.sort(key=lambda d: order.index(d.sink))
         refuse_rows(decisions)
         if notes is not None and definitions:
@@ -129,7 +132,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 _prepare_peer(peer, name, source_url, described)
             except psycopg.Error as exc:
                 raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
-        every = {**sinks, **delta}
+        every = {**sinks, **others}
         stored = {s: strip_password(every[s]) for s in order}
         for sink, conn in conns.items():
             cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
@@ -167,8 +170,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                                    "the copy's source: nothing copied, the sink's changes replicate back")
                           for t in described]
         # every check passed on every sink: the Delta sinks' tables and state, then the others' commits
-        lake_sink.create_sinks(name, source_url, delta, stored, described, options, max_retained_wal,
-                               max_retention_age)
+        for kind, group in sink_kinds.by_kind(others):
+            kind.create(name, source_url, group, stored, described, options, max_retained_wal, max_retention_age)
         for conn in conns.values():
             conn.commit()
         if peer is not None:

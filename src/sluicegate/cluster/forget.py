@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from ..lake.state import is_lake
 from ..postgres.connect import connect, describe
 from ..workflow import state as st
-from .lake_sink import forget
 from .model import Cluster
+from .sinks import kind_of
 
 log = logging.getLogger("sluicegate")
 
@@ -22,8 +21,9 @@ def forget_sink(cluster: Cluster) -> list[str]:
         if sink == cluster.sink:
             continue
         try:
-            if is_lake(url):  # a Delta sink (lake_sink.py)
-                forget(url, cluster.workflow, cluster.sink)
+            kind = kind_of(url)
+            if kind is not None:  # a Delta sink (lake/sink.py)
+                kind.forget(url, cluster.workflow, cluster.sink)
                 continue
             with connect(url, role="target", connect_timeout=5) as conn:
                 if st.has_schema(conn):

@@ -15,7 +15,7 @@ The age of the WAL a slot holds is measured from samples of the source's WAL pos
 the governor keeps in its sink's state: the oldest WAL a slot holds (its restart_lsn) was written before the
 first sample past it. That errs on the young side by at most one sample interval: a cap is never applied early.
 
-A Delta sink (lake_sink.py) keeps its samples in its state document, and its liveness is its run lock or a
+A Delta sink (lake/sink.py) keeps its samples in its state document, and its liveness is its run lock or a
 state document written lately; released, its state goes to Error when its directory is reachable.
 """
 
@@ -36,6 +36,7 @@ from ..postgres.connect import connect, describe
 from ..sizes import format_size
 from ..workflow import state as st
 from .model import Cluster
+from .sinks import kind_of
 
 log = logging.getLogger("sluicegate")
 SAMPLE_EVERY = timedelta(seconds=10)  # one sample of the source's WAL position per this long, at most
@@ -86,7 +87,7 @@ def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Clust
 
 
 def _age(conn, workflow: str, restart: int, now: datetime) -> float:
-    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake_sink.LakeSamples)
+    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake/sink.py: LakeSamples)
         return conn.age(restart, now)
     row = conn.execute("SELECT min(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s AND lsn > %s::pg_lsn",
                        (workflow, format_lsn(restart))).fetchone()
@@ -135,14 +136,10 @@ class Governor:
 
     def check_once(self) -> list[str]:
         """One round: a sample, then every sink's slot against the caps. What was released, as notes."""
-        from ..lake.state import is_lake, open_store
-
-        if is_lake(self.target_url):  # a Delta sink's consumer: its samples are in its state document
-            from .lake_sink import LakeSamples
-
-            store = open_store(self.target_url)
-            cluster = Cluster.of(store.load(self.workflow))
-            return self._check_source(LakeSamples(store, self.workflow), cluster, cluster.source_url, None)
+        kind = kind_of(self.target_url)
+        if kind is not None:  # a Delta sink's consumer: its samples are in its state document
+            samples, cluster = kind.samples(self.target_url, self.workflow)
+            return self._check_source(samples, cluster, cluster.source_url, None)
         with connect(self.target_url, role="target", connect_timeout=5) as sink_conn:
             cluster = Cluster.of(st.load_workflow(sink_conn, self.workflow))
             if cluster.bidirectional and time.monotonic() - self.last_gc >= GC_INTERVAL:
@@ -177,7 +174,7 @@ class Governor:
 
 def _sample(src: psycopg.Connection, conn, cluster: Cluster) -> None:
     lsn, now = src.execute("SELECT pg_current_wal_lsn()::text, clock_timestamp()").fetchone()
-    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake_sink.LakeSamples)
+    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake/sink.py: LakeSamples)
         conn.add(parse_lsn(lsn), now, SAMPLE_EVERY,
                  max(KEEP_SAMPLES, timedelta(seconds=2 * (cluster.max_retention_age or 0))))
         return
@@ -224,13 +221,11 @@ def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str
 
 def _consumer_alive(cluster: Cluster, sink: str) -> bool:
     """Whether the sink's consumer beats (workflow/heartbeat.py); an unreachable sink's is not."""
-    from ..lake.state import is_lake
     from ..workflow.heartbeat import is_running
 
-    if is_lake(cluster.sinks[sink]):
-        from .lake_sink import consumer_alive
-
-        return consumer_alive(cluster.sinks[sink], cluster.workflow)
+    kind = kind_of(cluster.sinks[sink])
+    if kind is not None:
+        return kind.alive(cluster.sinks[sink], cluster.workflow)
     try:
         with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:
             return is_running(st.load_workflow(conn, cluster.workflow).driver)
@@ -242,13 +237,10 @@ def _tell_sink(cluster: Cluster, sink: str, note: str, slot: str) -> None:
     """Best effort: put the sink's streams that read the released slot in Error now (it may be the server that
     is down; its consumer then finds the slot gone, and the note, when it starts). A stream that a bootstrap
     has just sent back to Init no longer needs the slot: left alone."""
-    from ..lake.state import is_lake
-
     try:
-        if is_lake(cluster.sinks[sink]):  # reachable if its directory is (lake_sink.py)
-            from .lake_sink import tell_sink
-
-            tell_sink(cluster.sinks[sink], cluster.workflow, slot, f"{note}; {cluster.way_out(sink)}")
+        kind = kind_of(cluster.sinks[sink])
+        if kind is not None:  # reachable if its directory is (lake/sink.py)
+            kind.tell(cluster.sinks[sink], cluster.workflow, slot, f"{note}; {cluster.way_out(sink)}")
             return
         with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:
             wf = st.load_workflow(conn, cluster.workflow)

@@ -176,10 +176,10 @@ def schedule(name: str, target: str, given: dict) -> dict:
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list,
         progress=None) -> str:
     """`progress`: starts the progress view (cli/main.py _progress), once this driver holds the workflow."""
-    from ..cluster.lake_sink import start_consumer
     from ..spark.runner import SparkRunner
     from ..spark.session import start_in_background
     from .engine import LakeEngine
+    from .sink import start_consumer
 
     store = open_store(target)
     store.load(name)  # a typo fails before Spark starts
@@ -246,8 +246,8 @@ def status(name: str, target: str) -> dict:
         out["tables"].append({"table": t.qualified, "path": str(path), "rows_copied": t.rows_copied,
                               "copied": t.done, "delta_version": version,
                               "applied_position": format_lsn(applied) if applied else None})
-    if wf.kind == "Replicate":  # safe time, the caps, every sink's slot (cluster/lake_sink.py)
-        from ..cluster.lake_sink import status as cluster_status
+    if wf.kind == "Replicate":  # safe time, the caps, every sink's slot (sink.py)
+        from .sink import status as cluster_status
 
         out |= cluster_status(wf, store)
     return out

@@ -142,7 +142,7 @@ class LakeEngine:
     def init_stream(self, wf: LakeWorkflow) -> None:
         with connect(wf.source_url, role="source", autocommit=True) as src:
             capture.check_source(src)
-            # add-only: `replicate add-tables` may have widened it since wf was read (cluster/lake_sink.py)
+            # add-only: `replicate add-tables` may have widened it since wf was read (sink.py)
             capture.ensure_publication(src, wf.publication, [t.spec for t in wf.tables], add_only=True)
             start = capture.ensure_slot(src, wf.slot)
         with self.store.update(wf.name) as w:
@@ -182,7 +182,7 @@ class LakeEngine:
                 if self.stop.is_set():
                     return
                 # A copy's first cycle replaces whatever the table holds: a Replicate sink's rows under
-                # --overwrite, or a re-bootstrap's stale ones (cluster/lake_sink.py)
+                # --overwrite, or a re-bootstrap's stale ones (sink.py)
                 lake_copy.commit_cycle(dt, table, files, copy_app, outcome,
                                        mode="overwrite" if current.lastpk is None else "append")
         fault_point("lake.copy.before_progress")

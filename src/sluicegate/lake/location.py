@@ -21,6 +21,11 @@ REMOTE = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "az": "Azure", "ab
 WAY_OUT = "use a local directory, s3://, gs:// or abfss:// (credentials in the AWS_*/GOOGLE_*/AZURE_* environment)"
 
 
+def is_delta(target: str | None) -> bool:
+    """A Delta target or sink (`delta:PATH`), as the sinks' lists and --target spell it."""
+    return bool(target) and target.startswith(PREFIX)
+
+
 @dataclass(frozen=True)
 class Location:
     uri: str  # a local absolute path (no scheme), or scheme://bucket/path without a trailing slash

@@ -114,7 +114,7 @@ class LakeWorkflow:
     caught_up_at: float | None = None  # when the stream last had nothing left to read
     first_point: bool = False  # the copy's point is written: readers have a consistent point
     housekeeping: dict = field(default_factory=dict)  # "optimize"/"vacuum" -> when the driver last ran it
-    # A Replicate sink (cluster/lake_sink.py): its safe time (ISO, only grows) and the retention governor's
+    # A Replicate sink (sink.py): its safe time (ISO, only grows) and the retention governor's
     # samples of the source's WAL position, [lsn, unix time], oldest first
     safe_time: str | None = None
     wal_samples: list = field(default_factory=list)
