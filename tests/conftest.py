@@ -225,10 +225,12 @@ class EngineThread:
 
     def __init__(self, spark, target, workflow):
         from sluicegate.spark.runner import SparkRunner
+        from sluicegate.vdiff.executor import DriverVDiffs
         from sluicegate.workflow.engine import Engine
 
         self.stop_event = threading.Event()
-        self.engine = Engine(target, workflow, SparkRunner(spark), stop=self.stop_event, max_backoff=2.0)
+        self.engine = Engine(target, workflow, SparkRunner(spark), stop=self.stop_event, max_backoff=2.0,
+                             vdiffs=DriverVDiffs)
         self.result = None
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)

@@ -166,7 +166,7 @@ def test_init_publishes_tables_that_joined_meanwhile(rc):
     _load(c, orders=50)
     out = create(c, "--tables", "items", sinks=c.sinks[:1])
     assert out.returncode == 0, out.stderr
-    engine = Engine(c.sinks[0], c.workflow, runner=None, serve_vdiffs=False)
+    engine = Engine(c.sinks[0], c.workflow, runner=None)
     try:
         wf = engine._load()
         stale = engine._stream(wf)  # what an init under way has read

@@ -31,8 +31,7 @@ class _Loop(Engine):
     """Engine._loop over a step that raises the given errors in turn, then stops the loop."""
 
     def __init__(self, errors):
-        super().__init__("postgresql://unused", "wf", runner=None, stop=threading.Event(), max_backoff=0.0,
-                         serve_vdiffs=False)
+        super().__init__("postgresql://unused", "wf", runner=None, stop=threading.Event(), max_backoff=0.0)
         self.errors, self.recorded, self.steps = list(errors), [], 0
 
     def _hold_run_lock(self):

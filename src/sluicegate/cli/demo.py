@@ -181,6 +181,7 @@ class _Demo:
 
     def _start_engine(self) -> None:
         from ..spark.runner import SparkRunner
+        from ..vdiff.executor import DriverVDiffs
         from ..workflow.engine import Engine
 
         self.writer = shop.LiveWriter(self.source_url)
@@ -201,7 +202,8 @@ class _Demo:
         from ..workflow.heartbeat import Heartbeat
 
         self.heartbeat = Heartbeat([self.target_url], WORKFLOW).start()
-        self.engine = _EngineThread(Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop))
+        engine = Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop, vdiffs=DriverVDiffs)
+        self.engine = _EngineThread(engine)
         self.engine.start()
         self.say(f"engine running workflow {WORKFLOW} in the background: copying while the writer writes")
 

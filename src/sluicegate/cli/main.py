@@ -473,6 +473,7 @@ def _progress(name, target, kind, no_progress, interval):
 
 def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> None:
     from ..postgres.connect import connect
+    from ..vdiff.executor import DriverVDiffs
     from ..workflow import state as st
     from ..workflow.engine import Engine
 
@@ -503,7 +504,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
                 governor.close()
             return
     view = _progress(name, target, kind, no_progress, interval)
-    engine = Engine(target, name, runner, stop=stop, lock_conn=lock)
+    engine = Engine(target, name, runner, stop=stop, lock_conn=lock, vdiffs=DriverVDiffs)
     running, url = name, target
     try:
         final = _run_engine(engine)
@@ -518,7 +519,7 @@ def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> 
             engine.close()
             running, url = nxt
             click.echo(f"workflow {name}: running {running}", err=True)
-            engine = Engine(url, running, runner, stop=stop, serve_vdiffs=running == name)
+            engine = Engine(url, running, runner, stop=stop, vdiffs=DriverVDiffs if running == name else None)
             view.follow(running, url)
             final = _run_engine(engine)
     finally:

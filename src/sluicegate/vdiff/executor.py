@@ -123,7 +123,7 @@ def execute_or_wait(target_url: str, workflow: str, vdiff_id: int, make_runner, 
             runner = runner or make_runner()
             run = VDiffRun(target_url, vdiff_id, runner, stop=stop)
             if run.claim("sluicegate vdiff"):
-                engine = Engine(target_url, workflow, runner, stop=stop, serve_vdiffs=False)
+                engine = Engine(target_url, workflow, runner, stop=stop)
                 try:
                     with connect(target_url, role="target") as conn:
                         wf = st.load_workflow(conn, workflow)

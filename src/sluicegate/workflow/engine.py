@@ -30,7 +30,6 @@ from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
-from ..vdiff.executor import DriverVDiffs
 from . import copier, live, metrics, run_lock, traffic
 from . import state as st
 from .cluster_model import cluster_ids
@@ -49,11 +48,13 @@ _tags = itertools.count(1)
 
 class Engine:
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
-                 max_backoff: float = 30.0, serve_vdiffs: bool = True, stream_id: int | None = None,
+                 max_backoff: float = 30.0, vdiffs=None, stream_id: int | None = None,
                  copying: set | None = None, lock_conn: psycopg.Connection | None = None):
         """`stream_id`: run that one stream of the workflow (a Reshard runs an Engine per stream).
         `copying`: shared by the engines of one driver, the tags of those whose stream is not yet replicating.
-        `lock_conn`: the session that already holds this engine's run lock (run_lock.take); the engine closes it."""
+        `lock_conn`: the session that already holds this engine's run lock (run_lock.take); the engine closes it.
+        `vdiffs`: made with the engine, what serves the workflow's vdiffs between batches (vdiff/executor.py:
+        DriverVDiffs, given by whoever runs the workflow: workflow/ does not import vdiff/); None: none."""
         self.target_url = target_url
         self.workflow = workflow
         self.stream_id = stream_id
@@ -64,7 +65,7 @@ class Engine:
         # The run lock's session on the target (run_lock.session): after a network cut the target may keep it
         # (and the lock) until it notices the client is gone; re-taking the lock ends that session of ours.
         self._lock_session: tuple | None = run_lock.session(lock_conn) if lock_conn is not None else None
-        self.vdiffs = DriverVDiffs(self) if serve_vdiffs else None
+        self.vdiffs = vdiffs(self) if vdiffs is not None else None
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
         self.recovering = False  # the stream's message says "retrying …": the next committed batch clears it

@@ -212,8 +212,7 @@ def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[t
     from .engine import Engine
 
     copying: set[str] = set()  # (sets are thread-safe for add/discard/difference under the GIL)
-    engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, serve_vdiffs=False,
-                                    copying=copying))
+    engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, copying=copying))
                for shard, url, wf in load_all(name, target_url) for s in wf.streams]
     results: dict[int, str] = {}
 
