@@ -426,7 +426,7 @@ def _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_pr
     spark = start_in_background(spark_master, conf=conf, session=ruled, light_jvm=not ruled)
     from ..workflow.heartbeat import Heartbeat
     from ..workflow.passwords import retire_stored_passwords, task_url
-    from ..workflow.reshard import target_shards
+    from ..workflow.shards import target_shards
 
     # Spark's tasks get the target URL without its password when libpq finds it (pgpass file, PGPASSWORD).
     target = task_url(target, "target")
@@ -605,7 +605,7 @@ def workflow_status_cmd(name, target, as_json, wal_warning):
         click.echo(json.dumps(status, default=str) if as_json else "\n".join(lake.format_status(status)))
         return
     """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
-    from ..workflow.reshard import load_all
+    from ..workflow.shards import load_all
     from ..workflow.status import merge_status, slot_facts, workflow_status
 
     shards = load_all(name, target)
@@ -654,7 +654,7 @@ def _set_state(name: str, target: str, verb: str) -> str:
         from ..lake import cli as lake
 
         return lake.set_state(name, target, verb)
-    from ..workflow.reshard import load_all
+    from ..workflow.shards import load_all
 
     shards = load_all(name, target)
     for _, url, _ in shards:
@@ -792,7 +792,7 @@ def workflow_delete(name, target, drop_tables):
                            err=True)
         return
     from ..workflow.create import delete_workflow
-    from ..workflow.reshard import load_all
+    from ..workflow.shards import load_all
 
     dropped = []
     shards = load_all(name, target)
@@ -857,7 +857,7 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
     from ..vdiff import report as rep
     from ..vdiff.executor import execute_or_wait, request
     from ..workflow.passwords import task_url
-    from ..workflow.reshard import load_all
+    from ..workflow.shards import load_all
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts

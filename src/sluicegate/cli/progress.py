@@ -62,7 +62,7 @@ def read_streams(target_url: str, workflow: str) -> list[dict]:
             reads = _ask(s.pop("source_url"), live.in_flight_reads, entries.values())
             s["tables"] = [with_live(t, entries[t["table"]], reads, now) for t in s["tables"]]
         return streams
-    from ..workflow.reshard import load_all
+    from ..workflow.shards import load_all
 
     streams = []
     for shard, url, wf in load_all(workflow, target_url):

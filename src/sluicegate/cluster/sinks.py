@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..postgres.catalog import Table
-    from .create import Decision
     from .model import Cluster
 
 
@@ -37,9 +36,9 @@ class SinkKind(Protocol):
         """The sink's URL as the sinks' lists hold it."""
 
     def check_new(self, name: str, sinks: dict[str, str], described: list[Table], overwrite: bool,
-                  source_lsn: int | None) -> list[Decision]:
-        """`replicate create`: the bootstrap decision of each table on each of `sinks`; UsageError on what is
-        refused. Nothing is written."""
+                  source_lsn: int | None) -> list:
+        """`replicate create`: the bootstrap decision (create.Decision) of each table on each of `sinks`;
+        UsageError on what is refused. Nothing is written."""
 
     def create(self, name: str, source_url: str, sinks: dict[str, str], stored: dict[str, str],
                described: list[Table], options: dict, max_retained_wal, max_retention_age) -> None:
@@ -50,7 +49,7 @@ class SinkKind(Protocol):
 
     def add_tables(self, workflow: str, sink: str, url: str, new: list[Table],
                    not_on: Callable[[str, set[str]], list[Table]], source_lsn: int,
-                   overwrite: bool) -> tuple[list[Decision], AddedTables]:
+                   overwrite: bool) -> tuple[list, AddedTables]:
         """`replicate add-tables` on one sink: the decisions (nothing written), and what to do once every sink's
         checks passed. `not_on(sink, have)`: the new tables the sink does not have yet."""
 

@@ -143,7 +143,7 @@ class WorkflowCollector:
 
     def _streams(self) -> list[dict]:
         from ..postgres.connect import describe
-        from .reshard import load_all
+        from .shards import load_all
         from .status import slot_facts, workflow_status
 
         streams = []

@@ -34,8 +34,7 @@ from .create import (
     check_not_the_source,
     prepare_empty_target,
 )
-
-KIND = "Reshard"
+from .shards import KIND, load_all
 
 
 def parse_shards(kind: str, items: list[str]) -> dict[str, str]:
@@ -184,28 +183,6 @@ def _prepare_target_shard(conn, name, shard, described, compiled, options, keysp
 
 
 # -- acting on every target shard ---------------------------------------------------------------------------
-def target_shards(wf: st.Workflow, target_url: str) -> dict[str, str]:
-    """Target shard name -> URL for a Reshard; {'': target_url} for any other workflow."""
-    if wf.kind != KIND:
-        return {"": target_url}
-    # in key order (jsonb keeps object keys in its own order: shortest first)
-    return dict(sorted(wf.options["keyspace"]["target_shards"].items(), key=lambda kv: KeyRange.parse(kv[0])))
-
-
-def load_all(name: str, target_url: str) -> list[tuple[str, str, st.Workflow]]:
-    """(shard, URL, workflow as that target shard holds it) for every target shard of the workflow."""
-    with connect(target_url, role="target") as conn:
-        wf = st.load_workflow(conn, name)
-    out = []
-    for shard, url in target_shards(wf, target_url).items():
-        if url == target_url:
-            out.append((shard, url, wf))
-            continue
-        with connect(url, role="target") as conn:
-            out.append((shard, url, st.load_workflow(conn, name)))
-    return out
-
-
 def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[tuple[str, int, str]]:
     """Run every stream of every target shard, one Engine per stream in a thread, until stopped or each is
     Stopped/Error. Returns (target shard, stream id, final state) per stream."""

@@ -452,7 +452,7 @@ def cancel_workflow(name: str, target_url: str, keep_target_tables: bool = False
     shard's state) and drop the tables it writes on its target(s) unless kept; what was dropped. `kind`:
     the kind the command is for (None: any)."""
     from .create import delete_workflow
-    from .reshard import load_all
+    from .shards import load_all
 
     shards = load_all(name, target_url)
     wf = shards[0][2]
