@@ -11,6 +11,8 @@ import json
 
 import click
 
+from .friendly import friendly
+
 
 def _from_create(create: click.Command, kind: str) -> click.Command:
     params = []
@@ -22,8 +24,6 @@ def _from_create(create: click.Command, kind: str) -> click.Command:
     params.append(click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."))
 
     def callback(**kw):
-        from .main import friendly
-
         friendly(_check)(kind, kw)
 
     return click.Command(kind.lower(), params=params, callback=callback,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .friendly import friendly
+
 SOURCE = click.option("--source", required=True, metavar="URL",
                       help="libpq URL of the source database, as a superuser (event triggers need one).")
 PRINT = click.option("--print", "print_only", is_flag=True,
@@ -40,8 +42,6 @@ def _do(source: str, which: str, print_only: bool) -> None:
 @PRINT
 def ddl_install(source, print_only):
     """Install the event triggers that put each DDL statement into the WAL, in its transaction."""
-    from .main import friendly
-
     friendly(_do)(source, "install", print_only)
 
 
@@ -50,6 +50,4 @@ def ddl_install(source, print_only):
 @PRINT
 def ddl_remove(source, print_only):
     """Remove them: schema changes then meet the stream as Relation messages only."""
-    from .main import friendly
-
     friendly(_do)(source, "remove", print_only)

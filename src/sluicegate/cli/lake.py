@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from functools import wraps
 
 import click
 
 from .. import config
+from .friendly import friendly
 
 LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="delta:PATH",
                            help="The workflow's Delta target, delta:PATH (or SLUICEGATE_TARGET).")
 JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-def _friendly(fn):
-    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
-
-    @wraps(fn)
-    def run(*args, **kwargs):
-        from .main import friendly
-
-        return friendly(fn)(*args, **kwargs)
-
-    return run
 
 
 def _path(target: str) -> str:
@@ -50,7 +38,7 @@ def lake_group() -> None:
 @click.argument("name")
 @LAKE_TARGET
 @JSON
-@_friendly
+@friendly
 def lake_optimize(name, target, as_json):
     """Compact the small files of the workflow's Delta tables (and of its consistent-read log).
 
@@ -90,7 +78,7 @@ def _retention(text: str) -> timedelta:
               help="Accept a retention under one hour: only when no `workflow run` writes to the target, whose "
                    "files not yet committed would go too.")
 @JSON
-@_friendly
+@friendly
 def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retention, as_json):
     """Remove the files of the workflow's Delta tables that nothing kept needs.
 
@@ -121,7 +109,7 @@ def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retent
 @click.option("--commit-every", default=None, metavar="DURATION",
               help="The least time between two commits of changes (e.g. 5s; 0: as they come).")
 @JSON
-@_friendly
+@friendly
 def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, commit_every, as_json):
     """Show the workflow's housekeeping schedule, or change it (the options given; the others stay).
 

@@ -5,27 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from functools import wraps
 from typing import TYPE_CHECKING
 
 import click
 
 from ..position import format_lsn
+from .friendly import friendly
 
 if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
-
-
-def _friendly(fn):
-    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
-
-    @wraps(fn)
-    def run(*args, **kwargs):
-        from .main import friendly
-
-        return friendly(fn)(*args, **kwargs)
-
-    return run
 
 
 @click.group("log")
@@ -69,7 +57,7 @@ def human_line(file: str, offset: int, txn: m.Transaction) -> str:
 @log_group.command("dump")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (model.to_json, plus file, offset).")
-@_friendly
+@friendly
 def dump(path, as_json):
     """Print every message of a log directory (all its files, in order) or of one file.
 

@@ -9,7 +9,6 @@ import shlex
 import signal
 import sys
 import threading
-from functools import wraps
 
 import click
 import psycopg
@@ -20,6 +19,9 @@ from ..errors import SluicegateError, UsageError
 from ..lake import location
 from ..postgres.connect import first_line, redact
 from .ddl import ON_DDL
+from .friendly import VERBOSE as _VERBOSE
+from .friendly import fail as _fail
+from .friendly import friendly
 from .logsetup import LEVELS
 
 
@@ -36,38 +38,6 @@ TARGET = click.option("--target", envvar=config.env_var("target"), required=True
                       help="libpq URL of the target database, or delta:PATH for Delta tables under PATH (or SLUICEGATE_TARGET).")
 
 
-def _fail(message: str, code: int = 1) -> None:
-    # One line whatever the message holds (libpq details, server text), and never a password.
-    click.echo("error: " + redact(" ".join(message.split())), err=True)
-    sys.exit(code)
-
-
-def friendly(fn):
-    """One-line errors, exit 1, no traceback: for everything the user can fix."""
-
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SluicegateError as exc:
-            _fail(str(exc))
-        except psycopg.Error as exc:
-            _fail(first_line(exc))
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise  # click reports these itself (usage errors exit 2)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-        except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
-            ctx = click.get_current_context(silent=True)
-            if ctx is not None and ctx.find_root().meta.get(_VERBOSE):
-                raise
-            _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with -v for the traceback)")
-
-    return wrapper
-
-
-_VERBOSE = "sluicegate.verbose"
 _LOG = "sluicegate.log"
 
 

@@ -4,28 +4,16 @@
 from __future__ import annotations
 
 import json
-from functools import wraps
 
 import click
 
 from .. import config
+from .friendly import friendly
 
 TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
 KEEP_TARGET_TABLES = click.option("--keep-target-tables", is_flag=True,
                                   help="Keep the target tables and their rows (default: drop them, as Vitess does).")
-
-
-def _friendly(fn):
-    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
-
-    @wraps(fn)
-    def run(*args, **kwargs):
-        from .main import friendly
-
-        return friendly(fn)(*args, **kwargs)
-
-    return run
 
 
 def _seconds(ctx, param, value):
@@ -79,7 +67,7 @@ def _report(result, as_json: bool) -> None:
 @click.command("switch-traffic")
 @click.argument("name")
 @_switch_options
-@_friendly
+@friendly
 def switch_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
     """Move writes to the target: block them on the source, wait until the target has everything, start the
     reverse workflow, deny writes on the source. The running `workflow run` carries the reverse stream."""
@@ -91,7 +79,7 @@ def switch_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
 @click.command("reverse-traffic")
 @click.argument("name")
 @_switch_options
-@_friendly
+@friendly
 def reverse_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
     """Move writes back to the source: the same steps the other way; the forward workflow resumes."""
     from ..workflow.traffic import reverse_traffic
@@ -103,7 +91,7 @@ def reverse_traffic_cmd(name, target, lock_timeout, timeout, max_lag, as_json):
 @click.argument("name")
 @TARGET
 @click.option("--drop-source-tables", is_flag=True, help="Drop the moved tables on the source too.")
-@_friendly
+@friendly
 def complete_cmd(name, target, drop_source_tables):
     """After switch-traffic: drop the reverse workflow, the denials, slots, publications and state."""
     from ..workflow.traffic import complete
@@ -115,7 +103,7 @@ def complete_cmd(name, target, drop_source_tables):
 @click.argument("name")
 @TARGET
 @KEEP_TARGET_TABLES
-@_friendly
+@friendly
 def cancel_cmd(name, target, keep_target_tables):
     """Before any switch: drop everything the workflow made (target tables too, unless kept); the source
     stays as it was."""
@@ -140,7 +128,7 @@ def kind_cancel_command(kind: str, what: str) -> click.Command:
     @click.argument("name")
     @TARGET
     @KEEP_TARGET_TABLES
-    @_friendly
+    @friendly
     def cmd(name, target, keep_target_tables):
         if target.startswith("delta:"):  # the Delta Lake target (lake/)
             from ..errors import UsageError

@@ -8,30 +8,18 @@ import os
 import signal
 import sys
 import threading
-from functools import wraps
 from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import UsageError
 from ..position import format_lsn, parse_lsn
+from .friendly import friendly
 
 if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
 
 log = logging.getLogger(__name__)
-
-
-def _friendly(fn):
-    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
-
-    @wraps(fn)
-    def run(*args, **kwargs):
-        from .main import friendly
-
-        return friendly(fn)(*args, **kwargs)
-
-    return run
 
 
 def _threshold(text: str | None) -> int:
@@ -115,7 +103,7 @@ def _on_stop_signals(action) -> None:
               help="With --server: a file holding the server's token (else SLUICEGATE_VSTREAM_TOKEN; never on "
                    "the command line).")
 @click.pass_context
-@_friendly
+@friendly
 def vstream_group(ctx, server, source, client_id, position, tables, as_json, threshold, appliers, replicators,
                   no_heartbeats, no_streaming, max_messages, decoding_work_mem, ca_file, cert_file, key_file,
                   token_file):
@@ -253,7 +241,7 @@ def summary_line(txn: m.Transaction) -> str:
                    "never on the command line).")
 @click.option("--insecure", is_flag=True,
               help="Serve an address other than loopback without TLS and client authentication anyway.")
-@_friendly
+@friendly
 def serve(source, port, host, threshold, tables, heartbeat_seconds, decoding_work_mem, cert_file, key_file,
           client_ca_file, token_file, insecure):
     """Serve the source's changes over gRPC (VStream.Stream) until SIGTERM or Ctrl-C.
