@@ -40,7 +40,7 @@ from ..workflow.create import (
     check_not_the_source,
     check_source_tables,
 )
-from ..workflow.traffic import deny
+from ..workflow.denial import deny
 from . import schema_safety
 from . import sinks as sink_kinds
 from .model import KIND, Cluster, slot_name

@@ -417,9 +417,7 @@ def prepare_target(conn: psycopg.Connection, table: Table, definition=None) -> b
     ).fetchone()
     if row is None:
         if definition is not None:
-            from .table_definition import create_table
-
-            create_table(conn, definition)
+            definition.create(conn)
             return True
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
         conn.execute(create_table_sql(table))

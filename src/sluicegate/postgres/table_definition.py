@@ -111,6 +111,10 @@ class TableDefinition:
     def ident(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.name)
 
+    def create(self, conn: psycopg.Connection) -> None:
+        """create_table, as catalog.prepare_target calls it (catalog.py sits below this module)."""
+        create_table(conn, self)
+
 
 def read(conn: psycopg.Connection, tables: list[Table]) -> dict[str, TableDefinition]:
     """Qualified name -> definition of each of `tables` on the source `conn` (autocommit or not: reads in a

@@ -29,6 +29,7 @@ from ..rules.spec import RuleSpec, parse_rules
 from . import copier
 from . import state as st
 from .cluster_model import direction
+from .denial import undeny
 
 
 def create_movetables(name: str, source_url: str, target_url: str, tables: list[str] | None,
@@ -383,7 +384,6 @@ def delete_workflow(name: str, target_url: str) -> list[str]:
     with connect(target_url, role="target") as dst:
         if origin:  # a bidirectional side: the application's deletes stop leaving tombstones
             from ..appliers.lww import remove_tombstone_triggers
-            from .traffic import undeny
 
             for s in wf.streams:
                 for t in s.tables:

@@ -30,7 +30,7 @@ from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
-from . import copier, live, metrics, run_lock, traffic
+from . import copier, denial, live, metrics, run_lock
 from . import state as st
 from .cluster_model import cluster_ids
 from .cluster_model import direction as cluster_direction
@@ -301,7 +301,7 @@ class Engine:
                     fault_point("copy.before_index_build")
                     copier.build_deferred_indexes(dst, stream.id, current)
                 if plan.done and origin:  # a bidirectional sink: the application may write the table now
-                    traffic.undeny(dst, [table])
+                    denial.undeny(dst, [table])
                 if plan.done and all(t.done for t in stream.tables if t is not current):
                     _add_foreign_keys(dst, wf)
                     st.set_state(dst, stream.id, st.RUNNING)
