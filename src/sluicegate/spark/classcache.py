@@ -5,8 +5,8 @@ from an archive written by an earlier run (JDK 13+ dynamic CDS: `-XX:ArchiveClas
 `-XX:SharedArchiveFile` to use it). The archive belongs to one Java build and one set of jars, so it lives in
 the virtual environment next to PySpark; an archive the JVM cannot use (another Java, a changed jar) is
 ignored by it, silently, and Spark starts the slow way. It is plain JVM configuration: `-XX:SharedArchiveFile`
-among the driver's options in SPARK_SUBMIT_OPTS (session.driver_java_options), which Spark's launcher puts
-before a user's spark.driver.extraJavaOptions.
+among the driver's options in SPARK_SUBMIT_OPTS (session.driver_java_options, with session.archive_path and
+java_options: what reads the archive), which Spark's launcher puts before a user's spark.driver.extraJavaOptions.
 
 `python -m sluicegate.spark.classcache` writes it (scripts/env.sh does after installing): a child process
 starts Spark with the archive option, runs a small job of each kind Sluicegate runs, and exits; the archive is
@@ -23,28 +23,7 @@ import time
 from pathlib import Path
 
 from .. import config
-
-QUIET = "-Xlog:cds=off,cds+dynamic=off"  # the archive is an optimization: nothing to say about it
-
-
-def archive_path() -> Path | None:
-    """Where the archive is (or would be written); None when turned off."""
-    override = config.from_env("spark_class_archive")
-    if override.lower() == "off":
-        return None
-    if override:
-        return Path(override)
-    from pyspark.version import __version__ as version
-
-    return Path(sys.prefix) / "share" / "sluicegate" / f"spark-{version}-classes.jsa"
-
-
-def java_options() -> str:
-    """Options for the driver JVM: use the archive when there is one (and its path needs no quoting)."""
-    path = archive_path()
-    if path is None or not path.is_file() or any(c.isspace() or c in "\"'" for c in str(path)):
-        return ""
-    return f"-XX:SharedArchiveFile={path} {QUIET}"
+from .session import QUIET, archive_path, get_spark
 
 
 def build(path: Path, timeout: float = 300) -> bool:
@@ -72,8 +51,6 @@ def build(path: Path, timeout: float = 300) -> bool:
 def _child(partial: str) -> None:
     """Start Spark so that its JVM writes the archive when it exits; load what a workflow loads."""
     from pyspark import SparkContext
-
-    from .session import get_spark
 
     spark = get_spark(archive_options=f"-XX:ArchiveClassesAtExit={partial} {QUIET}")
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()  # Python tasks (copy, play)

@@ -121,19 +121,41 @@ def unreachable_driver(master: str, driver_host: str | None) -> str | None:
             f"machine reaches{cause}: set --conf spark.driver.host=ADDRESS (see docs/spark-cluster.md)")
 
 
+# -- the driver JVM's class archive (classcache.py writes it) ---------------------------------------------
+QUIET = "-Xlog:cds=off,cds+dynamic=off"  # the archive is an optimization: nothing to say about it
+
+
+def archive_path() -> Path | None:
+    """Where the archive is (or would be written); None when turned off."""
+    override = config.from_env("spark_class_archive")
+    if override.lower() == "off":
+        return None
+    if override:
+        return Path(override)
+    from pyspark.version import __version__ as version
+
+    return Path(sys.prefix) / "share" / "sluicegate" / f"spark-{version}-classes.jsa"
+
+
+def java_options() -> str:
+    """Options for the driver JVM: use the archive when there is one (and its path needs no quoting)."""
+    path = archive_path()
+    if path is None or not path.is_file() or any(c.isspace() or c in "\"'" for c in str(path)):
+        return ""
+    return f"-XX:SharedArchiveFile={path} {QUIET}"
+
+
 def driver_java_options(light_jvm: bool = False, archive_options: str | None = None) -> str:
     """Options for the driver JVM, passed in SPARK_SUBMIT_OPTS: Spark's launcher puts them before
     spark.driver.defaultJavaOptions and spark.driver.extraJavaOptions, so a user's own options win where
     they overlap. `archive_options`: in place of the class archive's (classcache.py)."""
-    from . import classcache
-
     options = []
     if not _user_log4j_config():
         # Errors only: the CLI's output stays readable. Under -v with stack traces and tasks' failures.
         options.append(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
         if verbose():
             options.append("-Dsluicegate.spark.stacks=true -Dsluicegate.spark.tasks=error")
-    options.append(classcache.java_options() if archive_options is None else archive_options)
+    options.append(java_options() if archive_options is None else archive_options)
     if light_jvm:
         options.append("-XX:TieredStopAtLevel=1")
     return " ".join(o for o in options if o)
