@@ -85,7 +85,9 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
         for sink, url in cluster.sinks.items():
             kind = kind_of(url)
             if kind is not None:
-                source_lsn = parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                def source_lsn() -> int:
+                    return parse_lsn(src.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
                 found, others[sink] = kind.add_tables(workflow, sink, url, new, not_on, source_lsn, overwrite)
                 decisions += found
                 continue

@@ -48,10 +48,11 @@ class SinkKind(Protocol):
         """The cluster model the sink at `url` records for `workflow`."""
 
     def add_tables(self, workflow: str, sink: str, url: str, new: list[Table],
-                   not_on: Callable[[str, set[str]], list[Table]], source_lsn: int,
+                   not_on: Callable[[str, set[str]], list[Table]], source_lsn: Callable[[], int],
                    overwrite: bool) -> tuple[list, AddedTables]:
         """`replicate add-tables` on one sink: the decisions (nothing written), and what to do once every sink's
-        checks passed. `not_on(sink, have)`: the new tables the sink does not have yet."""
+        checks passed. `not_on(sink, have)`: the new tables the sink does not have yet; `source_lsn()`: the
+        source's WAL position now (read once the sink's state is, so that nothing it records is past it)."""
 
     def samples(self, url: str, workflow: str) -> tuple[object, Cluster]:
         """The governor's WAL samples of the sink's consumer (governor.py), and its cluster model."""

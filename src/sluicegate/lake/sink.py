@@ -391,13 +391,13 @@ class DeltaSink:
         return Cluster.of(open_store(url).load(workflow))
 
     @staticmethod
-    def add_tables(workflow: str, sink: str, url: str, new: list[Table], not_on, source_lsn: int,
+    def add_tables(workflow: str, sink: str, url: str, new: list[Table], not_on, source_lsn,
                    overwrite: bool) -> tuple[list, sinks.AddedTables]:
         check_mappable(new)
         store = open_store(url)
         wf = store.load(workflow)
         wanted = not_on(sink, {t.qualified for t in wf.tables})
-        decisions = table_decisions(workflow, sink, url, wanted, overwrite, source_lsn)
+        decisions = table_decisions(workflow, sink, url, wanted, overwrite, source_lsn())
 
         def commit() -> None:  # its new tables made, then recorded (append_tables)
             make_tables(location.parse(url), wanted)
