@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from functools import wraps
 
 import click
 
 from .. import config
 from .ddl import ON_DDL
-
-
-def _friendly(fn):
-    """cli.main's `friendly`, looked up when the command runs: main.py imports this module to register it."""
-
-    @wraps(fn)
-    def run(*args, **kwargs):
-        from .main import friendly
-
-        return friendly(fn)(*args, **kwargs)
-
-    return run
+from .friendly import friendly
 
 
 def _cap(value: str | None, option: str, parse) -> int | float | None:
@@ -97,7 +85,7 @@ def replicate_group() -> None:
                    "has flushed it too, so a promoted sink standby resumes with no re-copy. While none streams, the "
                    "source keeps its WAL. A user that is not a superuser needs pg_read_all_stats on the sink.")
 @ON_DDL
-@_friendly
+@friendly
 def replicate_create(name, source, source_shards, shard_keys, sinks, tables, schemas, exclude_tables, max_retained_wal,
                      max_retention_age, overwrite, bidirectional, allow_unsafe_schema, tombstone_retention, cycle_rows,
                      chunk_rows, target_standbys, on_ddl):
@@ -190,7 +178,7 @@ def _shown(url: str) -> str:
 @click.option("--sink", required=True, metavar="URL", help="The sink to (re-)bootstrap.")
 @click.option("--tables", default=None, metavar="A,B",
               help="Re-copy these tables even if the sink could resume them (default: only what cannot resume).")
-@_friendly
+@friendly
 def replicate_bootstrap(name, sink, tables):
     """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
     from ..cluster.bootstrap import bootstrap
@@ -210,7 +198,7 @@ def replicate_bootstrap(name, sink, tables):
               help=f"Any sink of the workflow (env {config.env_var('target')}); the tables are added on every sink.")
 @SHARD_KEY
 @OVERWRITE
-@_friendly
+@friendly
 def replicate_add_tables(name, tables, target, shard_keys, overwrite):
     """Add tables to every sink while the workflow runs: each is copied, then replicated."""
     from ..cluster.add_tables import add_tables
