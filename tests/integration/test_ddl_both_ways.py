@@ -11,7 +11,7 @@ import pytest
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, cli, run, stream
-from .test_ddl_flow import Writes, indexes
+from .test_ddl_flow import Writes, backfill, indexes
 from .test_replicate_bidirectional import Pair, W, applied, caught_up, equal
 from .test_schema_changes import columns
 
@@ -53,8 +53,7 @@ def test_migration_on_one_side_reaches_the_other_once(sides, tmp_path):
             c.execute("INSERT INTO items (id, qty) VALUES (900001, 1)")
             c.execute("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
             c.execute("INSERT INTO items (id, qty, status) VALUES (900003, 3, 'first')")
-        for lo in range(1, ROWS + 1, 500):  # backfill in batches on A while B writes the old columns
-            run(p.a, "UPDATE items SET status = 's' || (id %% 3) WHERE id BETWEEN %s AND %s", (lo, lo + 499))
+        backfill(p.a, ROWS)  # on A while B writes the old columns
         run(p.a, "CREATE INDEX CONCURRENTLY items_status ON items (status)")
         run(p.a, "ALTER TABLE items ALTER COLUMN status SET DEFAULT 'fresh', ADD COLUMN score numeric")
         run(p.b, "CREATE INDEX items_qty ON items (qty)")  # the other way too

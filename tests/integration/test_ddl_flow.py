@@ -43,17 +43,20 @@ class Writes(threading.Thread):
         try:
             with psycopg.connect(self.url) as c:
                 while not self.stop_event.is_set():
-                    for _ in range(self.rng.randint(1, 3)):
-                        op, k = self.rng.random(), self.rng.randint(1, self.keys or self.next_id)
-                        if op < 0.6:
-                            c.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (k,))
-                        elif op < 0.9:
-                            c.execute("INSERT INTO items (id, qty) VALUES (%s, 1)", (self.next_id,))
-                            self.next_id += self.step
-                        else:
-                            c.execute("DELETE FROM items WHERE id = %s", (k,))
-                    c.commit()
-                    self.commits += 1
+                    try:
+                        for _ in range(self.rng.randint(1, 3)):
+                            op, k = self.rng.random(), self.rng.randint(1, self.keys or self.next_id)
+                            if op < 0.6:
+                                c.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (k,))
+                            elif op < 0.9:
+                                c.execute("INSERT INTO items (id, qty) VALUES (%s, 1)", (self.next_id,))
+                                self.next_id += self.step
+                            else:
+                                c.execute("DELETE FROM items WHERE id = %s", (k,))
+                        c.commit()
+                        self.commits += 1
+                    except psycopg.errors.DeadlockDetected:
+                        c.rollback()  # with the migration's backfill: an application tries again
                     self.stop_event.wait(0.005)
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
@@ -63,6 +66,22 @@ class Writes(threading.Thread):
         self.join(timeout=30)
         assert self.error is None, self.error
         assert self.commits > 0
+
+
+def backfill(url: str, rows: int = ROWS, step: int = 500) -> None:
+    """The migration's backfill of status, a transaction per `step` keys, each tried again after a deadlock
+    with the application's writes (as a migration tool does)."""
+    for lo in range(1, rows + 1, step):
+        with psycopg.connect(url, autocommit=True) as c:
+            for _ in range(20):
+                try:
+                    c.execute("UPDATE items SET status = 'n' || (id %% 3) WHERE id BETWEEN %s AND %s",
+                              (lo, lo + step - 1))
+                    break
+                except psycopg.errors.DeadlockDetected:
+                    continue
+            else:
+                raise AssertionError(f"the backfill of {lo}.. met a deadlock 20 times")
 
 
 def load(pair, rows: int = ROWS) -> None:
@@ -106,8 +125,7 @@ def test_migration_under_writes_with_exec(pair, spark):
             c.execute("INSERT INTO items (id, qty, extra) VALUES (100002, 2, 7)")
             c.execute("UPDATE items SET extra = 9 WHERE id = 100001")
         pair.src("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
-        for lo in range(1, ROWS + 1, 500):  # backfill in batches, one transaction each
-            pair.src("UPDATE items SET status = 'n' || (id %% 3) WHERE id BETWEEN %s AND %s", (lo, lo + 499))
+        backfill(pair.source)
         pair.src("UPDATE items SET status = 'late' WHERE status IS NULL")
         pair.src("ALTER TABLE items ALTER COLUMN status SET NOT NULL")
         pair.src("CREATE INDEX CONCURRENTLY items_status ON items (status)")

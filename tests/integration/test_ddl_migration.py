@@ -18,7 +18,7 @@ from sluicegate.workflow.create import create_movetables
 
 from ..conftest import wait_for
 from .helpers import assert_same, caught_up, reap_group, stream_row
-from .test_ddl_flow import Writes, cli, install
+from .test_ddl_flow import Writes, backfill, cli, install
 from .test_kill_restart import start_driver
 
 pytestmark = pytest.mark.spark
@@ -69,8 +69,7 @@ def test_migration_during_copy_and_replicate_with_kill_9(versions_pair_system, t
                  describe=tail)
         # during copy: add a column with a default, backfill it in batches, set NOT NULL, add an index
         pair.src("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
-        for lo in range(1, ROWS + 1, 1000):
-            pair.src("UPDATE items SET status = 'n' || (id %% 3) WHERE id BETWEEN %s AND %s", (lo, lo + 999))
+        backfill(pair.source, ROWS, 1000)
         pair.src("UPDATE items SET status = 'late' WHERE status IS NULL")
         pair.src("ALTER TABLE items ALTER COLUMN status SET NOT NULL")
         pair.src("CREATE INDEX CONCURRENTLY items_status ON items (status)")

@@ -14,7 +14,7 @@ from sluicegate.lake.types import SPECIAL
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, run, stream
-from .test_ddl_flow import ROWS, Writes, constraints, indexes
+from .test_ddl_flow import ROWS, Writes, backfill, constraints, indexes
 from .test_replicate_delta import assert_lake_equal, lake_caught_up
 from .test_schema_changes import columns
 
@@ -45,8 +45,7 @@ def test_migration_reaches_every_sink_with_a_consumer_killed(rc, tmp_path):
             conn.execute("INSERT INTO items (id, qty) VALUES (100001, 1)")
             conn.execute("ALTER TABLE items ADD COLUMN status text DEFAULT 'new'")
             conn.execute("INSERT INTO items (id, qty, status) VALUES (100002, 2, 'first')")
-        for lo in range(1, ROWS + 1, 500):  # backfill in batches
-            c.src("UPDATE items SET status = 'n' || (id %% 3) WHERE id BETWEEN %s AND %s", (lo, lo + 499))
+        backfill(c.source)
         c.src("UPDATE items SET status = 'late' WHERE status IS NULL")
         c.src("ALTER TABLE items ALTER COLUMN status SET NOT NULL")
         c.src("CREATE INDEX CONCURRENTLY items_status ON items (status)")
