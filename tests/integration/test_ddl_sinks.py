@@ -74,6 +74,7 @@ def test_migration_reaches_every_sink_with_a_consumer_killed(rc, tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow  # ~32 s; the default set has Delta DDL in test_lake_ddl and two sinks above
 def test_migration_reaches_a_postgres_and_a_delta_sink(rc, tmp_path):
     """The Delta sink follows the column changes as a MoveTables into Delta does (lake/ddl.py): added with a
     default, renamed, dropped, an integer widened; an index passed over."""
