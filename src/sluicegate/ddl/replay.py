@@ -136,17 +136,7 @@ class DdlReplay:
         if self.both_ways and (why := both_ways.refusal(stmt)) is not None:
             self._failed(ddl, names, f"it is not replayed: {why}", None, ignore, what)
             return
-        self.applier.sync()
-        try:
-            with locks.guard(self.dst, f"applying {ddl.tag} at {format_lsn(ddl.lsn)} to {names}"):
-                if ddl.search_path:
-                    self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
-                self.dst.execute(stmt.text)
-        except psycopg.Error as exc:
-            if is_retryable(exc):
-                raise
-            self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
-                         getattr(exc, "sqlstate", None), ignore, what)
+        if not self._run(ddl, stmt.text, names, ignore, what):
             return
         self.ends_batch = self.ends_batch or stmt.adds_value
         log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, format_lsn(ddl.lsn), names)
@@ -208,25 +198,37 @@ class DdlReplay:
                          None, ignore_failure)
             return
         text = without_concurrently(stmt.text) if stmt.concurrently else stmt.text
-        self.applier.sync()  # rows before it are written in the old shape
         idents = [sql.Identifier(*t).as_string(self.dst) for t in sorted(tables)]
         try:
-            with locks.guard(self.dst, f"applying {ddl.tag} at {at} to {names}", idents):
-                if ddl.search_path:
-                    self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
-                self.dst.execute(text)  # no parameters: the text goes as the source ran it
-                self._follow(ddl, stmt, tables)  # in the statement's savepoint: undone with it
-        except psycopg.Error as exc:
-            if is_retryable(exc):
-                raise
-            self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
-                         getattr(exc, "sqlstate", None), ignore_failure)
-            return
+            if not self._run(ddl, text, names, ignore_failure, "table(s)", idents,
+                             lambda: self._follow(ddl, stmt, tables)):
+                return
         except ddl_tables.CannotJoin as exc:
             self._failed(ddl, names, f"the table cannot join workflow {self.workflow}: {exc}", None,
                          ignore_failure)
             return
         log.info("on-ddl exec: applied %s at %s to %s", ddl.tag, at, names)
+
+    def _run(self, ddl: DdlMessage, text: str, names: str, ignore: bool, what: str, idents=(),
+             then=None) -> bool:
+        """Run the statement's text on the target at its place: rows before it written first (old shape), in a
+        savepoint under the source session's search_path, then `then()` in the same savepoint (undone with
+        it). False when it failed (stopped or, under exec-ignore, noted); a passing fault is raised."""
+        self.applier.sync()
+        try:
+            with locks.guard(self.dst, f"applying {ddl.tag} at {format_lsn(ddl.lsn)} to {names}", idents):
+                if ddl.search_path:
+                    self.dst.execute("SELECT set_config('search_path', %s, true)", (ddl.search_path,))
+                self.dst.execute(text)  # no parameters: the text goes as the source ran it
+                if then is not None:
+                    then()
+        except psycopg.Error as exc:
+            if is_retryable(exc):
+                raise
+            self._failed(ddl, names, f"it failed on the target: {first_line(exc)}",
+                         getattr(exc, "sqlstate", None), ignore, what)
+            return False
+        return True
 
     def _follow(self, ddl: DdlMessage, stmt: Statement, tables: set[tuple[str, str]]) -> None:
         """What the statement did to the stream's tables, recorded with it (tables.py)."""
