@@ -91,10 +91,12 @@ SETTINGS: tuple[Setting, ...] = (
     _record("cluster", "a Replicate workflow's clusters, sinks and caps (cluster/model.py)"),
     _record("keyspace", "a Reshard workflow's shards (workflow/reshard.py)"),
     _record("target_shard", "the key range of this Reshard target shard"),
-    _record("traffic", "MoveTables traffic state: source, switched, reversed (workflow/traffic.py)"),
-    _record("epoch", "the number of the last traffic switch"),
-    _record("position", "the source position of the last traffic switch"),
-    _record("reverse_of", "the forward workflow of a reverse workflow"),
+    # Older versions kept a MoveTables' traffic here; now columns of sluicegate.workflows (state.set_traffic
+    # moves them at the next switch). Declared so that such a workflow still loads.
+    _record("traffic", "MoveTables traffic state: source, switched, reversed (older versions)"),
+    _record("epoch", "the number of the last traffic switch (older versions)"),
+    _record("position", "the source position of the last traffic switch (older versions)"),
+    _record("reverse_of", "the forward workflow of a reverse workflow (older versions)"),
     _record("apply_as_replica", "apply with session_replication_role replica (triggers and keys off)"),
     _record("foreign_keys", "foreign keys to add once the copy is done (postgres/table_definition.py)"),
     _record("ddl_applied_by_hand", "per stream: the position of a DDL statement applied by hand (ddl/modes.py)"),
@@ -107,6 +109,10 @@ SETTINGS: tuple[Setting, ...] = (
     _env("progress_interval", "float", 10.0, "seconds between progress lines of workflow run",
          "--progress-interval"),
     _env("wal_warning", "size", "1GB", "warn when a stream's slot holds more WAL than this", "--wal-warning"),
+    # A controller (a vdiff taking its consistent point) holds a stream for a moment: one that held it longer
+    # died; the driver then releases the stream (workflow/stream_control.py).
+    _env("stream_hold_seconds", "float", 30.0, "seconds a stream may stay held by a vdiff before its driver "
+                                               "releases it"),
     _env("lock_timeout", "float", 3.0, "seconds every lock and DDL Sluicegate takes waits at most"),
     _env("vstream_token", "str", None, "the VStream bearer token, when no --token-file is given"),
     _env("copy_pump", "str", "", "python: copy through the Python pipe instead of the C row pump"),

@@ -21,9 +21,6 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "sluicegate"
 
 # (importer, imported) between packages: the imports that close the package cycles left.
 KNOWN_PACKAGE_EDGES = {
-    # workflow/player.py (being edited elsewhere) asks vdiff/store.py for a stop position every batch; goes with
-    # issue 35 stage 1 (a durable stop position in the stream's state, which vdiff sets and the player obeys).
-    ("workflow", "vdiff"): "workflow/player.py: vdiff.store (rule_player.py too)",
     # DDL replay reads and writes the workflow's state (ddl/replay.py, ddl/tables.py: being edited elsewhere).
     # SchemaStop is in postgres/relation_changes.py now; the state calls could come in as a callback.
     ("ddl", "workflow"): "ddl/replay.py, ddl/tables.py: workflow.state, workflow.schema_changes",

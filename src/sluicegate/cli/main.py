@@ -638,7 +638,7 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
 
     with connect(target, role="target") as conn:
         wf = st.load_workflow(conn, name)
-    if wf.kind == "MoveTables" and wf.options.get("traffic") == "switched":
+    if wf.kind == "MoveTables" and wf.traffic.state == "switched":
         # The reverse workflow carries the writes; the forward stream stays stopped (its source now holds the
         # reverse workflow's writes: replaying them would loop) until `movetables reverse-traffic`.
         from ..workflow.traffic import set_reverse_state
@@ -652,7 +652,7 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
             st.lock_stream(conn, s.id)
             if verb == "stop":
                 st.set_state(conn, s.id, st.STOPPED, "stopped by user")
-            elif wf.options.get("traffic") == "switched":
+            elif wf.traffic.state == "switched":
                 raise UsageError(f"workflow {name}: traffic is switched to the target, so its stream stays "
                                  f"stopped; `sluicegate movetables reverse-traffic {name}` resumes it")
             else:
@@ -766,7 +766,7 @@ def workflow_delete(name, target, drop_tables):
 
     dropped = []
     shards = load_all(name, target)
-    if shards[0][2].kind == "MoveTables" and shards[0][2].options.get("traffic") == "switched":
+    if shards[0][2].kind == "MoveTables" and shards[0][2].traffic.state == "switched":
         raise UsageError(f"workflow {name}: traffic is switched to the target, and its reverse workflow and the "
                          f"source's write denials would stay behind: `sluicegate movetables complete {name}`")
     if drop_tables:  # as `movetables|materialize|reshard cancel` (workflow/traffic.py)

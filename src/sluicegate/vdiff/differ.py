@@ -32,6 +32,7 @@ from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import TableSnapshot, take_snapshot
 from ..rules.compile import CompiledRule
 from ..workflow import state as st
+from ..workflow import stream_control
 from . import store
 from .compare import RangeTask, compare_range, text_compared_columns, text_hashed_columns
 from .rule_compare import RuleRanges, compare_rule_ranges
@@ -120,6 +121,7 @@ class VDiffRun:
         self.runner = runner
         self.stop = stop or threading.Event()
         self.lock_conn: psycopg.Connection | None = None
+        self.on_point = None  # called once the point is taken, before the streams are released
 
     def claim(self, executor: str) -> bool:
         """Become the one executor of a pending vdiff (a session lock held until release())."""
@@ -240,47 +242,82 @@ class VDiffRun:
 
     def _sync(self, wf: st.Workflow, streams: list[st.Stream], tables: dict[int, list[Table]], play) -> _Point:
         """Per stream: a source snapshot at P, the stream applied exactly up to P; then one target snapshot
-        in which every stream stands at its P."""
+        in which every stream stands at its P.
+
+        A Running stream goes through its durable stop (workflow/stream_control.py): held, the snapshot taken,
+        then played to exactly P — by its driver, or here through `play` when none runs (None: this is the
+        driver) — and released once the target's snapshot is exported. A stream its user stopped has no
+        driver: it is played here to P and stays Stopped."""
+        reason = f"vdiff {self.vdiff_id}"
         for _ in range(SYNC_ATTEMPTS):
             sources: dict[int, TableSnapshot] = {}
+            held: list[int] = []
             try:
-                moved = False
                 for stream in streams:
-                    source = sources[stream.id] = take_snapshot(stream.source_url, tables[stream.id])
-                    state, position = stream.state, stream.position
-                    while position < source.position and not self.stop.is_set():
-                        result = play(wf, stream, until="position", stop_at=source.position, expect=state)
-                        if result.interrupted:
-                            state, position = self._reload(wf.name, stream)
-                            if position > source.position:
-                                moved = True  # someone else played past P: take a new point
-                                break
-                        else:
-                            position = stream.position = result.position
-                    if moved:
-                        break
+                    state, _ = self._reload(wf.name, stream)
+                    if state == st.RUNNING:
+                        stream.position = stream_control.hold(self.target_url, stream.id, reason)
+                        held.append(stream.id)
+                        source = sources[stream.id] = take_snapshot(stream.source_url, tables[stream.id])
+                        stream_control.stop_at(self.target_url, stream.id, source.position, reason)
+                        if play is not None:
+                            play(wf, stream, until="position", stop_at=source.position, expect=st.RUNNING)
+                        stream_control.wait_stopped(self.target_url, stream.id, source.position, reason,
+                                                    self.stop)
+                    else:
+                        source = sources[stream.id] = take_snapshot(stream.source_url, tables[stream.id])
+                        self._play_stopped(wf, stream, source.position, play)
                 if self.stop.is_set():
                     raise RetryableError("interrupted while the stream caught up to the vdiff's point")
-                if not moved:
-                    target = connect(self.target_url, role="target")
-                    target.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                    name = target.execute("SELECT pg_export_snapshot()").fetchone()[0]
-                    if all(st.read_stream(target, s.id)[1] == sources[s.id].position for s in streams):
-                        return _Point(sources, target, name)
-                    target.close()
+                target = connect(self.target_url, role="target")
+                target.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                name = target.execute("SELECT pg_export_snapshot()").fetchone()[0]
+                if all(st.read_stream(target, s.id)[1] == sources[s.id].position for s in streams):
+                    if self.on_point is not None:  # before the release below lets the stream go on
+                        self.on_point()
+                    return _Point(sources, target, name)
+                target.close()
                 log.info("vdiff %s: a stream is not at its point; taking a new one", self.vdiff_id)
+            except RetryableError as exc:
+                if self.stop.is_set():
+                    raise
+                log.info("vdiff %s: %s; taking a new point", self.vdiff_id, exc)
             except BaseException:
                 for source in sources.values():
                     source.close()
                 raise
+            finally:
+                for stream_id in held:  # (after the target's snapshot: the comparison runs while it replicates)
+                    stream_control.release(self.target_url, stream_id, reason)
             for source in sources.values():
                 source.close()
         raise RetryableError(f"the stream of workflow {wf.name} kept moving past the vdiff's point: is another "
                              f"process playing it?")
 
+    def _play_stopped(self, wf: st.Workflow, stream: st.Stream, position: int, play) -> None:
+        """A stream stopped by its user, to exactly `position` (its state left as it is)."""
+        state = stream.state
+        while stream.position < position and not self.stop.is_set():
+            if play is None:  # the driver of a stopped stream has exited: this cannot be the driver
+                raise RetryableError(f"stream {stream.id} is {state}")
+            result = play(wf, stream, until="position", stop_at=position, expect=state)
+            if result.interrupted:
+                state, _ = self._reload(wf.name, stream)
+                if stream.position > position:
+                    raise RetryableError(f"stream {stream.id} moved past the vdiff's point")
+            else:
+                stream.position = result.position
+
     def _reload(self, name: str, stream: st.Stream) -> tuple[str, int]:
         with connect(self.target_url, role="target") as conn:
             fresh = next(s for s in st.load_workflow(conn, name).streams if s.id == stream.id)
+            if fresh.state == st.STOPPED and fresh.stop_reason:  # another controller's, or a killed one's
+                if not stream_control.lapsed(conn, stream.id, stream_control.hold_seconds()):
+                    raise RetryableError(f"stream {stream.id} is held for {fresh.stop_reason}")
+                conn.commit()
+                log.warning("vdiff %s: released stream %s, held for %s (its controller is gone?)", self.vdiff_id,
+                            stream.id, fresh.stop_reason)
+                fresh.state, fresh.stop_reason = st.RUNNING, ""
         if fresh.state not in (st.RUNNING, st.STOPPED):
             raise TerminalError(f"stream {stream.id} went {fresh.state} during the vdiff: {fresh.message}")
         stream.state, stream.position = fresh.state, fresh.position

@@ -26,20 +26,39 @@ def driver_present(conn: psycopg.Connection, workflow: str) -> bool:
 
 
 class DriverVDiffs:
-    """In the driver's loop: pick up a pending vdiff, sync the stream to its point between two replicate
-    slices, then compare in a background thread while replication goes on."""
+    """In the driver: a thread that picks up each pending vdiff, takes its consistent point through the stream's
+    durable stop (the driver's loop plays the stream to it: workflow/stream_control.py), then compares while
+    replication goes on."""
+
+    POLL_SECONDS = 0.2
 
     def __init__(self, engine):
         self.engine = engine
         self.thread: threading.Thread | None = None
+        self._comparing = threading.Event()
 
-    def poll(self, wf: st.Workflow, stream: st.Stream) -> None:
-        if self.thread is not None and self.thread.is_alive():
-            return
-        with connect(self.engine.target_url, role="target", autocommit=True) as conn:
-            vdiff_id = store.next_pending(conn, wf.name)
-        if vdiff_id is None:
-            return
+    def start(self) -> None:
+        """Once, from the driver's loop (a workflow that never replicates serves none)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="sg-vdiffs", daemon=True)
+            self.thread.start()
+
+    def _serve(self) -> None:
+        conn = None
+        while not self.engine.stop.wait(self.POLL_SECONDS):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.engine.target_url, role="target", autocommit=True)
+                if store.has_table(conn) and (vdiff_id := store.next_pending(conn, self.engine.workflow)):
+                    self._execute(vdiff_id)
+            except Exception as exc:  # noqa: BLE001 - the driver goes on; the next poll tries again
+                log.warning("vdiffs of workflow %s: %s", self.engine.workflow, exc)
+                if conn is not None:
+                    conn.close()
+        if conn is not None:
+            conn.close()
+
+    def _execute(self, vdiff_id: int) -> None:
         # Imported once a vdiff is asked for: the differ's rule support brings pyarrow (its import takes CPU), which
         # `workflow run` would otherwise import while Spark's JVM starts on the same cores.
         from .differ import VDiffRun
@@ -47,30 +66,31 @@ class DriverVDiffs:
         run = VDiffRun(self.engine.target_url, vdiff_id, self.engine.runner, stop=self.engine.stop)
         if not run.claim("the workflow's driver"):
             return
+        # Set before the stream goes on: with one task slot the driver's loop then waits for the comparison
+        run.on_point = self._comparing.set
         try:
-            prepared = run.prepare(wf, [stream], self.engine.play)
+            wf = self.engine._load()
+            prepared = run.prepare(wf, [self.engine._stream(wf)], None)
         except Exception as exc:  # noqa: BLE001 - a failed vdiff is reported on the vdiff, not the workflow
             log.warning("vdiff %s failed: %s", vdiff_id, exc)
+            self._comparing.clear()
             run.fail(exc)
             return
-        self.thread = threading.Thread(target=self._compare, args=(run, prepared), name=f"vdiff-{vdiff_id}",
-                                       daemon=True)
-        self.thread.start()
+        self._comparing.set()  # (prepare found nothing left to compare)
+        try:
+            run.compare(prepared)
+        except Exception as exc:  # noqa: BLE001 - already recorded on the vdiff by compare()
+            log.warning("vdiff %s failed: %s", vdiff_id, exc)
+        finally:
+            self._comparing.clear()
 
     def comparing(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        return self._comparing.is_set()
 
     def wait(self, stop: threading.Event) -> None:
         """Until the comparison ends (or stop)."""
         while self.comparing() and not stop.is_set():
-            self.thread.join(0.5)
-
-    @staticmethod
-    def _compare(run, prepared) -> None:
-        try:
-            run.compare(prepared)
-        except Exception as exc:  # noqa: BLE001 - already recorded on the vdiff by compare()
-            log.warning("vdiff %s failed: %s", run.vdiff_id, exc)
+            stop.wait(0.5)
 
     def close(self, timeout: float = 30.0) -> None:
         if self.thread is not None:

@@ -30,7 +30,7 @@ from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
-from . import copier, denial, live, metrics, run_lock
+from . import copier, denial, live, metrics, run_lock, stream_control
 from . import state as st
 from .cluster_model import cluster_ids
 from .cluster_model import direction as cluster_direction
@@ -131,6 +131,10 @@ class Engine:
                 self._hold_run_lock()
                 wf = self._load()
                 stream = self._last_stream = self._stream(wf)
+                if stream.state == st.STOPPED and stream.stop_reason:
+                    # Held by a controller (a vdiff taking its point: stream_control.py), not stopped by a user
+                    stream_control.wait_released(self.target_url, stream.id, self.stop)
+                    continue
                 if stream.state in (st.STOPPED, st.ERROR):
                     return stream.state
                 self.recovering = failures > 0
@@ -341,7 +345,7 @@ class Engine:
 
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
         if self.vdiffs is not None:
-            self.vdiffs.poll(wf, stream)  # a requested vdiff first syncs the stream to its point
+            self.vdiffs.start()  # its thread takes each requested vdiff's point through the stream's durable stop
             if self.vdiffs.comparing() and self.runner.parallelism() < 2:
                 # One task slot (local[1]): a replicate task would hold it until interrupted, and the
                 # comparison's tasks would never run. Replication waits for the comparison instead.
@@ -362,7 +366,7 @@ class Engine:
             stream.source_url, self.target_url, wf.name, stream.id, stream.slot_name, stream.publication,
             [(t.table.to_json(), t.mode, t.lastpk) for t in stream.tables], stream.position, expect, until,
             stop_at=stop_at, max_seconds=seconds, batch_changes=settings.batch_changes,
-            idle_poll=settings.idle_poll, yield_to_vdiff=self.vdiffs is not None, clear_message=self.recovering,
+            idle_poll=settings.idle_poll, clear_message=self.recovering,
             way_out=cluster_way_out(wf) or "", origin=origin, skip_origins=skip_origins,
             clusters=cluster_ids(wf), replica_role=bool(wf.options.get("apply_as_replica")),
             confirm_after_standbys=standby_flush.enabled(wf.options),

@@ -80,5 +80,5 @@ def _strip(conn, wf: st.Workflow, urls: set[str]) -> None:
     if keyspace:
         for side in ("source_shards", "target_shards"):
             keyspace[side] = {k: strip_password(u) if u in urls else u for k, u in keyspace.get(side, {}).items()}
-        conn.execute("UPDATE sluicegate.workflows SET options = %s WHERE name = %s",
-                     (json.dumps({**wf.options, "keyspace": keyspace}), wf.name))
+        conn.execute("UPDATE sluicegate.workflows SET options = options || %s::jsonb WHERE name = %s",
+                     (json.dumps({"keyspace": keyspace}), wf.name))

@@ -29,8 +29,8 @@ from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, LogicalMessage, Origin
 from ..postgres.replication import ChangeStream
 from ..postgres.standby_flush import StandbyGate
-from ..vdiff import store as vdiff_store
 from . import state as st
+from . import stream_control
 from .faults import fault_point
 from .schema_changes import SchemaFollower, SchemaStop
 
@@ -53,7 +53,6 @@ class PlayTask:
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
     batch_seconds: float = 0.2  # a batch ends at the next transaction boundary after this long: lag stays low
-    yield_to_vdiff: bool = False  # return as soon as a vdiff is pending (the driver serves vdiffs)
     clear_message: bool = False  # the stream's message tells of a failure this task recovered from
     # (source qualified name, rule json) of tables whose rule only moves columns (a Reshard's key range, say):
     # applied here, in Python. A stream with a Spark SQL rule plays through workflow/rule_player.py instead.
@@ -123,10 +122,6 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         task = _current_shapes(dst, task)
         follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
         last_write = 0.0
-        # A replicate slice hands the stream back to the driver as soon as a vdiff is requested. The vdiff
-        # tables may appear while the task runs (the first `sluicegate vdiff` makes them): looked for each batch.
-        watch_vdiffs = task.until == "slice" and task.yield_to_vdiff
-        vdiff_tables = False
         counting = st.counts_applied(dst)
         try:
             # Logical messages carry the DDL capture's statements (ddl/).
@@ -139,29 +134,37 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
             while True:
-                if task.until == "position":
-                    if result.position >= task.stop_at:
-                        result.caught_up = True
-                        return result
+                if task.until == "position" and result.position < task.stop_at:
                     wait_flushed(src_ctl, task.stop_at)
                 flushed, source_now = capture.wal_flush_position(src_ctl)
-                state, position = st.lock_stream(dst, task.stream_id)
-                if state != task.expect_state or position != result.position:
+                control = st.lock_stream_control(dst, task.stream_id)
+                if control.state != task.expect_state or control.position != result.position:
                     dst.rollback()
-                    result.interrupted = f"stream is {state} at {position}"
+                    result.interrupted = f"stream is {control.state} at {control.position}"
                     return result
-                if watch_vdiffs and not vdiff_tables:
-                    vdiff_tables = vdiff_store.has_table(dst)
-                if vdiff_tables and vdiff_store.waiting(dst, task.workflow):
+                # The stream's durable stop (stream_control.py) before the task's own limit: a vdiff's point
+                # may be the very position a fast-forward ends at.
+                action = stream_control.decide(result.position, control.stop_position, control.stop_reason)
+                if action is stream_control.Action.STOP:
+                    stream_control.mark_stopped(dst, task.stream_id, control)
+                    dst.commit()
+                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
+                    return result
+                if task.until == "position" and result.position >= task.stop_at:
                     dst.rollback()
-                    result.interrupted = "a vdiff is waiting"
+                    result.caught_up = True
                     return result
                 if stop is not None and stop.is_set():
                     dst.rollback()
                     result.interrupted = "stopping"
                     return result
+                this = task
+                if action is stream_control.Action.PLAY_TO and (task.stop_at is None
+                                                                or control.stop_position < task.stop_at):
+                    this = replace(task, stop_at=control.stop_position)
+                    wait_flushed(src_ctl, this.stop_at)
                 try:
-                    batch = _apply_batch(task, stream, dst, framing, result.position, flushed, rules, writer,
+                    batch = _apply_batch(this, stream, dst, framing, result.position, flushed, rules, writer,
                                          follower, lww_plans, src_ctl)
                 except SchemaStop as exc:
                     # A schema change the stream does not follow: what came before the transaction that met it
@@ -180,7 +183,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 result.transactions += batch.transactions
                 result.rows += batch.rows
                 new_position = batch.position
-                caught_up = not batch.limited and task.stop_at is None
+                caught_up = not batch.limited and this.stop_at is None
+                stopping = (control.stop_reason and control.stop_position is not None
+                            and new_position >= control.stop_position)
                 now = time.monotonic()
                 reshaped = follower.changed  # tables whose columns followed the source: saved with the batch
                 if (new_position > result.position or batch.transactions or reshaped
@@ -196,6 +201,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                         st.set_message(dst, task.stream_id, note)
                     if task.origin and batch.transactions:  # the rows carry the source's commit time
                         origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
+                    if stopping:  # at the durable stop: Stopped with the batch that reached it
+                        stream_control.mark_stopped(dst, task.stream_id, control)
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
@@ -208,6 +215,9 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     # The standbys may have caught up since the last commit.
                     unsent = _confirm(stream, gate.release(dst), unsent, gate)
                 result.position = new_position
+                if stopping:
+                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
+                    return result
                 if batch.tables_changed:
                     result.interrupted = "a schema change changed the stream's tables or types"
                     return result

@@ -23,7 +23,7 @@ import json
 import logging
 import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
 from ..errors import RetryableError, TerminalError, from_exception
@@ -33,6 +33,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.standby_flush import StandbyGate
 from . import state as st
+from . import stream_control
 from .player import PlayResult, PlayTask, wait_flushed, way_out
 from .schema_changes import rule_input
 
@@ -63,8 +64,6 @@ class BatchSpec:
 def play(engine, task: PlayTask, runners: dict) -> PlayResult:
     """Like player.play, for a stream with Spark SQL rules (`runners`: source (schema, name) -> RuleRunner):
     batches until `task.until` says enough, each one Spark job. Runs on the driver; touches no rows."""
-    from ..vdiff import store as vdiff_store
-
     result = PlayResult(task.position)
     deadline = time.monotonic() + task.max_seconds
     active = tuple(i for i, (_, mode, _) in enumerate(task.tables) if mode != "skip")
@@ -78,20 +77,28 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
             gate.recorded(task.position)
         while True:
-            if task.until == "position" and result.position >= task.stop_at:
-                result.caught_up = True
-                return result
             if engine.stop.is_set():
                 result.interrupted = "stopping"
                 return result
-            state, position = st.read_stream(dst, task.stream_id)
-            if state != task.expect_state or position != result.position:
-                result.interrupted = f"stream is {state} at {position}"
-                return result
-            if task.yield_to_vdiff and vdiff_store.has_table(dst) and vdiff_store.waiting(dst, task.workflow):
-                result.interrupted = "a vdiff is waiting"
+            with dst.transaction():
+                control = st.lock_stream_control(dst, task.stream_id)
+                if control.state != task.expect_state or control.position != result.position:
+                    result.interrupted = f"stream is {control.state} at {control.position}"
+                    return result
+                # The durable stop (stream_control.py): a batch below ends at it; the next turn marks it reached.
+                action = stream_control.decide(result.position, control.stop_position, control.stop_reason)
+                if action is stream_control.Action.STOP:
+                    stream_control.mark_stopped(dst, task.stream_id, control)
+                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
+                    return result
+            if task.until == "position" and result.position >= task.stop_at:
+                result.caught_up = True
                 return result
             upto = task.stop_at if task.until == "position" else capture.wal_insert_position(src)
+            this = task
+            if action is stream_control.Action.PLAY_TO and control.stop_position < upto:
+                upto = control.stop_position
+                this = replace(task, stop_at=upto)  # not caught up at the stop: the batch must not say so
             now = time.monotonic()
             if upto <= result.position:  # nothing written since: note that the stream is caught up
                 if now - last_write >= task.heartbeat_seconds:
@@ -106,7 +113,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
                 continue
             wait_flushed(src, upto)
             _, source_now = capture.wal_flush_position(src)
-            spec = BatchSpec(task, {name: runner.rule.to_json() for name, runner in _by_name(runners).items()},
+            spec = BatchSpec(this, {name: runner.rule.to_json() for name, runner in _by_name(runners).items()},
                              result.position, upto, source_now, active)
             summary = _run_batch(engine, spec, runners)
             if summary["interrupted"]:

@@ -102,6 +102,16 @@ ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS batches bigint NOT NULL 
 ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS safe_time timestamptz;
 -- The retention governor's samples of the source's WAL position (cluster/governor.py): how old the WAL a
 -- slot holds is.
+-- Durable stream control (workflow/stream_control.py): the player stops itself once it has applied exactly up
+-- to stop_position (or at its next batch, with a reason and no position), and marks the stream Stopped.
+ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS stop_position pg_lsn;
+ALTER TABLE sluicegate.streams ADD COLUMN IF NOT EXISTS stop_reason text NOT NULL DEFAULT '';
+-- A MoveTables' traffic (workflow/traffic.py): where its writes go, the number and source position of the
+-- last switch, and (on a reverse workflow) the forward one. Older versions kept these in options.
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS traffic text;
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS traffic_epoch int;
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS traffic_position pg_lsn;
+ALTER TABLE sluicegate.workflows ADD COLUMN IF NOT EXISTS reverse_of text;
 CREATE TABLE IF NOT EXISTS sluicegate.wal_samples (
     workflow text NOT NULL REFERENCES sluicegate.workflows ON DELETE CASCADE,
     lsn pg_lsn NOT NULL,
@@ -114,7 +124,9 @@ CREATE TABLE IF NOT EXISTS sluicegate.wal_samples (
 _NEWEST_COLUMNS = [("workflows", "driver_seen_at"), ("workflows", "driver_pid"), ("workflows", "driver_host"),
                    ("streams", "source_identity"), ("copy_state", "deferred_indexes"),
                    ("streams", "source_url"), ("streams", "rows_applied"), ("streams", "batches"),
-                   ("streams", "safe_time"), ("wal_samples", "lsn")]
+                   ("streams", "safe_time"), ("wal_samples", "lsn"), ("streams", "stop_position"),
+                   ("streams", "stop_reason"), ("workflows", "traffic"), ("workflows", "traffic_epoch"),
+                   ("workflows", "traffic_position"), ("workflows", "reverse_of")]
 _TABLES = ["workflows", "streams", "copy_state", "vdiffs", "vdiff_ranges", "wal_samples"]
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
 
@@ -154,6 +166,8 @@ class Stream:
     tables: list[TableState] = field(default_factory=list)
     rows_applied: int = 0  # rows replayed into the target (catchup, fast-forward, replicate)
     batches: int = 0  # replay batches committed
+    stop_position: int | None = None  # durable stream control (stream_control.py)
+    stop_reason: str = ""
 
     def copying_table(self) -> TableState | None:
         return next((t for t in self.tables if not t.done), None)
@@ -168,6 +182,27 @@ class Driver:
     host: str | None
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Where a MoveTables' writes go (workflow/traffic.py)."""
+
+    state: str = "source"  # source, switched, reversed
+    epoch: int | None = None  # the number of the last switch; None: never switched
+    position: str = ""  # the source position (LSN text) of the last switch
+    reverse_of: str | None = None  # on a reverse workflow: the forward one
+
+    @classmethod
+    def from_row(cls, state, epoch, position, reverse_of, options: dict) -> Traffic:
+        """The columns, else what an older version kept in the workflow's options."""
+        if state is None and epoch is None:
+            return cls(options.get("traffic") or "source", int(options["epoch"]) if "epoch" in options else None,
+                       options.get("position") or "", options.get("reverse_of"))
+        return cls(state or "source", epoch, position or "", reverse_of)
+
+
+_LEGACY_TRAFFIC_KEYS = ("traffic", "epoch", "position", "reverse_of")
+
+
 @dataclass
 class Workflow:
     name: str
@@ -176,6 +211,7 @@ class Workflow:
     options: dict
     streams: list[Stream]
     driver: Driver = Driver(None, None, None)
+    traffic: Traffic = Traffic()
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
@@ -290,26 +326,30 @@ def _read_workflow(conn: psycopg.Connection, name: str) -> Workflow:
     # to_jsonb(w): a schema made before the heartbeat columns existed reads them as NULL (no DDL here)
     row = conn.execute(
         """SELECT name, kind, source_url, options, (to_jsonb(w) ->> 'driver_seen_at')::timestamptz,
-                  (to_jsonb(w) ->> 'driver_pid')::int, to_jsonb(w) ->> 'driver_host', now()
+                  (to_jsonb(w) ->> 'driver_pid')::int, to_jsonb(w) ->> 'driver_host', now(),
+                  to_jsonb(w) ->> 'traffic', (to_jsonb(w) ->> 'traffic_epoch')::int,
+                  to_jsonb(w) ->> 'traffic_position', to_jsonb(w) ->> 'reverse_of'
            FROM sluicegate.workflows w WHERE name = %s""", (name,)
     ).fetchone()
     if row is None:
         names = list_workflows(conn)
         hint = did_you_mean(name, names) or (f"; existing: {', '.join(names)}" if names else "")
         raise UsageError(f"no workflow {name!r} on this target{hint}")
-    seen, pid, host, now = row[4:]
+    seen, pid, host, now = row[4:8]
     driver = Driver((now - seen).total_seconds() if seen else None, pid, host)
-    wf = Workflow(row[0], row[1], row[2], row[3], [], driver)
+    options = {k: v for k, v in row[3].items() if k not in _LEGACY_TRAFFIC_KEYS}
+    wf = Workflow(row[0], row[1], row[2], options, [], driver, Traffic.from_row(*row[8:12], row[3]))
     for s in conn.execute(
         """SELECT id, workflow, source_shard, COALESCE(source_url, %s), slot_name, publication, state, message,
                   position::text, caught_up_at, transaction_time, updated_at,
                   COALESCE((to_jsonb(s) ->> 'rows_applied')::bigint, 0),
-                  COALESCE((to_jsonb(s) ->> 'batches')::bigint, 0)
+                  COALESCE((to_jsonb(s) ->> 'batches')::bigint, 0), to_jsonb(s) ->> 'stop_position',
+                  COALESCE(to_jsonb(s) ->> 'stop_reason', '')
            FROM sluicegate.streams s WHERE workflow = %s ORDER BY id""",
         (wf.source_url, name),
     ).fetchall():
         stream = Stream(*s[:8], parse_lsn(s[8]) if s[8] else None, *s[9:12], rows_applied=s[12],
-                        batches=s[13])
+                        batches=s[13], stop_position=parse_lsn(s[14]) if s[14] else None, stop_reason=s[15])
         # to_jsonb(c): state made before deferred_indexes existed reads as NULL
         for spec, lastpk, rows, done, deferred in conn.execute(
             """SELECT spec, lastpk, rows_copied, done, to_jsonb(c) -> 'deferred_indexes'
@@ -342,9 +382,45 @@ def has_schema(conn: psycopg.Connection) -> bool:
 
 
 def set_state(conn: psycopg.Connection, stream_id: int, state: str, message: str = "") -> None:
+    """An explicit state change (a user's stop or start, a phase's end) also ends any stop a controller asked
+    for (stream_control.py): the newest word on the stream wins."""
+    clear = sql.SQL(", stop_position = NULL, stop_reason = ''") if has_control(conn) else sql.SQL("")
     conn.execute(
-        "UPDATE sluicegate.streams SET state = %s, message = %s, updated_at = now() WHERE id = %s",
+        sql.SQL("UPDATE sluicegate.streams SET state = %s, message = %s, updated_at = now(){} WHERE id = %s")
+        .format(clear),
         (state, message[:2000], stream_id),
+    )
+
+
+_CONTROL_SEEN: set = set()  # (host, port, dbname) of targets whose schema has the stream control columns
+
+
+def has_control(conn: psycopg.Connection) -> bool:
+    """Whether the schema has the stream control columns (a driver whose schema upgrade a lock held up runs
+    without them, and no controller can have set them either). Columns are never dropped: cached once seen."""
+    key = (conn.info.host, conn.info.port, conn.info.dbname)
+    if key in _CONTROL_SEEN:
+        return True
+    if conn.execute("""SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'sluicegate.streams'::regclass
+                                        AND attname = 'stop_reason' AND NOT attisdropped)""").fetchone()[0]:
+        _CONTROL_SEEN.add(key)
+        return True
+    return False
+
+
+def set_traffic(conn: psycopg.Connection, workflow: str, state: str, epoch: int,
+                position: str | None = None, reverse_of: str | None = None) -> None:
+    """A MoveTables' traffic, in the caller's transaction (`position`, `reverse_of` None: kept). What an older
+    version kept in options moves to the columns here."""
+    ensure_schema(conn)
+    conn.execute(
+        """UPDATE sluicegate.workflows SET
+             traffic_position = COALESCE(%s::pg_lsn, traffic_position, NULLIF(options ->> 'position', '')::pg_lsn),
+             reverse_of = COALESCE(%s, reverse_of, options ->> 'reverse_of'),
+             traffic = %s, traffic_epoch = %s,
+             options = options - 'traffic' - 'epoch' - 'position' - 'reverse_of'
+           WHERE name = %s""",
+        (position or None, reverse_of, state, epoch, workflow),
     )
 
 
@@ -380,6 +456,29 @@ def lock_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | No
 
         raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
     return row[0], parse_lsn(row[1]) if row[1] else None
+
+
+@dataclass(frozen=True)
+class Control:
+    """A stream's state, position and durable stop (stream_control.py), as one row read."""
+
+    state: str
+    position: int | None
+    stop_position: int | None
+    stop_reason: str
+
+
+def lock_stream_control(conn: psycopg.Connection, stream_id: int) -> Control:
+    """lock_stream with the stream's durable stop (empty on a schema without it)."""
+    row = conn.execute(
+        """SELECT state, position::text, to_jsonb(s) ->> 'stop_position', COALESCE(to_jsonb(s) ->> 'stop_reason', '')
+           FROM sluicegate.streams s WHERE id = %s FOR UPDATE""", (stream_id,)
+    ).fetchone()
+    if row is None:
+        from ..errors import TerminalError
+
+        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    return Control(row[0], parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]) if row[2] else None, row[3])
 
 
 def read_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | None]:

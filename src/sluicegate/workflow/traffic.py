@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
 
-from ..errors import RetryableError, TerminalError, UsageError
+from ..errors import RetryableError, UsageError
 from ..faults import fault_point
 from ..position import format_lsn, parse_lsn
 from ..postgres import capture, locks
@@ -39,12 +40,14 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, strip_password
 from ..postgres.table_definition import advance_sequences, may_apply_as_replica
 from . import state as st
+from . import stream_control
 from .denial import deny, undeny
 from .heartbeat import is_running
 
 log = logging.getLogger("sluicegate")
 
 SOURCE, SWITCHED, REVERSED = "source", "switched", "reversed"
+SWITCH, REVERSE = "switch-traffic", "reverse-traffic"  # the stop reasons of the streams they stop
 
 
 def reverse_name(name: str) -> str:
@@ -76,7 +79,7 @@ class Sides:
 
     @property
     def traffic(self) -> str:
-        return self.forward.options.get("traffic", SOURCE)
+        return self.forward.traffic.state
 
     @property
     def tables(self) -> list[Table]:
@@ -103,7 +106,7 @@ def _load_reverse(src: psycopg.Connection, name: str) -> st.Workflow | None:
 
 
 def _epoch(wf: st.Workflow | None) -> int:
-    return int(wf.options.get("epoch", 0)) if wf is not None else 0
+    return (wf.traffic.epoch or 0) if wf is not None else 0
 
 
 def reconcile(name: str, target_url: str) -> tuple[Sides, str]:
@@ -112,11 +115,11 @@ def reconcile(name: str, target_url: str) -> tuple[Sides, str]:
     fwd, rev = _epoch(sides.forward), _epoch(sides.reverse)
     if rev > fwd:  # a switch committed on the source; the target's part is missing
         with connect(target_url, role="target") as dst:
-            _target_part_of_switch(dst, sides, rev, sides.reverse.options.get("position", ""))
+            _target_part_of_switch(dst, sides, rev, sides.reverse.traffic.position)
         return load(name, target_url), "the target's part of an interrupted switch-traffic"
-    if fwd > rev and sides.reverse is not None and sides.reverse.options.get("traffic") == SWITCHED:
+    if fwd > rev and sides.reverse is not None and sides.reverse.traffic.state == SWITCHED:
         with connect(sides.source_url, role="source") as src:
-            _source_part_of_reverse(src, sides, fwd, sides.forward.options.get("position", ""))
+            _source_part_of_reverse(src, sides, fwd, sides.forward.traffic.position)
         _drop_reverse_capture(sides)
         return load(name, target_url), "the source's part of an interrupted reverse-traffic"
     return sides, ""
@@ -162,13 +165,13 @@ def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, tim
     """Writes to the moved tables go to the target from now on; the reverse workflow keeps the source current."""
     sides, finished = reconcile(name, target_url)
     if sides.traffic == SWITCHED and finished:  # a killed switch-traffic's, finished now: what was asked
-        return SwitchResult(name, SWITCHED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
+        return SwitchResult(name, SWITCHED, parse_lsn(sides.forward.traffic.position), 0.0, None, [], finished)
     if sides.traffic == SWITCHED:
         raise UsageError(f"workflow {name}: traffic is already switched to the target; "
                          f"`sluicegate movetables reverse-traffic {name}` moves it back")
     _check_no_rules(sides)
     stream = sides.forward.streams[0]
-    lag = _check_ready(sides.forward, stream, sides.source_url, "source", max_lag, timeout)
+    lag = _check_ready(sides.forward, stream, sides.source_url, "source", max_lag, timeout, SWITCH)
     tables = sides.tables
     rev = reverse_name(name)
     slot = st.object_name("sg", rev)
@@ -184,7 +187,7 @@ def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, tim
     try:
         position, granted = _lock(src, tables, lock_timeout, "source", name)
         fault_point("switch.locked")
-        _wait_applied(target_url, stream.id, position, sides.source_url, timeout, "forward", name)
+        _wait_applied(target_url, stream.id, position, sides.source_url, timeout, "forward", name, SWITCH)
         fault_point("switch.caught_up")
         with connect(target_url, role="target", autocommit=True) as seq_dst:
             sequences = advance_sequences(src, seq_dst, tables)
@@ -216,6 +219,7 @@ def switch_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, tim
     except BaseException:
         _rollback(src, dst)
         if not committed:  # else the switch happened: status and the next command finish the target's part
+            _release(target_url, stream.id, SWITCH)
             with connect(target_url, role="target", autocommit=True) as ctl:
                 capture.drop_capture(ctl, slot, slot)  # best effort; the next attempt drops what stays
         raise
@@ -234,7 +238,7 @@ def _target_part_of_switch(dst: psycopg.Connection, sides: Sides, epoch: int, po
     st.set_state(dst, stream.id, st.STOPPED, f"traffic switched to the target at {position}; the reverse "
                                              f"workflow {reverse_name(sides.forward.name)} carries writes back")
     undeny(dst, sides.tables)
-    _set_options(dst, sides.forward.name, traffic=SWITCHED, epoch=epoch, position=position)
+    st.set_traffic(dst, sides.forward.name, SWITCHED, epoch, position)
     if commit:
         dst.commit()
 
@@ -242,7 +246,7 @@ def _target_part_of_switch(dst: psycopg.Connection, sides: Sides, epoch: int, po
 def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, start: int, epoch: int,
                   position: int) -> None:
     """The reverse workflow, Running from the slot's start, in the source's transaction."""
-    options = {"traffic": SWITCHED, "epoch": epoch, "position": format_lsn(position), "reverse_of": sides.forward.name}
+    options = {}
     # Foreign keys between the moved tables hold on the source too: a batch may bring a child before its
     # parent, so the reverse applier writes as the forward one does (postgres/table_definition.py).
     if sides.forward.options.get("apply_as_replica") and may_apply_as_replica(src):
@@ -256,6 +260,7 @@ def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, st
         stream_id = sides.reverse.streams[0].id
         st.lock_stream(src, stream_id)
         _set_options(src, rev, **options)
+    st.set_traffic(src, rev, SWITCHED, epoch, format_lsn(position), reverse_of=sides.forward.name)
     src.execute("""UPDATE sluicegate.streams SET state = %s, position = %s::pg_lsn, message = '',
                           caught_up_at = now(), updated_at = now() WHERE id = %s""",
                 (st.RUNNING, format_lsn(start), stream_id))
@@ -267,19 +272,20 @@ def reverse_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, ti
     """Writes go back to the source; the forward workflow resumes from the source's current position."""
     sides, finished = reconcile(name, target_url)
     if sides.traffic == REVERSED and finished:  # a killed reverse-traffic's, finished now: what was asked
-        return SwitchResult(name, REVERSED, parse_lsn(sides.forward.options["position"]), 0.0, None, [], finished)
+        return SwitchResult(name, REVERSED, parse_lsn(sides.forward.traffic.position), 0.0, None, [], finished)
     if sides.traffic != SWITCHED or sides.reverse is None:
         raise UsageError(f"workflow {name}: traffic is on the source ({sides.traffic}); nothing to reverse")
     rev_stream = sides.reverse.streams[0]
-    lag = _check_ready(sides.forward, rev_stream, target_url, "target", max_lag, timeout)
+    lag = _check_ready(sides.forward, rev_stream, target_url, "target", max_lag, timeout, REVERSE)
     tables = sides.tables
     epoch = max(_epoch(sides.forward), _epoch(sides.reverse)) + 1
     dst = connect(target_url, role="target")
     src = None
+    committed = False
     try:
         position, granted = _lock(dst, tables, lock_timeout, "target", name)
         fault_point("reverse.locked")
-        _wait_applied(sides.source_url, rev_stream.id, position, target_url, timeout, "reverse", name)
+        _wait_applied(sides.source_url, rev_stream.id, position, target_url, timeout, "reverse", name, REVERSE)
         fault_point("reverse.caught_up")
         with connect(sides.source_url, role="source", autocommit=True) as seq_src:
             sequences = advance_sequences(dst, seq_src, tables, sides=("target", "source"))
@@ -293,16 +299,19 @@ def reverse_traffic(name: str, target_url: str, *, lock_timeout: float = 2.0, ti
         deny(dst, tables, name, f"writes go to the source {describe(sides.source_url)} since workflow {name} "
                                 f"reversed traffic there; write to the source, or run `sluicegate movetables "
                                 f"switch-traffic {name}`")
-        _set_options(dst, name, traffic=REVERSED, epoch=epoch, position=format_lsn(position))
+        st.set_traffic(dst, name, REVERSED, epoch, format_lsn(position))
         src = connect(sides.source_url, role="source")
         _source_part_of_reverse(src, sides, epoch, format_lsn(position), commit=False)
         fault_point("reverse.before_commit")
         dst.commit()
+        committed = True
         blocked = time.monotonic() - granted
         fault_point("reverse.target_committed")
         src.commit()
     except BaseException:
         _rollback(dst, src)
+        if not committed:
+            _release(sides.source_url, rev_stream.id, REVERSE)
         raise
     finally:
         dst.close()
@@ -319,7 +328,7 @@ def _source_part_of_reverse(src: psycopg.Connection, sides: Sides, epoch: int, p
     st.set_state(src, rev.streams[0].id, st.STOPPED, f"traffic reversed to the source at {position} (a position "
                                                      f"of the target)")
     undeny(src, sides.tables)
-    _set_options(src, rev.name, traffic=REVERSED, epoch=epoch)
+    st.set_traffic(src, rev.name, REVERSED, epoch)
     if commit:
         src.commit()
 
@@ -403,7 +412,7 @@ def cancel(name: str, target_url: str, keep_target_tables: bool = False) -> list
 
 
 def refuse_switched(wf: st.Workflow) -> None:
-    if wf.options.get("traffic") == SWITCHED:
+    if wf.traffic.state == SWITCHED:
         raise UsageError(f"workflow {wf.name}: traffic is switched to the target; cancel would drop the tables "
                          f"that take the writes: `sluicegate movetables reverse-traffic {wf.name}` first, or "
                          f"`movetables complete {wf.name}`")
@@ -533,9 +542,10 @@ def _check_no_rules(sides: Sides) -> None:
 
 
 def _check_ready(forward: st.Workflow, stream: st.Stream, source_url: str, side: str, max_lag: float,
-                 timeout: float) -> float:
-    """The stream that must catch up is Running, driven, and close behind; its lag (the source's clock)."""
-    if stream.state != st.RUNNING:
+                 timeout: float, reason: str) -> float:
+    """The stream that must catch up is Running, driven, and close behind; its lag (the source's clock). A
+    stream a killed run of this command left held counts as Running: this run takes it over."""
+    if stream.state != st.RUNNING and not (stream.state == st.STOPPED and stream.stop_reason == reason):
         raise UsageError(f"workflow {stream.workflow}: its stream is {stream.state}"
                          f"{': ' + stream.message if stream.message else ''}; traffic switches only while it is "
                          f"Running (copy finished, `sluicegate workflow run {forward.name}` running)")
@@ -576,26 +586,30 @@ def _lock(conn: psycopg.Connection, tables: list[Table], lock_timeout: float, si
 
 
 def _wait_applied(state_url: str, stream_id: int, position: int, source_url: str, timeout: float,
-                  which: str, name: str) -> None:
-    """Until the stream (its row on `state_url`) has applied everything before `position` of its source."""
-    deadline = time.monotonic() + timeout
+                  which: str, name: str, reason: str) -> None:
+    """Until the stream (its row on `state_url`) has applied everything before `position` of its source, and
+    stopped there: its durable stop (stream_control.py). The caller releases it if the switch does not
+    happen."""
     with connect(source_url, role="source", autocommit=True) as src:
         # Decoding reads flushed WAL only: a committed transaction of nothing flushes everything before it.
         src.execute("SELECT pg_current_xact_id()")
-    with connect(state_url, role="target", autocommit=True) as conn:
-        while True:
-            state, at = st.read_stream(conn, stream_id)
-            if at is not None and at >= position:
-                return
-            if state != st.RUNNING:
-                raise TerminalError(f"workflow {name}: the {which} stream became {state} while traffic "
-                                    f"switched; nothing was changed")
-            if time.monotonic() > deadline:
-                raise RetryableError(
-                    f"workflow {name}: the {which} stream did not reach {format_lsn(position)} within "
-                    f"{timeout:g} s (it is at {format_lsn(at) if at else 'no position'}); nothing was changed; "
-                    f"check `sluicegate workflow status {name}` and try again, or give a longer --timeout")
-            time.sleep(0.02)
+    stream_control.stop_when_past(state_url, stream_id, position, reason)
+    try:
+        stream_control.wait_stopped(state_url, stream_id, position, reason, threading.Event(), timeout=timeout,
+                                    at_least=True)
+    except RetryableError as exc:
+        raise RetryableError(f"workflow {name}: the {which} stream did not stop at {format_lsn(position)}: {exc}; "
+                             f"nothing was changed; check `sluicegate workflow status {name}` and try again, or "
+                             f"give a longer --timeout") from None
+
+
+def _release(state_url: str, stream_id: int, reason: str) -> None:
+    """Best effort, after a failed switch: the stream goes on (a killed command's hold lapses instead)."""
+    try:
+        stream_control.release(state_url, stream_id, reason)
+    except Exception:  # noqa: BLE001 - the side may be what failed
+        log.warning("could not release stream %s after %s; its driver does after %g s", stream_id, reason,
+                    stream_control.hold_seconds())
 
 
 def _create_slot(url: str, slot: str, timeout: float) -> int:
@@ -629,8 +643,8 @@ def _rollback(*conns) -> None:
 # -- status ----------------------------------------------------------------------------------------------
 def traffic_status(wf: st.Workflow, target_url: str) -> dict:
     """`traffic` for `workflow status`: source, switched or reversed; when switched, the reverse stream."""
-    out: dict = {"state": wf.options.get("traffic", SOURCE)}
-    if wf.kind != "MoveTables" or out["state"] == SOURCE and "epoch" not in wf.options:
+    out: dict = {"state": wf.traffic.state}
+    if wf.kind != "MoveTables" or out["state"] == SOURCE and wf.traffic.epoch is None:
         return out
     try:
         with connect(wf.source_url, role="source", autocommit=True, connect_timeout=3) as src:
