@@ -43,6 +43,8 @@ def _check(kind: str, kw: dict) -> None:
     names = split_list(kw["tables"]) if kw.get("tables") else None
     if kw.get("schemas"):
         names = with_schemas(names, split_list(kw["schemas"]))
+    from .. import targets
+
     plan = Plan(
         kind="Materialize" if kind == "materialize" else {"movetables": "MoveTables", "reshard": "Reshard",
                                                            "replicate": "Replicate"}[kind],
@@ -52,6 +54,7 @@ def _check(kind: str, kw: dict) -> None:
         rules=bool(kw.get("rules") or kw.get("rules_file")) or kind == "materialize",
         bidirectional=bool(kw.get("bidirectional")), workflow=kw.get("name"), on_ddl=kw.get("on_ddl") or "stop",
         target_standbys=bool(kw.get("target_standbys")))
+    plan.unprobed = frozenset(u for u in plan.targets if not targets.resolve(u).probed)
     if not plan.sources:
         raise click.UsageError("name the source: --source URL (or --source-shard RANGE=URL)")
     rules = list(kw.get("rules") or ())

@@ -16,13 +16,9 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable ou
 
 
 def _path(target: str) -> str:
-    from ..errors import UsageError
-    from ..lake.read import lake_path
+    from ..targets.delta import DeltaTarget
 
-    if not target.startswith("delta:") or not target[len("delta:"):].strip():
-        raise UsageError(f"--target {target!r} is not a Delta target: write delta:PATH (a directory or a URI "
-                         f"delta-rs supports, e.g. delta:/data/lake or delta:s3://bucket/lake)")
-    return lake_path(target)
+    return DeltaTarget.require(target)
 
 
 @click.group("lake")

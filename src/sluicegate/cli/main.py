@@ -13,10 +13,8 @@ import threading
 import click
 import psycopg
 
-from .. import config
-from ..cluster import sinks as sink_kinds
+from .. import config, targets
 from ..errors import SluicegateError, UsageError
-from ..lake import location
 from ..postgres.connect import first_line, redact
 from .ddl import ON_DDL
 from .friendly import VERBOSE as _VERBOSE
@@ -24,15 +22,8 @@ from .friendly import fail as _fail
 from .friendly import friendly
 from .logsetup import LEVELS
 
-
-def _delta_sink():
-    from ..lake.sink import DELTA  # (only once a Delta sink turns up: it costs the start of every command)
-
-    return DELTA
-
-
 # The CLI composes the program: the sink kinds cluster/ reaches through its interface (cluster/sinks.py).
-sink_kinds.register(location.is_delta, _delta_sink)
+targets.register_sink_kinds()
 
 TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database, or delta:PATH for Delta tables under PATH (or SLUICEGATE_TARGET).")
@@ -195,37 +186,20 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
                       chunk_rows, target_standbys, keep_indexes, optimize_every, vacuum_every, vacuum_retention,
                       commit_every, on_ddl):
     """Validate everything, then create the workflow's state and target tables in one transaction."""
+    from ..rules.udfs import parse_udfs
+
     schedule = {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
                 "vacuum_retention": vacuum_retention, "commit_every": commit_every}
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-
-        if target_standbys:
-            raise UsageError("--confirm-after-target-standbys is for a PostgreSQL target: a Delta target has no "
-                             "standbys")
-        notes: list[str] = []
-        moved, made = lake.create(name, source, target, _table_names(tables, schemas), _excluded(exclude_tables),
-                                  _all_rules(rules, rules_file),
-                                  _options(cycle_rows, chunk_rows) | lake.housekeeping_options(schedule) |
-                                  ({"on_ddl": on_ddl} if on_ddl else {}), notes)
-        for line in made:
-            click.echo(f"created {line}")
-        _created(name, f"{len(moved)} tables ({', '.join(moved)})", f" --target {shlex.quote(target)}", [source])
-        for line in notes:
-            click.echo(f"note: {line}", err=True)
-        return
-    given = [f"--{k.replace('_', '-')}" for k, v in schedule.items() if v is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)}: housekeeping is for a Delta target (--target delta:PATH)")
-    from ..rules.udfs import parse_udfs
-    from ..workflow.create import create_movetables
-
     options = _options(cycle_rows, chunk_rows, target_standbys) | ({"defer_indexes": False} if keep_indexes else {}) | \
         ({"on_ddl": on_ddl} if on_ddl else {})
     notes: list[str] = []
-    created = create_movetables(name, source, target, _table_names(tables, schemas), _all_rules(rules, rules_file),
-                                options, parse_udfs(list(udfs)), _excluded(exclude_tables), notes=notes)
-    _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
+    where = targets.resolve(target)
+    moved, made = where.create_movetables(name, source, _table_names(tables, schemas), _excluded(exclude_tables),
+                                          _all_rules(rules, rules_file), options, parse_udfs(list(udfs)), schedule,
+                                          notes)
+    for line in made:
+        click.echo(f"created {line}")
+    _created(name, f"{len(moved)} tables ({', '.join(moved)})", where.hint(), [source])
     for line in notes:  # what the target tables do not get of their source's definition
         click.echo(f"note: {line}", err=True)
 
@@ -345,9 +319,7 @@ def workflow() -> None:
 def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_interval, metrics_port,
                  metrics_addr, metrics_cert_file, metrics_key_file, metrics_client_ca_file, metrics_insecure):
     """Run the workflow in the foreground. SIGTERM stops cleanly; SIGKILL is always safe."""
-    from ..postgres.connect import connect
     from ..spark.session import launch_settings, parse_conf
-    from ..workflow import state as st
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
@@ -362,67 +334,23 @@ def workflow_run(name, target, spark_master, spark_conf, no_progress, progress_i
     stop = threading.Event()
     runners: list = []
     _stop_on_signals(stop, runners)  # (an interrupted copy cycle is redone on the next run)
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-
-        final = lake.run(name, target, spark_master, conf, stop, runners,
-                         progress=lambda: _progress(name, target, "MoveTables", no_progress, progress_interval))
-        click.echo(f"workflow {name}: {final}", err=True)
-        return
-    with connect(target, role="target") as conn:
-        wf = st.load_workflow(conn, name)  # fail fast on a typo, before Spark starts
-    from ..workflow import run_lock
-
+    where = targets.resolve(target)
     # One driver per workflow: a second one is refused here, before its Spark, heartbeat or progress lines
     # (its heartbeat would record it as the driver); the engine keeps holding it (a Reshard's: per stream).
-    lock = run_lock.take(target, name)
-    try:
-        _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
-                    metrics_port, metrics_addr, metrics_tls)
-    finally:
-        lock.close()
-
-
-def _run_locked(name, target, wf, lock, spark_master, conf, stop, runners, no_progress, progress_interval,
-                metrics_port, metrics_addr, metrics_tls) -> None:
-    kind = wf.kind
-    # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases): no
-    # SparkSession (Spark SQL's state) to build, and a JVM that only coordinates.
-    ruled = kind == "Reshard" or any(t.rule for s in wf.streams for t in s.tables)
-    from ..spark.session import start_in_background
-
-    # Spark starts while this process imports the engine and the engine takes its snapshot; the first Spark
-    # job waits for it.
-    spark = start_in_background(spark_master, conf=conf, session=ruled, light_jvm=not ruled)
-    from ..workflow.heartbeat import Heartbeat
-    from ..workflow.passwords import retire_stored_passwords, task_url
-    from ..workflow.shards import target_shards
-
-    # Spark's tasks get the target URL without its password when libpq finds it (pgpass file, PGPASSWORD).
-    target = task_url(target, "target")
-    shard_urls = list(target_shards(wf, target).values()) if kind == "Reshard" else [target]
-    for url in shard_urls:
-        for warning in retire_stored_passwords(url, name, wf if url == target else None):
-            click.echo(f"warning: {warning}", err=True)
-    heartbeat = Heartbeat(shard_urls, name).start()  # status tells a running workflow from an abandoned one
+    lock = where.take_run_lock(name)
     metrics = None
     try:
         if metrics_port is not None:
-            from ..workflow.metrics import MetricsServer
-
-            try:
-                metrics = MetricsServer(target, name, metrics_port, metrics_addr, **metrics_tls)
-            except OSError as exc:
-                raise UsageError(f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc.strerror or exc}; "
-                                 f"pick another --metrics-port") from None
-        from ..spark.runner import SparkRunner
-
-        runners.append(SparkRunner(spark))
-        _run(name, target, kind, runners[0], stop, no_progress, progress_interval, lock)
+            metrics = where.metrics(name, metrics_port, metrics_addr, metrics_tls)
+        final = where.run(name, spark_master, conf, stop, runners,
+                          lambda kind, url: _progress(name, url, kind, no_progress, progress_interval),
+                          lambda line: click.echo(line, err=True), lock)
     finally:
         if metrics is not None:
             metrics.stop()
-        heartbeat.stop()
+        if lock is not None:
+            lock.close()
+    click.echo(f"workflow {name}: {final}", err=True)
 
 
 def _progress(name, target, kind, no_progress, interval):
@@ -439,115 +367,6 @@ def _progress(name, target, kind, no_progress, interval):
         view = ProgressLines(target, name, interval)
     view.start()
     return view
-
-
-def _run(name, target, kind, runner, stop, no_progress, interval, lock=None) -> None:
-    from ..postgres.connect import connect
-    from ..vdiff.executor import DriverVDiffs
-    from ..workflow import state as st
-    from ..workflow.engine import Engine
-
-    if kind == "Reshard":
-        runner.sc  # noqa: B018 - one error line if Spark cannot start, not one per stream's engine
-        view = _progress(name, target, kind, no_progress, interval)
-        try:
-            _run_reshard(name, target, runner, stop)
-        finally:
-            view.stop()
-        return
-    governor = None
-    if kind == "Replicate":  # the seed's decision for an existing setup, printed; then the caps enforced
-        from ..cluster.decisions import at_start
-        from ..cluster.governor import Governor
-
-        for line in at_start(target, name):
-            click.echo(line, err=True)
-        governor = Governor(target, name, stop).start()
-        with connect(target, role="target") as conn:
-            several = len(st.load_workflow(conn, name).streams) > 1
-        if several:  # a keyspace source: a stream per source shard, each its own Engine (as a Reshard's)
-            view = _progress(name, target, "Reshard", no_progress, interval)
-            try:
-                _run_reshard(name, target, runner, stop)
-            finally:
-                view.stop()
-                governor.close()
-            return
-    view = _progress(name, target, kind, no_progress, interval)
-    engine = Engine(target, name, runner, stop=stop, lock_conn=lock, vdiffs=DriverVDiffs)
-    running, url = name, target
-    try:
-        final = _run_engine(engine)
-        # A MoveTables whose traffic switched: the same driver carries the reverse workflow (and the forward
-        # one again after reverse-traffic), for as long as one of them runs.
-        while kind == "MoveTables" and final == st.STOPPED and not stop.is_set():
-            from ..workflow.traffic import active_stream
-
-            nxt = active_stream(name, target)
-            if nxt is None:
-                break
-            engine.close()
-            running, url = nxt
-            click.echo(f"workflow {name}: running {running}", err=True)
-            engine = Engine(url, running, runner, stop=stop, vdiffs=DriverVDiffs if running == name else None)
-            view.follow(running, url)
-            final = _run_engine(engine)
-    finally:
-        engine.close()
-        view.stop()
-        if governor is not None:
-            governor.close()
-    if final == st.ERROR:
-        with connect(url, role="target") as conn:
-            msg = st.load_workflow(conn, running).streams[0].message
-        raise SluicegateError(f"workflow {running} stopped in Error: {msg}")
-    click.echo(f"workflow {name}: {final}", err=True)
-
-
-def _run_engine(engine) -> str:
-    """engine.run(); a workflow deleted under it (complete, cancel, delete) ends it as Stopped, whatever its
-    last step failed on (the slot, tables or state dropped under it)."""
-    import psycopg
-
-    from ..workflow import state as st
-
-    try:
-        final = engine.run()
-    except (UsageError, psycopg.Error) as failed:  # e.g. the last workflow's delete dropped the schema under it
-        try:
-            gone = _deleted(engine.workflow, engine.target_url)
-        except psycopg.Error:
-            raise failed from None  # the target is unreachable: its first error says more
-        if not gone:
-            raise
-        return st.STOPPED
-    if final == st.ERROR:
-        try:
-            if _deleted(engine.workflow, engine.target_url):
-                return st.STOPPED
-        except psycopg.Error:
-            pass  # the caller reports the Error (and the target's state, when it can)
-    return final
-
-
-def _deleted(name: str, target: str) -> bool:
-    from ..postgres.connect import connect
-    from ..workflow import state as st
-
-    with connect(target, role="target") as conn:
-        return name not in st.list_workflows(conn)
-
-
-def _run_reshard(name, target, runner, stop) -> None:
-    from ..workflow.reshard import run_all
-
-    finals = run_all(name, target, runner, stop)
-    failed = [f"stream {sid} (target shard {shard}): {state}" for shard, sid, state in finals if state.startswith("Error")]
-    if failed and _deleted(name, target):  # cancelled or deleted under its streams
-        finals = [(shard, sid, "Stopped") for shard, sid, _ in finals]
-    elif failed:
-        raise SluicegateError(f"workflow {name}: {'; '.join(failed)}; see `sluicegate workflow status {name}`")
-    click.echo(f"workflow {name}: {', '.join(sorted({state for _, _, state in finals}))}", err=True)
 
 
 def _size(ctx, param, value):
@@ -568,31 +387,15 @@ def _size(ctx, param, value):
               help="Warn when a stream's replication slot holds more WAL than this on its source.")
 @friendly
 def workflow_status_cmd(name, target, as_json, wal_warning):
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-
-        status = lake.status(name, target)
-        click.echo(json.dumps(status, default=str) if as_json else "\n".join(lake.format_status(status)))
-        return
     """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
-    from ..workflow.shards import load_all
-    from ..workflow.status import merge_status, slot_facts, workflow_status
-
-    shards = load_all(name, target)
-    status = merge_status([(shard, workflow_status(wf, slots=slot_facts(wf), wal_warning=wal_warning))
-                           for shard, _, wf in shards])
-    if shards[0][2].kind == "Replicate":  # safe time at the top level; every sink's slot on the source
-        from ..cluster.status import cluster_status
-
-        extra = cluster_status(shards[0][2], target)
-        status = {**{k: v for k, v in status.items() if k != "warnings"}, **extra,
-                  "warnings": status["warnings"] + extra["warnings"]}
-    if shards[0][2].kind == "MoveTables":  # which side takes writes (workflow/traffic.py)
-        from ..workflow.traffic import traffic_status
-
-        status["traffic"] = traffic_status(shards[0][2], target)
+    where = targets.resolve(target)
+    status = where.status(name, wal_warning)
     if as_json:
-        click.echo(json.dumps(status, indent=2))
+        click.echo(json.dumps(status, indent=2, default=str))
+        return
+    lines = where.status_lines(status)
+    if lines is not None:
+        click.echo("\n".join(lines))
         return
     from .output import make_console, print_status
 
@@ -620,50 +423,7 @@ def workflow_list(target, as_json):
 
 
 def _set_state(name: str, target: str, verb: str) -> str:
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-
-        return lake.set_state(name, target, verb)
-    from ..workflow.shards import load_all
-
-    shards = load_all(name, target)
-    for _, url, _ in shards:
-        state = _set_shard_state(name, url, verb)
-    return state
-
-
-def _set_shard_state(name: str, target: str, verb: str) -> str:
-    from ..postgres.connect import connect
-    from ..workflow import state as st
-
-    with connect(target, role="target") as conn:
-        wf = st.load_workflow(conn, name)
-    if wf.kind == "MoveTables" and wf.traffic.state == "switched":
-        # The reverse workflow carries the writes; the forward stream stays stopped (its source now holds the
-        # reverse workflow's writes: replaying them would loop) until `movetables reverse-traffic`.
-        from ..workflow.traffic import set_reverse_state
-
-        state = set_reverse_state(name, target, verb)
-        if state is not None:
-            return state
-    with connect(target, role="target") as conn:
-        wf = st.load_workflow(conn, name)
-        for s in wf.streams:
-            st.lock_stream(conn, s.id)
-            if verb == "stop":
-                st.set_state(conn, s.id, st.STOPPED, "stopped by user")
-            elif wf.traffic.state == "switched":
-                raise UsageError(f"workflow {name}: traffic is switched to the target, so its stream stays "
-                                 f"stopped; `sluicegate movetables reverse-traffic {name}` resumes it")
-            else:
-                if s.position is None:
-                    new = st.INIT
-                elif any(not t.done for t in s.tables):
-                    new = st.COPYING
-                else:
-                    new = st.RUNNING
-                st.set_state(conn, s.id, new)
-        return wf.streams[0].state
+    return targets.resolve(target).set_state(name, verb)
 
 
 @workflow.command("stop")
@@ -698,37 +458,9 @@ def workflow_start(name, target):
 @friendly
 def workflow_set(name, target, on_ddl, target_standbys):
     """Change a setting of an existing workflow."""
-    from ..ddl import modes
-    from ..postgres import needs, standby_flush
-    from ..postgres.connect import connect, describe
-    from ..preflight import probes
-    from ..workflow import state as st
-
     if on_ddl is None and target_standbys is None:
         raise UsageError("workflow set: give a setting to change (--on-ddl, --confirm-after-target-standbys)")
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-
-        if target_standbys is not None:
-            raise UsageError("--confirm-after-target-standbys is for a PostgreSQL target: a Delta target has no "
-                             "standbys")
-        lake.set_on_ddl(name, target, on_ddl)
-        click.echo(f"workflow {name}: on-ddl {on_ddl}")
-        return
-    with connect(target, role="target") as conn:
-        if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
-                                                         (name,)).fetchone():
-            _fail(f"no workflow {name} on this target")
-        if target_standbys == "on":
-            for problem in probes.privileged(conn, f"target {describe(target)}", {needs.TARGET_STANDBYS}):
-                _fail(problem.line())
-        if on_ddl is not None:
-            modes.set_mode(conn, name, on_ddl)
-        if target_standbys is not None:
-            standby_flush.set_enabled(conn, name, target_standbys == "on")
-        conn.commit()
-    changed = [f"on-ddl {on_ddl}"] if on_ddl else []
-    changed += [f"confirm-after-target-standbys {target_standbys}"] if target_standbys else []
+    changed = targets.resolve(target).configure(name, on_ddl, target_standbys)
     click.echo(f"workflow {name}: {', '.join(changed)}")
 
 
@@ -746,44 +478,11 @@ def workflow_delete(name, target, drop_tables):
     """
     from .traffic import echo_dropped
 
-    if target.startswith("delta:"):  # the Delta Lake target (lake/)
-        from ..lake import cli as lake
-        from ..lake.state import open_store
-
-        wf = open_store(target).load(name)
-        echo_dropped(f"deleted workflow {name}", lake.delete(name, target, drop_tables))
-        if wf.kind == "Replicate":  # the other sinks stop governing and showing this one
-            from ..cluster.forget import forget_sink
-            from ..cluster.model import Cluster
-
-            missed = forget_sink(Cluster.of(wf))
-            if missed:
-                click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one",
-                           err=True)
-        return
-    from ..workflow.create import delete_workflow
-    from ..workflow.shards import load_all
-
-    dropped = []
-    shards = load_all(name, target)
-    if shards[0][2].kind == "MoveTables" and shards[0][2].traffic.state == "switched":
-        raise UsageError(f"workflow {name}: traffic is switched to the target, and its reverse workflow and the "
-                         f"source's write denials would stay behind: `sluicegate movetables complete {name}`")
-    if drop_tables:  # as `movetables|materialize|reshard cancel` (workflow/traffic.py)
-        from ..workflow.traffic import cancel_workflow
-
-        dropped = cancel_workflow(name, target)
-    else:
-        for _, url, _ in shards:
-            dropped += delete_workflow(name, url)
+    warnings: list[str] = []
+    dropped = targets.resolve(target).delete(name, drop_tables, warnings.append)
     echo_dropped(f"deleted workflow {name}", dropped)
-    if shards[0][2].kind == "Replicate":  # the other sinks stop governing and showing this one
-        from ..cluster.forget import forget_sink
-        from ..cluster.model import Cluster
-
-        missed = forget_sink(Cluster.of(shards[0][2]))
-        if missed:
-            click.echo(f"warning: sinks {', '.join(missed)} could not be told and still list this one", err=True)
+    for line in warnings:
+        click.echo(line, err=True)
 
 
 @cli.command()
@@ -822,23 +521,15 @@ def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_maste
 
 
 def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf) -> int:
-    from ..postgres.connect import connect
     from ..spark.session import launch_settings, parse_conf
     from ..vdiff import report as rep
-    from ..vdiff.executor import execute_or_wait, request
-    from ..workflow.passwords import task_url
-    from ..workflow.shards import load_all
 
     conf = parse_conf(spark_conf)
     launch_settings(spark_master, conf)  # a usage error (two masters) before anything starts
-    if target.startswith("delta:"):  # the Delta Lake target (lake/vdiff.py)
-        return _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, conf)
-    target = task_url(target, "target")  # Spark's tasks get it: without the password when libpq finds it
-
+    where = targets.resolve(target)
+    where.check_vdiff(name, resume)  # before Spark starts
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     options = {"sample": sample, **({"range_rows": range_rows} if range_rows else {})}
-    shards = load_all(name, target)  # a Reshard: every target shard against the rows it should hold
-    requests = [(shard, url, request(url, name, names, options, resume=resume)) for shard, url, _ in shards]
     stop = threading.Event()
     runners = []
 
@@ -851,11 +542,7 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
         return runners[0]
 
     _stop_on_signals(stop, runners)
-    results = []
-    for shard, url, vdiff_id in requests:
-        execute_or_wait(url, name, vdiff_id, make_runner, stop=stop)
-        with connect(url, role="target") as conn:
-            results.append((shard, vdiff_id, rep.build(conn, vdiff_id)))
+    results = where.vdiff(name, names, options, resume, make_runner, stop)
     if as_json:
         if len(results) == 1:
             click.echo(rep.to_json(results[0][2]))
@@ -867,42 +554,17 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
         from rich.console import Console
 
         console = Console(highlight=False, soft_wrap=True)
-        for shard, _, result in results:
+        for shard, label, result in results:
             if shard:
                 console.print(f"[bold]target shard {shard}[/]")
-            rep.render(console, result)
-    failed = [(shard, vdiff_id, r) for shard, vdiff_id, r in results if r["state"] != "completed"]
-    for shard, vdiff_id, r in failed:
-        where = f" (target shard {shard})" if shard else ""
-        click.echo(f"error: vdiff {vdiff_id}{where} {r['state']}: {redact(r['message'])}", err=True)
+            rep.render(console, {**result, "vdiff_id": label})
+    failed = [(shard, label, r) for shard, label, r in results if r.get("state", "completed") != "completed"]
+    for shard, label, r in failed:
+        where_ = f" (target shard {shard})" if shard else ""
+        click.echo(f"error: vdiff {label}{where_} {r['state']}: {redact(r['message'])}", err=True)
     if failed:
         return 2
     return 0 if all(r["equal"] for _, _, r in results) else 1
-
-
-def _lake_vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, conf) -> int:
-    from ..lake import vdiff as lake_vdiff
-    from ..lake.state import open_store
-    from ..spark.runner import SparkRunner
-    from ..spark.session import get_spark
-    from ..vdiff import report as rep
-
-    if resume:
-        raise UsageError("a vdiff of a Delta target runs whole: --resume is for PostgreSQL targets")
-    names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
-    lake_vdiff.check_comparable(open_store(target), name)  # before Spark starts
-    stop = threading.Event()
-    runners = [SparkRunner(get_spark(spark_master, conf))]
-    _stop_on_signals(stop, runners)
-    report = lake_vdiff.run(name, target, runners[0], tables=names, sample=sample, range_rows=range_rows,
-                            stop=stop)
-    if as_json:
-        click.echo(rep.to_json(report))
-    else:
-        from rich.console import Console
-
-        rep.render(Console(highlight=False, soft_wrap=True), {**report, "vdiff_id": f"into {report['target']}"})
-    return 0 if report["equal"] else 1
 
 
 @cli.command()

@@ -23,7 +23,6 @@ from rich.table import Table as RichTable
 from ..postgres.connect import connect
 from ..workflow import live
 from ..workflow import state as st
-from ..workflow.status import workflow_status
 
 
 def percent(copied: int, total: int, done: bool) -> float:
@@ -51,30 +50,17 @@ def with_live(table: dict, entry: live.TableCopy | None, in_flight: dict[str, in
 def read_streams(target_url: str, workflow: str) -> list[dict]:
     """Every stream of the workflow as the views show it: status streams (workflow/status.py) with "label",
     "rows_applied" (None: not counted) and, per table, this driver's copy in flight (`with_live`)."""
+    from .. import targets
+
     now = time.monotonic()
-    if target_url.startswith("delta:"):
-        from ..lake.cli import progress_streams
-
-        streams = progress_streams(workflow, target_url)
-        for s in streams:
-            entries = {t["table"]: live.table_copy(target_url, workflow, s["id"], t["table"]) for t in s["tables"]}
-            # a cycle's running tasks show the rows they have read on their source sessions
-            reads = _ask(s.pop("source_url"), live.in_flight_reads, entries.values())
-            s["tables"] = [with_live(t, entries[t["table"]], reads, now) for t in s["tables"]]
-        return streams
-    from ..workflow.shards import load_all
-
     streams = []
-    for shard, url, wf in load_all(workflow, target_url):
-        applied = {s.id: s.rows_applied for s in wf.streams}
-        copying = [(s.id, t.table.qualified) for s in wf.streams for t in s.tables if not t.done]
-        # a cycle's running COPYs show the rows they have written on the target
-        flights = _ask(url, live.in_flight, [live.table_copy(url, workflow, *key) for key in copying])
-        for s in workflow_status(wf)["streams"]:
-            label = f"stream {s['id']}" + (f" (target shard {shard})" if shard else "")
-            tables = [with_live(t, live.table_copy(url, workflow, s["id"], t["table"]), flights, now)
-                      for t in s["tables"]]
-            streams.append({**s, "label": label, "rows_applied": applied[s["id"]], "tables": tables})
+    for group in targets.resolve(target_url).progress_groups(workflow):
+        entries = {(s["id"], t["table"]): live.table_copy(group.key_url, workflow, s["id"], t["table"])
+                   for s in group.streams for t in s["tables"]}
+        flights = _ask(group.ask_url, group.in_flight, entries.values())
+        for s in group.streams:
+            tables = [with_live(t, entries[s["id"], t["table"]], flights, now) for t in s["tables"]]
+            streams.append({**s, "tables": tables})
     return streams
 
 

@@ -107,7 +107,9 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
 
     excluded = split_list(exclude_tables) if exclude_tables else None
     names = with_schemas(_names(tables, "--tables"), _names(schemas, "--schemas"))
-    if target_standbys and (lake := [u for u in sinks if u.startswith("delta:")]):
+    from .. import targets
+
+    if target_standbys and (lake := [u for u in sinks if not targets.resolve(u).has_standbys]):
         raise UsageError(f"--confirm-after-target-standbys is for PostgreSQL sinks: the Delta sink {lake[0]} has no "
                          f"standbys (its files are durable once written); create it without the option")
     if bool(source) == bool(source_shards):
@@ -119,7 +121,7 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
         if on_ddl not in (None, "stop"):
             raise UsageError(f"--on-ddl {on_ddl}: a keyspace source (--source-shard) does not replay schema changes "
                              f"yet; leave the option out (an added column follows)")
-        lake = [u for u in sinks if u.startswith("delta:")]
+        lake = [u for u in sinks if not targets.resolve(u).takes_keyspace]
         if lake:
             raise UsageError(f"a keyspace source (--source-shard) replicates into PostgreSQL sinks only, "
                              f"not the Delta sink {lake[0]}: use --source, or a PostgreSQL sink")
@@ -181,11 +183,9 @@ def _shown(url: str) -> str:
 @friendly
 def replicate_bootstrap(name, sink, tables):
     """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
-    from ..cluster.bootstrap import bootstrap
+    from .. import targets
 
-    if sink.startswith("delta:"):  # a Delta sink (cluster/lake_sink.py)
-        from ..cluster.lake_sink import bootstrap
-    for line in bootstrap(name, sink, _names(tables, "--tables")):
+    for line in targets.resolve(sink).bootstrap_sink(name, _names(tables, "--tables")):
         click.echo(line)
     click.echo(f"run the sink's consumer: sluicegate workflow run {shlex.quote(name)} --target "
                f"{shlex.quote(_shown(sink))}")

@@ -130,21 +130,9 @@ def kind_cancel_command(kind: str, what: str) -> click.Command:
     @KEEP_TARGET_TABLES
     @friendly
     def cmd(name, target, keep_target_tables):
-        if target.startswith("delta:"):  # the Delta Lake target (lake/)
-            from ..errors import UsageError
-            from ..lake import cli as lake
-            from ..lake.state import open_store
-            from ..workflow.traffic import cancel_command
+        from .. import targets
 
-            found = open_store(target).load(name).kind
-            if found != kind:
-                raise UsageError(f"workflow {name} is a {found}, not a {kind}: {cancel_command(found, name)} "
-                                 f"cancels it")
-            echo_dropped(f"cancelled workflow {name}", lake.delete(name, target, not keep_target_tables))
-            return
-        from ..workflow.traffic import cancel_workflow
-
-        echo_dropped(f"cancelled workflow {name}", cancel_workflow(name, target, keep_target_tables, kind))
+        echo_dropped(f"cancelled workflow {name}", targets.resolve(target).cancel(kind, name, keep_target_tables))
 
     return cmd
 

@@ -65,9 +65,9 @@ class SlotHold:
                 "wal_status": self.wal_status, "active": self.active, "released": self.released}
 
 
-def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Cluster,
-          shard: str | None = None) -> list[SlotHold]:
-    """What each sink's slot holds on the source now (`sink_conn`: the sink whose samples date the WAL); on
+def holds(src: psycopg.Connection, samples, cluster: Cluster, shard: str | None = None) -> list[SlotHold]:
+    """What each sink's slot holds on the source now (`samples`: PgSamples or a sink kind's, which date the
+    WAL); on
     source shard `shard`'s (`src`) for a keyspace source, whose WAL is not sampled (no age)."""
     out = []
     now = src.execute("SELECT clock_timestamp()").fetchone()[0]
@@ -81,18 +81,35 @@ def holds(src: psycopg.Connection, sink_conn: psycopg.Connection, cluster: Clust
             out.append(SlotHold(sink, slot, False, released=capture.release_note(src, slot), shard=shard))
             continue
         restart, held, wal_status, active = row
-        age = _age(sink_conn, cluster.workflow, parse_lsn(restart), now) if restart and shard is None else None
+        age = samples.age(parse_lsn(restart), now) if restart and shard is None else None
         out.append(SlotHold(sink, slot, True, held, age, wal_status, active, shard=shard))
     return out
 
 
-def _age(conn, workflow: str, restart: int, now: datetime) -> float:
-    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake/sink.py: LakeSamples)
-        return conn.age(restart, now)
-    row = conn.execute("SELECT min(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s AND lsn > %s::pg_lsn",
-                       (workflow, format_lsn(restart))).fetchone()
-    conn.rollback()
-    return max(0.0, (now - row[0]).total_seconds()) if row and row[0] else 0.0
+class PgSamples:
+    """The governor's samples of the source's WAL position, in a PostgreSQL sink's `sluicegate.wal_samples`
+    (a Delta sink keeps its own: lake/sink.py's LakeSamples, the same two methods)."""
+
+    def __init__(self, conn: psycopg.Connection, workflow: str):
+        self.conn, self.workflow = conn, workflow
+
+    def add(self, lsn: int, now: datetime, every: timedelta, keep: timedelta) -> None:
+        conn = self.conn
+        last = conn.execute("SELECT max(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s",
+                            (self.workflow,)).fetchone()[0]
+        if last is None or now - last >= every:
+            conn.execute("INSERT INTO sluicegate.wal_samples (workflow, lsn, taken_at) VALUES (%s, %s::pg_lsn, %s) "
+                         "ON CONFLICT DO NOTHING", (self.workflow, format_lsn(lsn), now))
+            conn.execute("DELETE FROM sluicegate.wal_samples WHERE workflow = %s AND taken_at < %s",
+                         (self.workflow, now - keep))
+        conn.commit()
+
+    def age(self, restart: int, now: datetime) -> float:
+        """Seconds since the first sample past `restart` (0 if none is)."""
+        row = self.conn.execute("SELECT min(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s "
+                                "AND lsn > %s::pg_lsn", (self.workflow, format_lsn(restart))).fetchone()
+        self.conn.rollback()
+        return max(0.0, (now - row[0]).total_seconds()) if row and row[0] else 0.0
 
 
 def over_cap(hold: SlotHold, cluster: Cluster) -> str | None:
@@ -146,15 +163,16 @@ class Governor:
                 self.collect(sink_conn, cluster)
             released = []
             for shard, url in cluster.sources.items():  # a keyspace source: each shard's slots, on it
-                released += self._check_source(sink_conn, cluster, url, shard if cluster.source_shards else None)
+                released += self._check_source(PgSamples(sink_conn, self.workflow), cluster, url,
+                                               shard if cluster.source_shards else None)
         return released
 
-    def _check_source(self, sink_conn, cluster: Cluster, url: str, shard: str | None) -> list[str]:
+    def _check_source(self, samples, cluster: Cluster, url: str, shard: str | None) -> list[str]:
         released = []
         with connect(url, role="source", autocommit=True, connect_timeout=5) as src:
             if shard is None:  # the samples date one server's WAL
-                _sample(src, sink_conn, cluster)
-            for hold in holds(src, sink_conn, cluster, shard):
+                _sample(src, samples, cluster)
+            for hold in holds(src, samples, cluster, shard):
                 why = over_cap(hold, cluster) if hold.exists and not hold.active else None
                 if why and hold.sink != cluster.sink and _consumer_alive(cluster, hold.sink):
                     why = None  # between its catchups (a long copy): a sink that is there is not gone
@@ -172,21 +190,10 @@ class Governor:
         return gone
 
 
-def _sample(src: psycopg.Connection, conn, cluster: Cluster) -> None:
+def _sample(src: psycopg.Connection, samples, cluster: Cluster) -> None:
     lsn, now = src.execute("SELECT pg_current_wal_lsn()::text, clock_timestamp()").fetchone()
-    if not isinstance(conn, psycopg.Connection):  # a Delta sink's samples (lake/sink.py: LakeSamples)
-        conn.add(parse_lsn(lsn), now, SAMPLE_EVERY,
-                 max(KEEP_SAMPLES, timedelta(seconds=2 * (cluster.max_retention_age or 0))))
-        return
-    last = conn.execute("SELECT max(taken_at) FROM sluicegate.wal_samples WHERE workflow = %s",
-                        (cluster.workflow,)).fetchone()[0]
-    if last is None or now - last >= SAMPLE_EVERY:
-        keep = max(KEEP_SAMPLES, timedelta(seconds=2 * (cluster.max_retention_age or 0)))
-        conn.execute("INSERT INTO sluicegate.wal_samples (workflow, lsn, taken_at) VALUES (%s, %s::pg_lsn, %s) "
-                     "ON CONFLICT DO NOTHING", (cluster.workflow, lsn, now))
-        conn.execute("DELETE FROM sluicegate.wal_samples WHERE workflow = %s AND taken_at < %s",
-                     (cluster.workflow, now - keep))
-    conn.commit()
+    samples.add(parse_lsn(lsn), now, SAMPLE_EVERY, max(KEEP_SAMPLES, timedelta(seconds=2 * (cluster.max_retention_age
+                                                                                          or 0))))
 
 
 def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str) -> str | None:

@@ -24,7 +24,7 @@ def cluster_status(wf: st.Workflow, target_url: str) -> dict:
                 with connect(url, role="source", autocommit=True, connect_timeout=3) as src:
                     now = src.execute("SELECT clock_timestamp()").fetchone()[0]
                     source_now = now if source_now is None else max(source_now, now)  # the larger lag
-                    holds += governor.holds(src, conn, cluster, shard)
+                    holds += governor.holds(src, governor.PgSamples(conn, cluster.workflow), cluster, shard)
                     # A sink whose consumer never ran has neither slot nor publication yet: not a lost slot
                     published |= {r[0] for r in src.execute(
                         "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",

@@ -37,6 +37,7 @@ class Plan:
     target_tables: list[tuple[str, str]] | None = None
     on_ddl: str = "stop"  # --on-ddl: anything but stop needs the source's DDL capture (ddl/capture.py)
     target_standbys: bool = False  # confirms only what the targets' standbys flushed (postgres/standby_flush.py)
+    unprobed: frozenset[str] = frozenset()  # targets that are no database to probe (targets/: Target.probed)
 
     @property
     def switches(self) -> bool:
@@ -73,7 +74,7 @@ def check(plan: Plan) -> list[Problem]:
             p += _ddl_capture(conn, where, plan.on_ddl)
             problems += p
     for url in plan.targets:
-        if url.startswith("delta:"):
+        if url in plan.unprobed:
             continue
         where = f"{'sink' if plan.kind == 'Replicate' else 'target'} {describe(url)}"
         conn = _connect(url, "target", where, problems)

@@ -1,0 +1,33 @@
+"""Where a workflow writes, behind one interface (base.py): one folder per kind of target.
+
+    postgres/   a PostgreSQL database: the state in its `sluicegate` schema (workflow/), the appliers, vdiff/
+    delta/      Delta tables under a path or URI: the state beside them (lake/)
+
+The --target (or --sink) URL is resolved here, once: commands call what the Target it gives them offers, and
+nothing outside a kind's folder (and the packages it composes) asks which kind a URL is.
+"""
+
+from __future__ import annotations
+
+from .base import ProgressGroup, Target
+
+__all__ = ["ProgressGroup", "Target", "register_sink_kinds", "resolve"]
+
+
+def register_sink_kinds() -> None:
+    """cluster/ reaches sinks that are not PostgreSQL databases through its registry (cluster/sinks.py): the
+    kinds this program knows, registered by the program that composes them (cli/)."""
+    from .delta import register_sink_kind
+
+    register_sink_kind()
+
+
+def resolve(url: str) -> Target:
+    """The target `url` names: the first kind that claims it (a libpq URL is PostgreSQL's)."""
+    from .delta import DeltaTarget
+    from .postgres import PostgresTarget
+
+    for kind in (DeltaTarget, PostgresTarget):
+        if kind.claims(url):
+            return kind(url)
+    raise AssertionError("PostgresTarget claims every URL")  # pragma: no cover
