@@ -5,7 +5,8 @@ imports the exported snapshot and pipes `COPY (SELECT …) TO STDOUT` straight i
 the target (raw passthrough, no Python per row: copy_task.py; binary when the types allow). Target
 rows above lastpk are by definition not yet copied, so a cycle first deletes them: a cycle killed halfway is
 simply redone. A whole table copied in one cycle is split by heap pages instead of keys: a TID range scan
-reads its pages in order with no index walk, whatever the key's type.
+reads its pages in order with no index walk, whatever the key's type. Many small tables share a cycle
+(`small_group`): one snapshot, one Spark job whose tasks each copy several of them whole.
 """
 
 from __future__ import annotations
