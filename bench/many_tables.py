@@ -121,8 +121,6 @@ class ManyTables(Bench):
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", WF, "--target", url,
                "--no-progress"]
-        if self.args.profile:  # the driver under py-spy: where its time goes per table
-            cmd = ["py-spy", "record", "-o", self.args.profile, "-f", "speedscope", "--", *cmd]
         with open(self.wf_log, "w") as out:
             self.workflow = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.memory.root = self.workflow.pid
@@ -203,7 +201,6 @@ def main() -> int:
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help="comma-separated, any of: native, sluicegate")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one wait may take")
-    parser.add_argument("--profile", help="record `workflow run` with py-spy into this speedscope file")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()
