@@ -381,12 +381,14 @@ def _size(ctx, param, value):
 @workflow.command("status")
 @click.argument("name")
 @TARGET
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every table).")
+@click.option("--tables", "every_table", is_flag=True,
+              help="List every table (of a stream of many, the text shows a summary and the tables being copied).")
 @click.option("--wal-warning", default=config.default("wal_warning"), show_default=True, metavar="SIZE", callback=_size,
               envvar=config.env_var("wal_warning"),
               help="Warn when a stream's replication slot holds more WAL than this on its source.")
 @friendly
-def workflow_status_cmd(name, target, as_json, wal_warning):
+def workflow_status_cmd(name, target, as_json, every_table, wal_warning):
     """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
     where = targets.resolve(target)
     status = where.status(name, wal_warning)
@@ -399,7 +401,7 @@ def workflow_status_cmd(name, target, as_json, wal_warning):
         return
     from .output import make_console, print_status
 
-    print_status(make_console(), status)
+    print_status(make_console(), status, every_table)
 
 
 @workflow.command("list")

@@ -21,7 +21,11 @@ def make_console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=True, width=10_000)
 
 
-def print_status(console: Console, status: dict) -> None:
+# Streams of more tables than this show a summary line and the tables being copied; `status --tables` lists all.
+TABLES_SHOWN = 20
+
+
+def print_status(console: Console, status: dict, every_table: bool = False) -> None:
     console.print(f"workflow [bold]{escape(status['workflow'])}[/] ({status['kind']}): [bold]{status['state']}[/]"
                   + (f"  {escape(status['message'])}" if status["message"] else ""))
     driver = status.get("driver")
@@ -41,10 +45,21 @@ def print_status(console: Console, status: dict) -> None:
             slot += f"; {'reading from' if s.get('reading') else 'primary'} {s['source_host']}"
         console.print(f"stream {s['id']} from {escape(s['source'])}{shards}: {s['state']} at {s['position'] or '-'}, "
                       f"lag {lag}{escape(slot)}")
+        tables = s["tables"]
+        if len(tables) > TABLES_SHOWN:
+            c = s.get("copy") or {}
+            console.print(f"tables: {c.get('copied', 0):,} copied, {c.get('copying', 0):,} copying, "
+                          f"{c.get('pending', 0):,} pending of {len(tables):,}; rows {c.get('rows_copied', 0):,} "
+                          f"of about {c.get('rows_total', 0):,}"
+                          + ("" if every_table else " (every table: --tables)"))
+            if not every_table:
+                tables = [t for t in tables if t["state"] == "Copying"]
+        if not tables:
+            continue
         grid = Table(show_edge=False)
         for col in ("table", "state", "rows copied", "of about"):
             grid.add_column(col, justify="right" if "rows" in col or "about" in col else "left")
-        for t in s["tables"]:
+        for t in tables:
             grid.add_row(escape(shown(t["table"])), t["state"], f"{t['rows_copied']:,}", f"{t['rows_total']:,}")
         console.print(grid)
     if "traffic" in status:

@@ -117,6 +117,9 @@ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"
 def discover(conn: psycopg.Connection, type_oids) -> TypeNeeds:
     """The user types, extensions and enums that columns of these types need (autocommit or not: reads in a
     transaction of its own, or a savepoint of the caller's)."""
+    type_oids = list(type_oids)
+    if all(oid < FIRST_USER_OID for oid in type_oids):
+        return TypeNeeds()  # built-in types only (most tables): no catalog walk, no savepoint
     walk = _Walk(conn)
     with catalog_names(conn):
         for oid in type_oids:
@@ -243,9 +246,10 @@ def ensure(conn: psycopg.Connection, needs: TypeNeeds, ensure_enum) -> None:
                 sql.Identifier(ext.name), sql.Identifier(ext.schema)))
     for enum in needs.enums:
         ensure_enum(conn, enum)
-    with catalog_names(conn):  # the target's own names for types, qualified as the source's are
-        for t in needs.types:
-            _ensure_type(conn, t)
+    if needs.types:
+        with catalog_names(conn):  # the target's own names for types, qualified as the source's are
+            for t in needs.types:
+                _ensure_type(conn, t)
     for schema, name, what in needs.existing:
         if _find(conn, schema, name) is None:
             raise UsageError(f"type {schema}.{name} ({what}) is missing on target {target}, and Sluicegate does "

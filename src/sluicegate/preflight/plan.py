@@ -38,6 +38,9 @@ class Plan:
     on_ddl: str = "stop"  # --on-ddl: anything but stop needs the source's DDL capture (ddl/capture.py)
     target_standbys: bool = False  # confirms only what the targets' standbys flushed (postgres/standby_flush.py)
     unprobed: frozenset[str] = frozenset()  # targets that are no database to probe (targets/: Target.probed)
+    # The tables as the caller has just described them on its one source (create does): not described again,
+    # a dozen catalog queries a table
+    described: list[Table] | None = None
 
     @property
     def switches(self) -> bool:
@@ -62,7 +65,10 @@ def check(plan: Plan) -> list[Problem]:
         if conn is None:
             continue
         with conn, _reported(where, problems):
-            found, p = probes.source_tables(conn, where, plan.tables, plan.exclude)
+            if plan.described is not None and len(plan.sources) == 1:
+                found, p = plan.described, []
+            else:
+                found, p = probes.source_tables(conn, where, plan.tables, plan.exclude)
             tables = tables or found
             fks = fks or (plan.kind != "Replicate" and not plan.rules and probes.foreign_keys_between(conn, found))
             p += probes.settings(conn, where, plan.slots_per_source(), plan.bidirectional)

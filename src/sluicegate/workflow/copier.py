@@ -5,7 +5,8 @@ imports the exported snapshot and pipes `COPY (SELECT …) TO STDOUT` straight i
 the target (raw passthrough, no Python per row: copy_task.py; binary when the types allow). Target
 rows above lastpk are by definition not yet copied, so a cycle first deletes them: a cycle killed halfway is
 simply redone. A whole table copied in one cycle is split by heap pages instead of keys: a TID range scan
-reads its pages in order with no index walk, whatever the key's type.
+reads its pages in order with no index walk, whatever the key's type. Many small tables share a cycle
+(`small_group`): one snapshot, one Spark job whose tasks each copy several of them whole.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..postgres import indexes, keyrange, locks
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe_conn
 from . import state as st
-from .copy_task import CopyTask, snapshot_gone
+from .copy_task import CopyTask, TablesTask, snapshot_gone
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,74 @@ def prepare(task: CopyRange) -> CopyTask:
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
     return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None),
                     insert.as_string(None))
+
+
+# -- many small tables: one cycle copies them all ---------------------------------------------------------
+# The most tables one cycle takes. Its snapshot locks each (SHARE, briefly) and each task's sessions hold a
+# lock on each of theirs: well within the lock table of a server with default settings (max_locks_per_transaction
+# 64 per connection, shared by all).
+MAX_GROUP_TABLES = 256
+# A small table: estimated at most chunk_rows // SMALL_SHARE rows (copy_state's estimate: the planner's at
+# create, counted when the table was never analyzed). It is copied whole by one task, with others.
+SMALL_SHARE = 4
+
+
+def small_group(tables: list[st.TableState], chunk_rows: int) -> list[st.TableState]:
+    """The tables to copy together in the next cycle, the stream's first pending table first: pending (no row
+    copied), small, keyed, no rule, no indexes dropped by an earlier cycle; up to chunk_rows rows and
+    MAX_GROUP_TABLES in all. Fewer than two: [] (the table's own cycle is as cheap, and splits it by pages).
+    A group's tables keep their indexes: a few hundred rows each cost less to index as they come than to
+    index again after, which would take a statement per index per table."""
+    def small(t: st.TableState) -> bool:
+        return (not t.done and t.lastpk is None and t.rule is None and not t.table.keyless
+                and not t.deferred_indexes and t.table.estimated_rows <= chunk_rows // SMALL_SHARE)
+
+    pending = [t for t in tables if not t.done]
+    if not pending or not small(pending[0]):
+        return []
+    group, rows = [], 0
+    for t in pending:
+        if len(group) == MAX_GROUP_TABLES:
+            break
+        if small(t) and rows + max(t.table.estimated_rows, 0) <= chunk_rows:
+            group.append(t)
+            rows += max(t.table.estimated_rows, 0)
+    return group if len(group) > 1 else []
+
+
+def group_tasks(source_url: str, target_url: str, tables: list[Table], snapshot: str, slots: int,
+                origin: str = "", label: str = "") -> list[TablesTask]:
+    """One task per slot (at most one per table), the tables dealt out by estimated rows, largest first to the
+    least loaded: each task copies its tables whole, one after another, and commits them together."""
+    n = max(1, min(slots, len(tables)))
+    shares: list[list[Table]] = [[] for _ in range(n)]
+    load = [0] * n
+    for t in sorted(tables, key=lambda t: -max(t.estimated_rows, 0)):
+        i = load.index(min(load))
+        shares[i].append(t)
+        load[i] += max(t.estimated_rows, 1)
+    return [TablesTask(source_url, target_url, snapshot, tuple(_whole(t) for t in share), origin, label)
+            for share in shares if share]
+
+
+def _whole(table: Table) -> tuple[str, str, str]:
+    """(name, COPY … TO STDOUT, COPY … FROM STDIN) of a whole table."""
+    fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
+    cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
+    select = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT {})").format(cols, table.scan, fmt)
+    insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
+    return table.qualified, select.as_string(None), insert.as_string(None)
+
+
+def with_rows(target: psycopg.Connection, tables: list[Table]) -> list[Table]:
+    """Those of `tables` that have a row on the target (a cycle that did not finish left them), in one query:
+    a group's cycle clears only those."""
+    if not tables:
+        return []
+    probes = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {} WHERE EXISTS (SELECT 1 FROM {})").format(sql.Literal(i), t.ident)
+        for i, t in enumerate(tables))
+    return [tables[i] for (i,) in target.execute(probes).fetchall()]
 
 
 # -- a table with a rule: the copy is a Spark DataFrame job --------------------------------------------------

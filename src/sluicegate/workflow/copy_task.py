@@ -33,6 +33,34 @@ class CopyTask:
 def copy_range(task: CopyTask) -> int:
     """Runs in a Spark task: pipe one range, read in the cycle's snapshot, into the target and commit it.
     Returns the rows copied."""
+    return sum(n for _, n in _copy(task, [("", task.select, task.insert)]))
+
+
+@dataclass(frozen=True)
+class TablesTask:
+    """Several whole small tables, one after another in one task's two sessions (copier.group_tasks)."""
+
+    source_url: str
+    target_url: str
+    snapshot: str
+    copies: tuple[tuple[str, str, str], ...]  # (qualified name, COPY … TO STDOUT, COPY … FROM STDIN) each
+    origin: str = ""
+    label: str = ""
+
+
+def copy_tables(task: TablesTask) -> list[tuple[str, int]]:
+    """Runs in a Spark task: copy each table of `task` whole, read in the cycle's snapshot, into the target in
+    one transaction: the tables' start-up costs (sessions, the snapshot's import, a commit) are paid once.
+    Returns (table, rows copied) of each."""
+    return _copy(task, task.copies)
+
+
+def rows_of(result: list[tuple[str, int]]) -> int:
+    """A copy_tables result's rows, for the progress counter."""
+    return sum(n for _, n in result)
+
+
+def _copy(task: CopyTask | TablesTask, copies) -> list[tuple[str, int]]:
     src = passthrough.connect(task.source_url, "source")
     try:
         dst = passthrough.connect(task.target_url, "target", task.label)
@@ -51,14 +79,14 @@ def copy_range(task: CopyTask) -> int:
             # too. A lock timeout (55P03, retryable) fails the cycle instead, which lets the change through;
             # the cycle is redone with the new shape.
             src.cursor().execute("SELECT set_config('lock_timeout', %s, true)", (f"{COPY_LOCK_TIMEOUT_MS}ms",))
-            rows = passthrough.pipe(src, task.select, dst, task.insert)
+            out = [(name, passthrough.pipe(src, select, dst, insert)) for name, select, insert in copies]
             fault_point("copy.before_commit")
             dst.commit()
         finally:
             dst.close()  # uncommitted (an error): rolled back with the session
     finally:
         src.close()
-    return rows
+    return out
 
 
 def snapshot_gone(name: str, where: str) -> RetryableError:

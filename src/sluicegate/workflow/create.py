@@ -89,6 +89,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
         # What the run will do as these users (switch-traffic's reverse stream included): refused now, not then.
         refuse(preflight(Plan(kind, [source_url], [target_url], [quote_name(t.schema, t.name) for t in described],
                               rules=bool(compiled), workflow=name, target_standbys=standby_flush.enabled(options),
+                              described=described,
                               target_tables=[
                                   (compiled[t.qualified].target.schema, compiled[t.qualified].target.name)
                                   if t.qualified in compiled else (t.schema, t.name) for t in described])))

@@ -35,7 +35,7 @@ from . import state as st
 from .cluster_model import cluster_ids
 from .cluster_model import direction as cluster_direction
 from .cluster_model import way_out as cluster_way_out
-from .copy_task import copy_range
+from .copy_task import copy_range, copy_tables, rows_of
 from .player import PlayTask, play
 
 log = logging.getLogger("sluicegate")
@@ -222,7 +222,9 @@ class Engine:
             return
         fault_point("catchup.done")
         table = current.table
-        with take_snapshot(stream.source_url, table, stop=self.stop) as snap:
+        # Many small tables: one cycle (one snapshot, one Spark job) copies them all, whole.
+        group = copier.small_group(stream.tables, settings.chunk_rows)
+        with take_snapshot(stream.source_url, [t.table for t in group] or table, stop=self.stop) as snap:
             # Nothing committed since the last cycle's snapshot (checked now, after this one's position was
             # read): nothing lies between the two positions either, so none to fast-forward through.
             skip_to_snapshot = untouched or (stream.position < snap.position
@@ -247,6 +249,9 @@ class Engine:
                 stream.position = result.position
                 if self.stop.is_set():
                     return
+            if group:
+                self._copy_group(wf, stream, group, snap)
+                return
             rule = self._rule_runners(stream).get((table.schema, table.name))
             origin, _ = cluster_direction(wf)
             with connect(self.target_url, role="target") as dst:
@@ -311,6 +316,55 @@ class Engine:
                     st.set_state(dst, stream.id, st.RUNNING)
             live.cycle_recorded(progress, current.rows_copied + rows)
         log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    def _copy_group(self, wf: st.Workflow, stream: st.Stream, group: list[st.TableState], snap) -> None:
+        """One cycle of many small tables (copier.small_group), in the snapshot `snap` the stream has been
+        fast-forwarded to: each Spark task copies several of them whole and commits them together, and one
+        target transaction records them all done. A cycle that does not finish leaves them pending, and the
+        next clears what its tasks committed (lastpk None: every row is above it) and copies them again."""
+        origin, _ = cluster_direction(wf)
+        with connect(self.target_url, role="target") as dst:
+            specs = st.table_specs(dst, stream.id)  # as catchup and fast-forward left them (schema_changes.py)
+            for t in group:
+                t.table = Table.from_json(specs[t.table.qualified])
+            leftovers = copier.with_rows(dst, [t.table for t in group])
+            if leftovers and origin:  # a bidirectional sink: the clearing must not be sent back, nor leave tombstones
+                origins.acquire(dst, origin)
+                dst.execute("SET session_replication_role = replica")
+            for table in leftovers:
+                copier.clear_above(dst, table, None)
+        tables = [t.table for t in group]
+        progress = [live.cycle_started(self.target_url, wf.name, stream.id, t.table.qualified, t.rows_copied)
+                    for t in group]
+        tasks = copier.group_tasks(stream.source_url, self.target_url, tables, snap.name,
+                                   self.runner.parallelism(), origin, live.APP_PREFIX + f"{len(tables)} tables")
+        log.info("copying %d tables (%s … %s) in %d tasks", len(tables), tables[0].qualified, tables[-1].qualified,
+                 len(tasks))
+        copied: dict[str, int] = {}
+        for result in self.runner.map(copy_tables, tasks, f"copy {len(tables)} tables", tag=self.tag,
+                                      counter=self.runner.counter(), count=rows_of):
+            copied.update(result)
+        capture.wait_standbys(snap.conn, snap.position, self.stop)
+        fault_point("copy.before_progress")
+        with connect(self.target_url, role="target") as dst:
+            state, position = st.lock_stream(dst, stream.id)
+            if state != st.COPYING or position != snap.position:
+                return  # moved under us: the next turn re-reads and redoes the cycle
+            if not st.save_tables_copied(dst, stream.id, copied):
+                dst.rollback()  # one of them moved meanwhile: the next turn re-reads and redoes the cycle
+                return
+            self._copied_as_of[stream.id] = (snap.position, snap.xids)
+            if origin:  # a bidirectional sink: the application may write the tables now
+                denial.undeny(dst, tables)
+            names = {t.qualified for t in tables}
+            if all(t.done for t in stream.tables if t.table.qualified not in names):
+                _add_foreign_keys(dst, wf)
+                st.set_state(dst, stream.id, st.RUNNING)
+        for t, entry in zip(group, progress):
+            t.done, t.rows_copied = True, t.rows_copied + copied[t.table.qualified]
+            live.cycle_recorded(entry, t.rows_copied)
+        log.info("copied %d rows of %d tables (%s … %s)", sum(copied.values()), len(tables), tables[0].qualified,
+                 tables[-1].qualified)
 
     def _confirm_slot(self, stream: st.Stream) -> None:
         """Confirm the slot up to the stream's position (saved on the target) before a first copy cycle, which

@@ -573,3 +573,16 @@ def table_specs(conn: psycopg.Connection, stream_id: int) -> dict[str, dict]:
     """Qualified name -> the stream's description of each table (its spec), as stored now."""
     return {name: spec for name, spec in conn.execute(
         "SELECT table_name, spec FROM sluicegate.copy_state WHERE stream_id = %s", (stream_id,))}
+
+
+def save_tables_copied(conn: psycopg.Connection, stream_id: int, rows: dict[str, int]) -> bool:
+    """Record whole tables copied in one cycle (table -> rows; workflow/engine.py `_copy_group`): each done,
+    with no lastpk (a table copied whole needs none, as a keyless one), in the caller's transaction, one
+    statement. False if any of them was no longer pending (the caller rolls back; the cycle is redone)."""
+    names = list(rows)
+    cur = conn.execute(
+        """UPDATE sluicegate.copy_state c SET rows_copied = c.rows_copied + r.n, done = true
+           FROM unnest(%s::text[], %s::bigint[]) AS r(name, n)
+           WHERE c.stream_id = %s AND c.table_name = r.name AND c.lastpk IS NULL AND NOT c.done""",
+        (names, [rows[n] for n in names], stream_id))
+    return cur.rowcount == len(names)

@@ -79,6 +79,7 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
             })
         streams.append({
             "id": s.id,
+            "copy": copy_summary(tables),
             "source": redact(s.source_url),
             "source_shard": s.source_shard,
             "state": s.state,
@@ -123,6 +124,15 @@ def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[in
     return {"workflow": wf.name, "kind": wf.kind, "state": state, "message": message, "driver": driver,
             "warnings": warnings, "streams": streams}
 
+
+
+def copy_summary(tables: list[dict]) -> dict:
+    """A stream's copy in one line's worth of figures (status of thousands of tables): how many tables are
+    copied, copying and pending, and the rows."""
+    states = [t["state"] for t in tables]
+    return {"tables": len(tables), "copied": states.count("Copied"), "copying": states.count("Copying"),
+            "pending": states.count("Pending"), "rows_copied": sum(t["rows_copied"] for t in tables),
+            "rows_total": sum(t["rows_total"] for t in tables)}
 
 
 def merge_status(parts: list[tuple[str, dict]]) -> dict:
