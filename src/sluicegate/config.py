@@ -119,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     _env("spark_class_archive", "str", "", "path of the Spark class archive, or off"),
     _env("pg_bindir", "str", None, "PostgreSQL server binaries for local servers (demo, tests)"),
     _env("driver_pid", "int", 0, "the driver's process id, for the workers' fault points", kind=INTERNAL),
+    _env("hold_seconds", "float", 30.0, "seconds a Delta stream stays stopped for a controller (a vdiff) "
+                                        "before its driver releases it (tests)", kind=INTERNAL),
     _env("fault_pause", "str", None, "a fault point to pause at (tests)", kind=INTERNAL),
     _env("fault_dir", "str", None, "where a paused fault point leaves its marker file (tests)", kind=INTERNAL),
     _env("all_tests", "bool", False, "the test suite also runs its slow fault scenarios", kind=INTERNAL),

@@ -301,9 +301,9 @@ def _version_at(path, position) -> int:
 
 
 def test_vacuum_keeps_what_a_running_vdiff_compares_at(tmp_path):
-    """A vdiff beside the driver (lake/pointreq.py) pins its point and versions: a vacuum with no retention
-    keeps them, though old and not the newest; once the vdiff took its request away, they go."""
-    from sluicegate.lake import pointreq
+    """A vdiff pins its point and versions (lake/pins.py): a vacuum with no retention keeps them, though old
+    and not the newest; once the vdiff took its pin away, they go."""
+    from sluicegate.lake import pins
     from sluicegate.lake.state import RUNNING, LakeWorkflow, Store, TableState
 
     path = str(tmp_path)
@@ -319,18 +319,14 @@ def test_vacuum_keeps_what_a_running_vdiff_compares_at(tmp_path):
     store.create(LakeWorkflow(name=W, source_url="postgresql://x", slot="s", publication="p", state=RUNNING,
                               position=30, tables=[TableState({"schema": "public", "name": "events",
                                                                "columns": [], "key": ["id"]}, done=True)]))
-    rid, request = pointreq.new_request()
-    with store.update(W) as w:
-        w.point_requests[rid] = {**request, "position": 20, "held_at": 10, "done": True,
-                                 "versions": {t: versions[20]}}
+    pins.add(store, W, "v1", 20, {t: versions[20]})
 
     report = housekeeping.vacuum(path, W, timedelta(0), allow_short=True)
     assert report["points_dropped"] == 1  # 10 goes; 20 is pinned, 30 the newest
     assert [p.position for p in housekeeping.read.points(path, W)] == [20, 30]
     assert _rows(arrow_tables_as_of(path, W, position=20)[t]) == [(20, "r20")]
 
-    with store.update(W) as w:
-        w.point_requests.pop(rid)
+    pins.remove(store, W, "v1")
     report = housekeeping.vacuum(path, W, timedelta(0), allow_short=True)
     assert report["points_dropped"] == 1
     assert [p.position for p in housekeeping.read.points(path, W)] == [30]

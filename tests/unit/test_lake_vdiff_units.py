@@ -1,13 +1,16 @@
-"""A Delta vdiff's checks before it starts: which workflows it compares, which tables a name picks."""
+"""A Delta vdiff's checks before it starts, which tables a name picks; the stream control it uses (control.py:
+the player's decision, hold and release) and its pins against vacuum."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from sluicegate.errors import UsageError
-from sluicegate.lake import pointreq
+from sluicegate.errors import RetryableError, UsageError
+from sluicegate.lake import control, pins
+from sluicegate.lake.control import IDLE, PLAY, PLAY_TO, STOP, Decision, decide
 from sluicegate.lake.state import COPYING, ERROR, RUNNING, STOPPED, LakeWorkflow, Store, TableState
 from sluicegate.lake.vdiff import check_comparable, select_tables
 
@@ -39,51 +42,70 @@ def test_a_driver_holding_the_run_lock_is_comparable(tmp_path):
     store = make(tmp_path, RUNNING)
     lock = store.hold_run_lock("w")
     try:
-        check_comparable(store, "w")  # the vdiff asks the driver for a point (pointreq.py)
+        check_comparable(store, "w")  # the vdiff asks the driver to stop at its point (control.py)
     finally:
         lock.close()
 
 
-def add(store, request: dict) -> str:
-    rid, fresh = pointreq.new_request()
-    with store.update("w") as w:
-        w.point_requests[rid] = {**fresh, **request}
-    return rid
+@pytest.mark.parametrize("state, stop_position, reason, position, expected", [
+    (RUNNING, None, "", 100, Decision(PLAY)),  # no control: play as usual
+    (RUNNING, 300, "", 100, Decision(PLAY)),  # (a position without a reason is no stop)
+    (RUNNING, None, "vdiff a", 100, Decision(STOP, 100)),  # a hold: stop here
+    (RUNNING, 300, "vdiff a", 100, Decision(PLAY_TO, 300)),  # play a batch ending at exactly 300
+    (RUNNING, 300, "vdiff a", 300, Decision(STOP, 300)),  # at it: stop
+    (RUNNING, 300, "vdiff a", 400, Decision(STOP, 400)),  # past it (against the protocol): stop, the
+    (STOPPED, None, "vdiff a", 100, Decision(IDLE)),      # controller finds the position is not its P
+    (STOPPED, 300, "vdiff a", 100, Decision(IDLE)),  # stopped for the controller: nothing to play
+    (ERROR, None, "vdiff a", 100, Decision(IDLE)),  # an Error is not overwritten by a Stopped
+])
+def test_the_player_decides_from_the_durable_fields(state, stop_position, reason, position, expected):
+    assert decide(state, stop_position, reason, position) == expected
 
 
-def test_the_driver_acknowledges_a_hold_and_plays_nothing_meanwhile(tmp_path):
+def test_a_hold_is_released_by_its_own_controller_only(tmp_path):
     store = make(tmp_path, RUNNING)
-    rid = add(store, {})
-    recorded = []
-    assert pointreq.serve(store, store.load("w"), 100, lambda: recorded.append(1)) == pointreq.HELD
-    assert store.load("w").point_requests[rid]["held_at"] == 100 and not recorded
-    # A hold a killed vdiff left lapses: the driver goes on.
+    control.hold(store, "w", "vdiff a")
+    with pytest.raises(RetryableError, match="held by vdiff a"):
+        control.hold(store, "w", "vdiff b")
+    with store.update("w") as w:  # the player stops at its batch boundary
+        w.state, w.message = STOPPED, control.stopped_message(w.position, w.stop_reason)
+    control.play_to(store, "w", "vdiff a", 300)
+    wf = store.load("w")
+    assert (wf.state, wf.stop_position, wf.stop_reason) == (RUNNING, 300, "vdiff a")
+    assert not control.release(store, "w", "vdiff b")  # not b's: nothing changes
+    assert store.load("w").stop_reason == "vdiff a"
     with store.update("w") as w:
-        w.point_requests[rid]["at"] = time.time() - pointreq.HOLD_SECONDS - 1
-    assert pointreq.serve(store, store.load("w"), 100, lambda: recorded.append(1)) is None
+        w.state, w.position = STOPPED, 300
+    assert control.release(store, "w", "vdiff a")
+    wf = store.load("w")
+    assert (wf.state, wf.stop_position, wf.stop_reason, wf.message) == (RUNNING, None, "", "")
+    # A user's `workflow stop` in between wins: the controller's release then changes nothing.
+    control.hold(store, "w", "vdiff c", state=STOPPED)
+    assert store.load("w").message == "stopped at 0/12C for vdiff c"
+    with store.update("w") as w:
+        w.stop_reason, w.stop_position, w.state = "", None, STOPPED
+    with pytest.raises(RetryableError, match=r"hold \(vdiff c\) was released"):
+        control.play_to(store, "w", "vdiff c", 400)
+    assert not control.release(store, "w", "vdiff c") and store.load("w").state == STOPPED
 
 
-def test_the_driver_stops_at_a_request_ahead_answers_one_here_and_gives_up_one_behind(tmp_path):
+def test_pins_expire_and_old_documents_load(tmp_path):
     store = make(tmp_path, RUNNING)
-    ahead = add(store, {"position": 300, "held_at": 100})
-    later = add(store, {"position": 500, "held_at": 100})
-    recorded = []
-    assert pointreq.serve(store, store.load("w"), 100, lambda: recorded.append(100)) == 300
-    assert not recorded
-    with store.update("w") as w:
-        pointreq.mark_done(w, 300, {"public.items": 4})  # the batch that ended at 300 records its point
-    assert store.load("w").point_requests[ahead]["done"]
-    assert pointreq.serve(store, store.load("w"), 300, lambda: recorded.append(300)) == 500
-    here = add(store, {"position": 500, "held_at": 500})
-    behind = add(store, {"position": 400, "held_at": 300})
-    answer = {"public.items": 9}
-    assert pointreq.serve(store, store.load("w"), 500, lambda: recorded.append(500) or answer) is None
-    requests = store.load("w").point_requests
-    assert recorded == [500] and requests[here]["done"] and requests[later]["done"]
-    assert requests[here]["versions"] == answer and requests[ahead]["versions"] == {"public.items": 4}
-    assert "already at 500" in requests[behind]["missed"] and not requests[behind]["done"]
-    assert pointreq.pinned(requests) == ({300, 400, 500}, {"public.items": {4, 9}})
-    assert pointreq.pinned(requests, now=time.time() + pointreq.REQUEST_SECONDS + 1) == (set(), {})
+    pins.add(store, "w", "a", 300, {"public.items": 4})
+    pins.add(store, "w", "b", 500, {"public.items": 9})
+    pins.add(store, "w", "c", 500, {})  # pinned before its point is recorded: the position only
+    current = store.load("w").pins
+    assert pins.pinned(current) == ({300, 500}, {"public.items": {4, 9}})
+    assert pins.pinned(current, now=time.time() + pins.PIN_SECONDS + 1) == (set(), {})
+    pins.remove(store, "w", "a")
+    assert set(store.load("w").pins) == {"b", "c"}
+    # A document written before durable control (point requests, no stop fields) still loads.
+    doc = json.loads((tmp_path / "_sluicegate/workflows/w/state.json").read_text())
+    for key in ("stop_position", "stop_reason", "pins"):
+        del doc[key]
+    doc["point_requests"] = {"x": {"position": None, "held_at": None}}
+    wf = LakeWorkflow.from_json(doc)
+    assert (wf.stop_position, wf.stop_reason, wf.pins) == (None, "", {})
 
 
 def test_select_tables_by_qualified_or_bare_name():

@@ -298,6 +298,8 @@ def format_status(s: dict) -> list[str]:
 def set_state(name: str, target: str, verb: str) -> str:
     store = open_store(target)
     with store.update(name) as w:
+        # A user's state change wins over a controller's stop (lake/control.py): its fields go
+        w.stop_reason, w.stop_position = "", None
         if verb == "stop":
             w.state = STOPPED
         else:

@@ -20,9 +20,11 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 
+from .. import config
 from ..config import Settings
 from ..errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
 from ..faults import fault_point
+from ..position import format_lsn
 from ..postgres import capture
 from ..postgres.catalog import Column, Table
 from ..postgres.connect import connect, first_line
@@ -31,7 +33,7 @@ from ..postgres.pgoutput import Relation
 from ..postgres.snapshot import take_snapshot
 from ..workflow import copier, live
 from ..workflow.schema_changes import source_columns
-from . import apply, durable, location
+from . import apply, control, durable, location
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
 from .state import (
@@ -62,6 +64,7 @@ class LakeEngine:
         self.tag = f"sluicegate-lake-{workflow}"
         self.lock = None
         self.lost = threading.Event()
+        self.held: tuple | None = None  # ((reason, stop position, position), monotonic time first seen)
 
     def hold(self) -> None:
         """Take the workflow's run lock (a lease on an object store); `run` does if the caller did not (the CLI
@@ -105,6 +108,10 @@ class LakeEngine:
         while not self.stop.is_set():
             try:
                 wf = self.store.load(self.workflow)
+                if wf.state == STOPPED and wf.stop_reason:  # stopped for a controller: not the end
+                    self.await_release(wf)
+                    continue
+                self.held = None
                 if wf.state in (STOPPED, ERROR):
                     return wf.state
                 self.step(wf)
@@ -128,6 +135,22 @@ class LakeEngine:
                 self._record(None, f"retrying in {delay:.0f}s: {text}")
                 self.stop.wait(delay)
         return "stopping"
+
+    def await_release(self, wf: LakeWorkflow) -> None:
+        """One poll of a stream its player stopped for a controller (control.py): the controller releases it;
+        one that has not within the hold lapse (a killed vdiff's) this driver releases, so the stream does not
+        stay stopped for ever."""
+        key = (wf.stop_reason, wf.stop_position, wf.position)
+        if self.held is None or self.held[0] != key:
+            self.held = (key, time.monotonic())
+        lapse = config.from_env("hold_seconds")
+        if time.monotonic() - self.held[1] < lapse:
+            self.stop.wait(0.1)
+            return
+        if control.release(self.store, wf.name, wf.stop_reason, RUNNING):
+            log.warning("workflow %s: stopped at %s for %s, not released within %.0fs (its controller is gone?); "
+                        "released it", wf.name, format_lsn(wf.position), wf.stop_reason, lapse)
+        self.held = None
 
     def step(self, wf: LakeWorkflow) -> None:
         if wf.state == INIT:

@@ -112,7 +112,7 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     # an hour of a busy table's old versions is many times its size (bench/README.md, "Issue 34: lake size").
     hours = (math.floor if allow_short else math.ceil)(retention.total_seconds() / 3600)
 
-    # Read before the points: a request's point is recorded after the request.
+    # Read before the points: a vdiff pins its point's position before the point is recorded.
     pins, pinned_versions = _pinned(path, workflow)
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
@@ -144,14 +144,14 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
 
 
 def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
-    """The points and versions vdiffs beside the running driver compare at (lake/pointreq.py)."""
-    from . import location, pointreq
+    """The points and versions vdiffs compare at (lake/pins.py)."""
+    from . import location, pins
     from .state import open_store
 
     store = open_store(location.parse(path))
     if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
         return set(), {}
-    return pointreq.pinned(store.load(workflow).point_requests)
+    return pins.pinned(store.load(workflow).pins)
 
 
 def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:

@@ -38,7 +38,7 @@ from ..workflow.schema_changes import (
     older_rows_text,
     source_columns,
 )
-from . import apply, durable, location, pointreq, points, staging
+from . import apply, control, durable, location, points, staging
 from .ddl import LakeDdl, ddl_app_id
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 from .types import sql_literal
@@ -58,8 +58,9 @@ class LakePlayTask:
     # Seconds between a commit of changes and the next batch (0: none). Each commit rewrites every file it
     # touches: commits further apart carry more transactions each and leave fewer old versions to keep.
     commit_every: float = 0.0
-    # Play to exactly this position (a vdiff's point), recording a point there, then return; the state may
-    # then be Stopped too (the vdiff holds the run lock: no driver plays meanwhile).
+    # Play to exactly this position, recording a point there, then return (a stream's own stop, e.g. before a
+    # captured statement it stops for; the state may be Stopped then). A controller's stop position is
+    # durable instead: the state's stop_position (control.py).
     stop_at: int | None = None
 
 
@@ -143,28 +144,35 @@ def play(task: LakePlayTask) -> LakePlayResult:
                         return result
                     wait_flushed(src_ctl, task.stop_at)
                 current = store.load(task.workflow)
-                playable = (RUNNING, STOPPED) if task.stop_at is not None else (RUNNING,)
-                if current.state not in playable or current.position != result.position:
+                if current.position != result.position:
                     result.interrupted = f"stream is {current.state} at {current.position}"
                     return result
                 if current.options != wf.options:  # e.g. `lake schedule`: the driver plans again
                     result.interrupted = "the workflow's options changed"
                     return result
                 stop_at = task.stop_at
-                if stop_at is None and current.point_requests:  # a vdiff beside this driver (pointreq.py)
-                    stop_at = pointreq.serve(store, current, result.position, lambda: _request_point(
-                        root, wf.name, tables, result.position))
-                    if stop_at == pointreq.HELD:
-                        if time.monotonic() >= deadline:
-                            return result
-                        time.sleep(task.idle_poll)
-                        continue
-                    if stop_at is not None:
+                if task.stop_at is None:
+                    # The stream's durable control (control.py): a hold, or a position to stop at
+                    decision = control.decide(current.state, current.stop_position, current.stop_reason,
+                                              result.position)
+                    if decision.action == control.STOP:
+                        _stop(store, current, result.position, lambda: _point_here(root, wf.name, tables,
+                                                                                  result.position))
+                        result.interrupted = control.stopped_message(result.position, current.stop_reason)
+                        return result
+                    if decision.action == control.IDLE or current.state != RUNNING:
+                        result.interrupted = f"stream is {current.state} at {current.position}"
+                        return result
+                    if decision.action == control.PLAY_TO:
+                        stop_at = decision.position
                         wait_flushed(src_ctl, stop_at)
+                elif current.state not in (RUNNING, STOPPED):
+                    result.interrupted = f"stream is {current.state} at {current.position}"
+                    return result
                 if stop_at is None and time.monotonic() < last_commit + pause:
                     if time.monotonic() >= deadline:  # housekeeping is due: the driver runs it meanwhile
                         return result
-                    # (in short sleeps: the loop's top reads the state again, so a stop or a vdiff's request
+                    # (in short sleeps: the loop's top reads the state again, so a stop or a controller's hold
                     # is served within one; the server's keepalives wait in the socket meanwhile)
                     time.sleep(max(0.0, min(1.0, last_commit + pause - time.monotonic())))
                     continue
@@ -188,18 +196,20 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if batch.spills:
                     staging.clear(root, wf.name)
                 now = time.monotonic()
+                requested = stop_at is not None and batch.position == stop_at
+                controlled = requested and task.stop_at is None  # the stream stops here (control.py)
                 if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
                     copied_to = max((t.copied_to or 0) for t in current.tables)
                     first = not current.first_point and batch.position >= copied_to
-                    requested = stop_at is not None and batch.position == stop_at
-                    if requested and task.stop_at is None:
-                        tables.refresh()  # (a point of a request: tables a direct write changed meanwhile)
+                    if controlled:
+                        tables.refresh()  # (the controller's point: tables a direct write changed meanwhile)
                     # Before the stream has passed every table's copy snapshot (the first point), a table copied
                     # later is ahead of the others: no point until then, or a reader would see it half-applied.
                     if (merged and current.first_point) or first or requested:
                         points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
                     fault_point("lake.replicate.before_state")
-                    with store.update(task.workflow, depends=(("tables",),) if first else ()) as w:
+                    depends = ((("tables",),) if first else ()) + (control.FIELDS if controlled else ())
+                    with store.update(task.workflow, depends=depends) as w:
                         if w.position != result.position:
                             raise RetryableError(f"workflow {wf.name}: its position moved under the play task; "
                                                  f"will retry")
@@ -216,15 +226,19 @@ def play(task: LakePlayTask) -> LakePlayResult:
                             w.table(q).applied = batch.position
                         for q, spec in batch.reshaped.items():
                             w.table(q).table = spec.to_json()
-                        if requested:
-                            pointreq.mark_done(w, batch.position, tables.versions())
                         if ddl.notes:  # statements exec-ignore passed over
                             w.message = "; ".join(ddl.notes)
+                        if controlled and (w.stop_reason, w.stop_position) == (current.stop_reason, stop_at):
+                            w.state = STOPPED  # with the position: it is final now (control.py)
+                            w.message = control.stopped_message(batch.position, w.stop_reason)
                     last_write = now
                     stream.confirm(batch.position)
                 result.position = batch.position
                 result.batches += 1
                 result.rows += batch.rows
+                if controlled:
+                    result.interrupted = control.stopped_message(batch.position, current.stop_reason)
+                    return result
                 if time.monotonic() >= deadline:
                     return result
 
@@ -250,12 +264,22 @@ def _stage(root, workflow: str, batch: _Batch) -> None:
     batch.in_memory = 0
 
 
-def _request_point(root, workflow: str, tables: _Tables, position: int) -> dict[str, int]:
-    """A vdiff's point at the driver's own position (no batch needed to reach it)."""
+def _point_here(root, workflow: str, tables: _Tables, position: int) -> None:
+    """The controller's point at the player's own position (no batch needed to reach it)."""
     tables.refresh()
-    versions = tables.versions()
-    points.record(root, workflow, position, None, versions)
-    return versions
+    points.record(root, workflow, position, None, tables.versions())
+
+
+def _stop(store, current: LakeWorkflow, position: int, record_point) -> None:
+    """Stop for the controller at `position`, the final one: at its stop position, record the point there
+    first (even when nothing merged); then Stopped, while the fields are still those decided on."""
+    if current.stop_position == position:
+        record_point()
+    with store.update(current.name, depends=control.FIELDS) as w:
+        if (w.position, w.stop_reason, w.stop_position) == (position, current.stop_reason,
+                                                            current.stop_position):
+            w.state = STOPPED
+            w.message = control.stopped_message(position, w.stop_reason)
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,

@@ -118,8 +118,11 @@ class LakeWorkflow:
     # samples of the source's WAL position, [lsn, unix time], oldest first
     safe_time: str | None = None
     wal_samples: list = field(default_factory=list)
-    # A vdiff's requests for a point at a position while the driver runs (lake/pointreq.py), by request id
-    point_requests: dict = field(default_factory=dict)
+    # Durable stream control (control.py): a hold (reason, no position) or a position to stop at, and why
+    stop_position: int | None = None
+    stop_reason: str = ""
+    # What vacuum keeps for vdiffs comparing beside the driver (pins.py), by vdiff id
+    pins: dict = field(default_factory=dict)
 
     def table(self, qualified: str) -> TableState:
         for t in self.tables:
@@ -133,6 +136,7 @@ class LakeWorkflow:
     @classmethod
     def from_json(cls, d: dict) -> LakeWorkflow:
         d = dict(d)
+        d.pop("point_requests", None)  # the point-request protocol's field, written before control.py
         d["tables"] = [TableState(**t) for t in d["tables"]]
         return cls(**d)
 

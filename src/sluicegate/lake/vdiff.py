@@ -4,23 +4,26 @@ The point: snapshot the source tables at position P (the copy's LOCK SHARE + exp
 stream played to exactly P and a point recorded there in the consistent-read log. The source snapshot and the
 Delta tables at that point then hold the same source transactions, while the source keeps taking writes.
 
-With no driver running, the vdiff plays to P itself (lake/player.py, `stop_at`), holding the run lock
-for its whole life (a `workflow run` started then says the workflow is being run). The state is left as it
-was (Running stays Running, Stopped stays Stopped): a later `workflow run` replays from P on.
-
-Beside a running driver (Delta keeps old versions, so the driver need not stop), through a point request in
-the workflow's state (lake/pointreq.py). The order makes it race-free:
-  1. the vdiff writes a hold; the driver, at its next batch boundary, acknowledges it with its position A
-     and plays no further while the hold lasts;
-  2. only then the vdiff takes its snapshot, at P >= A (the driver reads flushed WAL only, and the snapshot's
-     position is the WAL insert position read after the acknowledgement), and writes P into the request;
-  3. the driver plays to exactly P (a batch ending there, or none when P == A), records the point, puts each
-     table's version at P in the request, marks it done, and goes on;
-  4. the vdiff compares at those versions by time travel while the driver replicates past P; vacuum keeps them
-     as long as the request is in the state; the vdiff removes it when done, also on failure.
+The point comes through the stream's durable control (control.py), the order making it race-free:
+  1. the vdiff holds the stream (stop_reason "vdiff <id>"); the player, at its next batch boundary, stops:
+     state Stopped at its position A, which is final then;
+  2. only then the vdiff takes its snapshot, at P >= A (the player reads flushed WAL only, and the snapshot's
+     position is the WAL insert position read after the stop);
+  3. it writes stop_position P and state Running: the player plays to exactly P (a batch ending there, or none
+     when P == A), records the point there and stops again, Stopped at P;
+  4. the vdiff reads each table's version (the stream stands at P: they hold exactly the transactions up to P,
+     and a direct write to a table counts), pins them against vacuum (pins.py), and releases the stream;
+  5. it compares at those versions by time travel while replication goes on past P, and unpins at the end,
+     also on failure.
 Taking the snapshot first and asking for P afterwards could find a fast driver already past P (no point there,
 and none can be made); retrying would not be sure to end under steady writes. The hold costs the driver the
-time of one snapshot. A killed vdiff's hold lapses (pointreq.HOLD_SECONDS).
+time of one snapshot. A killed vdiff's stop lapses: the driver releases it after config's hold_seconds.
+
+Beside a running driver, its player does all that (Delta keeps old versions, so the driver need not stop for
+the comparison). With no driver, the vdiff holds the run lock for its whole life (a `workflow run` started
+then says the workflow is being run), marks the stream Stopped itself in step 1 and plays it to P in step 3
+through the same player; the release puts the state back as it was (Running stays Running, Stopped stays
+Stopped): a later `workflow run` replays from P on.
 
 The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
 key range as text, converted by lake/types.py exactly as the copy and the stream convert it (so numeric is
@@ -34,15 +37,17 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ..faults import fault_point
 from ..position import format_lsn
 from ..postgres.catalog import Table
 from ..postgres.snapshot import take_snapshot
-from . import location, pointreq
+from . import control, location, pins
 from .player import LakePlayTask, play
-from .state import COPYING, ERROR, INIT, RUNNING, open_store, update_retrying
+from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
 from .types import SPECIAL
 
 log = logging.getLogger("sluicegate")
@@ -111,105 +116,93 @@ def run(name: str, target: str, runner, *, tables: list[str] | None = None, samp
     store = open_store(target)
     check_comparable(store, name)
     if store.is_running(name):
-        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
+        return _at_point(name, target, store, runner, tables, sample, range_rows, stop, None)
     try:
         lock = store.hold_run_lock(name)  # no driver plays the stream while we stand it at our point
     except UsageError:  # a driver started meanwhile
-        return _beside_driver(name, target, store, runner, tables, sample, range_rows, stop)
+        return _at_point(name, target, store, runner, tables, sample, range_rows, stop, None)
     try:
         check_comparable(store, name)  # (a state change between the check and the lock)
-        wf = store.load(name)
-        chosen = select_tables([t.qualified for t in wf.tables], tables, name)
-        specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
-        started = time.monotonic()
-        with take_snapshot(wf.source_url, list(specs.values()), stop=stop) as snap:
-            position = snap.position
-            result = runner.map(play, [LakePlayTask(target, name, wf.position, stop_at=position)],
-                                f"vdiff {name}: play to {format_lsn(position)}")[0]
-            wf = store.load(name)
-            if wf.position != position:
-                raise RetryableError(f"workflow {name}: the stream did not reach the vdiff's point "
-                                     f"{format_lsn(position)} ({result.interrupted or f'at {wf.position}'}); "
-                                     f"run the vdiff again")
-            log.info("vdiff %s: consistent point %s after %.2fs", name, format_lsn(position),
-                     time.monotonic() - started)
-            wf = store.load(name)
-            report = _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop,
-                                 _point_now(target, wf, position))
+        return _at_point(name, target, store, runner, tables, sample, range_rows, stop, lock)
     finally:
         lock.close()
-    return report
 
 
-def _beside_driver(name, target, store, runner, tables, sample, range_rows, stop) -> dict:
-    """The driver plays on: it stops one batch exactly at the snapshot's position and records a point there
-    (pointreq.py); the comparison reads the tables at that point's versions while the driver goes on."""
+def _at_point(name, target, store, runner, tables, sample, range_rows, stop, lock) -> dict:
+    """The point through the stream's durable control (control.py), then the comparison at its versions.
+    `lock`: the run lock, held by this vdiff (no driver): it marks Stopped itself and plays the stream to
+    P through the same player; else the running driver does both."""
     wf = store.load(name)
+    # What the release puts back: with no driver, the state as it was (Stopped stays Stopped)
+    back = (wf.state, wf.message) if lock is not None else (RUNNING, "")
+    who = "the running driver" if lock is None else "the vdiff's own play"
     chosen = select_tables([t.qualified for t in wf.tables], tables, name)
-    rid, request = pointreq.new_request()
-    _update_request(store, name, rid, request)
+    specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
+    vid = uuid.uuid4().hex[:12]
+    reason = f"vdiff {vid}"
+    started = time.monotonic()
+    control.hold(store, name, reason, state=STOPPED if lock is not None else None)
     try:
-        started = time.monotonic()
-        held = _wait_request(store, name, rid, lambda r: r.get("held_at") is not None, pointreq.HOLD_SECONDS,
-                             "hold its position for the vdiff", stop)
-        specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
+        held = _wait_stopped(store, name, reason, None, HOLD_WAIT_SECONDS, "hold its position for the vdiff",
+                             stop, lock)
         with take_snapshot(wf.source_url, list(specs.values()), stop=stop) as snap:
             position = snap.position
-            if position < held["held_at"]:  # cannot be: the driver reads flushed WAL only
-                raise RetryableError(f"workflow {name}: the driver is past the vdiff's point "
+            if position < held.position:  # cannot be: the player reads flushed WAL only
+                raise RetryableError(f"workflow {name}: the stream is past the vdiff's point "
                                      f"{format_lsn(position)}; run the vdiff again")
-            _update_request(store, name, rid, {"position": position})
-            done = _wait_request(store, name, rid, lambda r: r.get("done"), POINT_SECONDS,
-                                 f"record a point at {format_lsn(position)}", stop)
-            from .read import Point
-
-            point = Point(name, position, format_lsn(position), None,
-                          {q: int(v) for q, v in done["versions"].items()})
-            log.info("vdiff %s: consistent point %s from the running driver (held at %s) after %.2fs", name,
-                     format_lsn(position), format_lsn(held["held_at"]), time.monotonic() - started)
-            return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows, stop,
-                               point)
+            pins.add(store, name, vid, position, {})  # (vacuum reads the pins, then the points)
+            try:
+                control.play_to(store, name, reason, position)
+                if lock is not None:
+                    result = runner.map(play, [LakePlayTask(target, name, held.position)],
+                                        f"vdiff {name}: play to {format_lsn(position)}")[0]
+                    log.debug("vdiff %s: %s", name, result.interrupted)
+                _wait_stopped(store, name, reason, position, POINT_SECONDS, f"stop at {format_lsn(position)}",
+                              stop, lock)
+                # Each table's version now (the stream stands at P): a direct write since the log's point counts
+                point = _point_now(target, store.load(name), position)
+                pins.add(store, name, vid, position, point.versions)
+                fault_point("lake.vdiff.stopped_at_point")
+                control.release(store, name, reason, *back)
+                log.info("vdiff %s: consistent point %s from %s (held at %s) after %.2fs", name,
+                         format_lsn(position), who, format_lsn(held.position), time.monotonic() - started)
+                return _compare_at(name, target, store.load(name), chosen, snap, runner, sample, range_rows,
+                                   stop, point)
+            finally:
+                pins.remove(store, name, vid)
     finally:
-        _update_request(store, name, rid, None)
+        control.release(store, name, reason, *back)
 
 
+HOLD_WAIT_SECONDS = 60.0  # the driver's way to its next batch boundary: one batch
 POINT_SECONDS = 120.0  # the driver's way from its held position to the snapshot's: one or a few batches
 
 
-def _update_request(store, name: str, rid: str, change: dict | None) -> None:
-    """Add, change or (change None) remove the request; DeltaStore's merge may ask for a second go when the
-    driver wrote the same request at the same time."""
-    def apply(w) -> None:
-        if change is None:
-            w.point_requests.pop(rid, None)
-        else:
-            w.point_requests[rid] = {**w.point_requests.get(rid, {}), **change}
-
-    update_retrying(store, name, apply)
-
-
-def _wait_request(store, name: str, rid: str, ready, timeout: float, what: str, stop) -> dict:
-    """Poll the state until the request is `ready`; a one-line error when the driver stops, the workflow
-    leaves Running, the request is missed, or `timeout` passes."""
+def _wait_stopped(store, name: str, reason: str, position: int | None, timeout: float, what: str, stop, lock):
+    """Poll the state until the player stopped for `reason` (at `position`, when given): the workflow then.
+    A one-line error when the hold goes (a user's `workflow stop`/`start`, or the driver's lapse), the stream
+    stops elsewhere, the driver ends, or `timeout` passes."""
     deadline = time.monotonic() + timeout
     way = f"`sluicegate workflow status {name} --target {target_text(store)}`"
     while True:
         wf = store.load(name)
-        r = wf.point_requests.get(rid)
-        if r is None:
-            raise RetryableError(f"workflow {name}: the vdiff's point request went from its state (was it "
-                                 f"deleted and made again?); run the vdiff again")
-        if r.get("missed"):
-            raise RetryableError(f"workflow {name}: {r['missed']}, past the vdiff's point; "
-                                 f"run the vdiff again")
-        if ready(r):
-            return r
-        if wf.state != RUNNING:
-            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for its driver to "
-                             f"{what}; run the vdiff again ({way})")
+        if wf.stop_reason != reason:
+            raise RetryableError(f"workflow {name}: the vdiff's hold went while it waited for the stream to "
+                                 f"{what} (state {wf.state}: {wf.message or 'no message'}); run the vdiff again")
+        if wf.state == STOPPED and wf.stop_position == position:
+            if position is not None and wf.position != position:
+                raise RetryableError(f"workflow {name}: the stream stopped at {format_lsn(wf.position)}, not at "
+                                     f"the vdiff's point {format_lsn(position)}; run the vdiff again")
+            return wf
+        if wf.state not in (RUNNING, STOPPED):
+            raise UsageError(f"workflow {name} went {wf.state} while the vdiff waited for the stream to "
+                             f"{what}: {wf.message}; run the vdiff again ({way})")
+        if lock is not None:  # the vdiff's own play returned without stopping there
+            raise RetryableError(f"workflow {name}: the stream did not {what} (at {format_lsn(wf.position)}: "
+                                 f"{wf.message or 'no message'}); run the vdiff again")
         if not store.is_running(name):
-            raise UsageError(f"workflow {name}: its driver stopped while the vdiff waited for it to {what}; "
-                             f"run the vdiff again ({way})")
+            raise UsageError(f"workflow {name}: its driver stopped while the vdiff waited for the stream to "
+                             f"{what}; run the vdiff again ({way})")
         if stop is not None and stop.is_set():
             raise RetryableError("interrupted")
         if time.monotonic() > deadline:
@@ -223,10 +216,9 @@ def target_text(store) -> str:
 
 
 def _point_now(target: str, wf, position: int):
-    """The point at `position` where the stream stands and no driver plays it (the vdiff holds the run lock):
-    every table's current version holds exactly the source's transactions up to it. Read now, not from the
-    log: with nothing to apply there the play records no point, and a direct write to a table since the
-    log's point at `position` must count."""
+    """The point at `position` where the stream stands stopped for the vdiff: every table's current version
+    holds exactly the source's transactions up to it. Read now, not from the log: a direct write to a table
+    since the log's point at `position` must count."""
     from deltalake import DeltaTable
 
     from .read import Point
