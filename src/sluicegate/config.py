@@ -112,15 +112,13 @@ SETTINGS: tuple[Setting, ...] = (
     # A controller (a vdiff taking its consistent point) holds a stream for a moment: one that held it longer
     # died; the driver then releases the stream (workflow/stream_control.py).
     _env("stream_hold_seconds", "float", 30.0, "seconds a stream may stay held by a vdiff before its driver "
-                                               "releases it"),
+                                               "releases it (PostgreSQL and Delta targets)"),
     _env("lock_timeout", "float", 3.0, "seconds every lock and DDL Sluicegate takes waits at most"),
     _env("vstream_token", "str", None, "the VStream bearer token, when no --token-file is given"),
     _env("copy_pump", "str", "", "python: copy through the Python pipe instead of the C row pump"),
     _env("spark_class_archive", "str", "", "path of the Spark class archive, or off"),
     _env("pg_bindir", "str", None, "PostgreSQL server binaries for local servers (demo, tests)"),
     _env("driver_pid", "int", 0, "the driver's process id, for the workers' fault points", kind=INTERNAL),
-    _env("hold_seconds", "float", 30.0, "seconds a Delta stream stays stopped for a controller (a vdiff) "
-                                        "before its driver releases it (tests)", kind=INTERNAL),
     _env("fault_pause", "str", None, "a fault point to pause at (tests)", kind=INTERNAL),
     _env("fault_dir", "str", None, "where a paused fault point leaves its marker file (tests)", kind=INTERNAL),
     _env("all_tests", "bool", False, "the test suite also runs its slow fault scenarios", kind=INTERNAL),

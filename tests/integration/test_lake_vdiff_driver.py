@@ -160,7 +160,7 @@ def test_a_killed_vdiff_does_not_leave_the_stream_stopped(pair, tmp_path):
     store = Store(root)
     log, vlog = tmp_path / "driver.log", tmp_path / "vdiff.log"
     point = "lake.vdiff.stopped_at_point"
-    driver = start_driver(target, log, SLUICEGATE_HOLD_SECONDS="3")
+    driver = start_driver(target, log, SLUICEGATE_STREAM_HOLD_SECONDS="3")
     checker = None
     try:
         wait_for(lambda: store.load("vd").first_point or driver.poll() is not None, timeout=120,

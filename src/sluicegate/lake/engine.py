@@ -143,7 +143,7 @@ class LakeEngine:
         key = (wf.stop_reason, wf.stop_position, wf.position)
         if self.held is None or self.held[0] != key:
             self.held = (key, time.monotonic())
-        lapse = config.from_env("hold_seconds")
+        lapse = config.from_env("stream_hold_seconds")
         if time.monotonic() - self.held[1] < lapse:
             self.stop.wait(0.1)
             return

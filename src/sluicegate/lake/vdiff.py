@@ -17,7 +17,7 @@ The point comes through the stream's durable control (control.py), the order mak
      also on failure.
 Taking the snapshot first and asking for P afterwards could find a fast driver already past P (no point there,
 and none can be made); retrying would not be sure to end under steady writes. The hold costs the driver the
-time of one snapshot. A killed vdiff's stop lapses: the driver releases it after config's hold_seconds.
+time of one snapshot. A killed vdiff's stop lapses: the driver releases it after config's stream_hold_seconds.
 
 Beside a running driver, its player does all that (Delta keeps old versions, so the driver need not stop for
 the comparison). With no driver, the vdiff holds the run lock for its whole life (a `workflow run` started
