@@ -24,8 +24,7 @@ from ..position import parse_lsn
 from ..postgres import capture, catalog
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as st
-from ..workflow.create import _check_source_role, _check_table_rights
-from ..workflow.reshard import _check_same_tables
+from ..workflow.create_checks import check_same_tables, check_source_role, check_table_rights
 from .create import Decision, decide_tables, refuse_rows
 from .keyspace import keyrange_rules
 from .model import Cluster
@@ -62,9 +61,9 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                         catalog.refuse_keyless(new, "a keyspace's shards are told apart by a key range; add a "
                                                     "primary key on the source, or leave it out")
                 else:
-                    _check_same_tables(shard, conn, new, first)
-                if not _check_source_role(conn):
-                    _check_table_rights(conn, new)
+                    check_same_tables(shard, conn, new, first)
+                if not check_source_role(conn):
+                    check_table_rights(conn, new)
             except psycopg.Error as exc:
                 raise UsageError(f"{where}: {first_line(exc)}") from None
             sources[shard] = conn

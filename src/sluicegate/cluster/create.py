@@ -32,13 +32,14 @@ from ..postgres.needs import BIDIRECTIONAL
 from ..preflight.probes import privileged
 from ..preflight.report import refuse
 from ..workflow import state as st
-from ..workflow.create import (
-    _check_no_leftovers,
-    _check_source_role,
-    _check_table_rights,
-    _workflows_reading,
+from ..workflow.create_checks import (
+    check_no_leftovers,
     check_not_the_source,
+    check_slots_available,
+    check_source_role,
     check_source_tables,
+    check_table_rights,
+    workflows_reading,
 )
 from ..workflow.denial import deny
 from . import schema_safety
@@ -95,8 +96,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 catalog.refuse_keyless(described, "--bidirectional resolves conflicts by last writer wins per key; "
                                                   "add a primary key on the source, or leave the table out")
             for sink in [*sinks, *others]:
-                _check_no_leftovers(src, name, slot_name(name, sink))
-            _check_slots_available(src, len(sinks) + len(others))
+                check_no_leftovers(src, name, slot_name(name, sink))
+            check_slots_available(src, len(sinks) + len(others))
             identity = identify(src).to_json()
             if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
                 notes.append(note)
@@ -198,13 +199,13 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
             raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None
     try:  # B as the source of B->A
         capture.check_source(b)
-        superuser = _check_source_role(b)
+        superuser = check_source_role(b)
         if not superuser:
-            _check_table_rights(b, [t for t in described if schema_safety.table_exists(b, t)])
-        _check_no_leftovers(b, name, slot_name(name, "a"))
-        _check_slots_available(b, 1)
+            check_table_rights(b, [t for t in described if schema_safety.table_exists(b, t)])
+        check_no_leftovers(b, name, slot_name(name, "a"))
+        check_slots_available(b, 1)
         # A loop through another workflow: one that already writes B from A (B->A would send its rows back).
-        loops = [w for w, _ in _workflows_reading(b, a) if w != name]
+        loops = [w for w, _ in workflows_reading(b, a) if w != name]
         if loops:
             raise UsageError(f"workflow {loops[0]!r} already replicates the source {describe(a_url)} into the "
                              f"sink {describe(b_url)} (its state is on the sink): the direction back would carry "
@@ -351,12 +352,3 @@ def new_table_decision(sink: str, url: str, table: str, created: bool, empty: bo
                                                   f"(--overwrite)")
     return Decision(sink, url, table, "refuse", f"new setup, {noun} holds rows")
 
-
-def _check_slots_available(src: psycopg.Connection, wanted: int) -> None:
-    """A slot per sink: say so now if the source has no room for them, not at the first run."""
-    limit, used = src.execute(
-        "SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots)"
-    ).fetchone()
-    if used + wanted > limit:
-        raise UsageError(f"source has max_replication_slots = {limit} with {used} in use; this workflow needs "
-                         f"{wanted} more (one per sink): raise max_replication_slots and restart the source")

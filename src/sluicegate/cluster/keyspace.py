@@ -25,13 +25,15 @@ from ..postgres.connect import connect, describe, first_line, strip_password
 from ..postgres.identity import identify
 from ..sharding.keyrange import KeyRange
 from ..workflow import state as st
-from ..workflow.create import (
-    _check_no_leftovers,
-    _check_source_role,
-    _check_table_rights,
+from ..workflow.create_checks import (
+    check_no_leftovers,
+    check_same_tables,
+    check_slots_available,
+    check_source_role,
+    check_table_rights,
 )
-from ..workflow.reshard import _check_same_tables, _identity, _sharding_columns
-from .create import Decision, _check_slots_available, _sink_decisions, open_sinks, refuse_rows
+from ..workflow.reshard import _identity, _sharding_columns
+from .create import Decision, _sink_decisions, open_sinks, refuse_rows
 from .model import KIND, Cluster
 
 STRAY_SAMPLE = 10_000  # rows read per table and shard to catch a wrong sharding column
@@ -100,13 +102,13 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
                     described = catalog.exclude_tables(catalog.resolve_tables(conn, tables), exclude)
                     catalog.refuse_keyless(described, "a keyspace's shards are told apart by a key range; add "
                                                       "a primary key on the source, or leave the table out")
-                _check_same_tables(shard, conn, described, first)
-                if not _check_source_role(conn):
-                    _check_table_rights(conn, described)
+                check_same_tables(shard, conn, described, first)
+                if not check_source_role(conn):
+                    check_table_rights(conn, described)
                 replication.check_replication_access(url)
                 for sink in sinks:
-                    _check_no_leftovers(conn, name, probe.slot(sink, shard))
-                _check_slots_available(conn, len(sinks))
+                    check_no_leftovers(conn, name, probe.slot(sink, shard))
+                check_slots_available(conn, len(sinks))
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = conn

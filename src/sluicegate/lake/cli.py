@@ -15,7 +15,7 @@ from ..position import format_lsn
 from ..postgres import capture
 from ..postgres.connect import connect, describe, first_line
 from ..workflow import state as pg_state
-from ..workflow.create import _check_no_leftovers, check_source_tables
+from ..workflow.create_checks import check_no_leftovers, check_source_tables
 from . import location
 from .state import (
     COPYING,
@@ -50,7 +50,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     with connect(source_url, role="source", autocommit=True) as src:
         try:
             described = check_source_tables(src, source_url, tables, exclude)
-            _check_no_leftovers(src, name)
+            check_no_leftovers(src, name)
             left_out = generated_columns(src, described)
             capture_note = _ddl_capture_note(src, options)
         except psycopg.Error as exc:

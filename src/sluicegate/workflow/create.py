@@ -20,7 +20,7 @@ from ..postgres.connect import (
     has_password,
     strip_password,
 )
-from ..postgres.identity import DatabaseIdentity, identify, same_database
+from ..postgres.identity import identify
 from ..preflight.plan import Plan
 from ..preflight.plan import check as preflight
 from ..preflight.report import refuse
@@ -29,6 +29,7 @@ from ..rules.spec import RuleSpec, parse_rules
 from . import copier
 from . import state as st
 from .cluster_model import direction
+from .create_checks import check_no_leftovers, check_not_the_source, check_source_role, check_table_rights
 from .denial import undeny
 
 
@@ -69,7 +70,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             capture.check_source(src)
             if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
                 notes.append(note)
-            superuser = _check_source_role(src)
+            superuser = check_source_role(src)
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
             described = catalog.exclude_tables(described, exclude)
             compiled = _compile_rules(src, specs, described, kind, udfs) if specs else {}
@@ -79,7 +80,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             if kind == "Materialize":
                 described = [rule.source for rule in compiled.values()]
             if not superuser:
-                _check_table_rights(src, described)
+                check_table_rights(src, described)
             replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
             # A table with a rule gets a target of the rule's shape: only the others are made in full.
             definitions = table_definition.read(src, [t for t in described if t.qualified not in compiled]) \
@@ -168,7 +169,7 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
     with dst.transaction(), locks.guard(dst, f"creating workflow {name}", rels, then="try again"):
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
-        _check_no_leftovers(src, name)
+        check_no_leftovers(src, name)
         definitions = definitions or {}
         created = {}
         for target in targets:
@@ -218,57 +219,6 @@ def _target_definition_notes(definitions: dict, created: dict, compiled: dict, o
     return lines, options
 
 
-def check_not_the_source(src: psycopg.Connection, dst: psycopg.Connection, what: str, target_url: str,
-                         pair: str | None = None) -> None:
-    """Refuse a target that is the source database itself, or the source of a workflow that writes into this
-    source (a loop), before anything is created on it. By the servers' identity, not by URL text. `pair`: a
-    bidirectional workflow's name, whose own direction back is no loop (its origins stop the changes)."""
-    if same_database(src, dst):
-        ident = identify(dst)
-        raise UsageError(
-            f"{what} {describe(target_url)} is the source database itself (database {ident.database!r} of server "
-            f"{ident.system_identifier or 'at the same address'}): a workflow copies into another database; "
-            f"name a different target"
-        )
-    loops = [(w, u) for w, u in _workflows_reading(src, dst) if w != pair]
-    if loops:
-        workflow, _ = loops[0]
-        raise UsageError(
-            f"{what} {describe(target_url)} is the source of workflow {workflow!r}, whose target is this source "
-            f"({describe(src.info.dsn)}): a workflow back would carry every change around in a loop; name a "
-            f"different target, or delete workflow {workflow!r} first"
-        )
-
-
-def _workflows_reading(src: psycopg.Connection, dst: psycopg.Connection) -> list[tuple[str, str]]:
-    """(workflow, its source URL) for each workflow recorded on `src` (it is their target) whose source is the
-    database `dst` reaches."""
-    if not st.has_schema(src):
-        return []
-    try:
-        rows = src.execute(
-            """SELECT s.workflow, COALESCE(s.source_url, w.source_url), to_jsonb(s) -> 'source_identity'
-               FROM sluicegate.streams s JOIN sluicegate.workflows w ON w.name = s.workflow ORDER BY s.id"""
-        ).fetchall()
-    except psycopg.errors.InsufficientPrivilege:  # another user's state: not ours to judge
-        return []
-    target = identify(dst)
-    found = []
-    for workflow, url, recorded in rows:
-        known = DatabaseIdentity.from_json(recorded)
-        if known is not None and not known.may_be(target):
-            continue
-        # A possible match (or made before identities were recorded): ask that source itself.
-        try:
-            with connect(url, role="source", autocommit=True, connect_timeout=3) as other:
-                same = same_database(other, dst)
-        except (SluicegateError, psycopg.Error):
-            same = known is not None  # unreachable: the recorded identity decides, if there is one
-        if same:
-            found.append((workflow, url))
-    return found
-
-
 def source_password_note(source_url: str) -> str | None:
     """A note for `create` when the source URL holds a password that libpq cannot find by itself: the
     password is not stored, so `workflow run` will need it in a pgpass file, a service file or PGPASSWORD."""
@@ -284,19 +234,6 @@ def source_password_note(source_url: str) -> str | None:
         return None  # something else (the server is going away): run says what
 
 
-def check_source_tables(src: psycopg.Connection, source_url: str, tables: list[str] | None,
-                        exclude: list[str] | None) -> list[Table]:
-    """A create's source checks for tables moved whole (Replicate, a Delta target): logical decoding, the
-    user's rights on the tables, replication access; the tables named (all, less `exclude`), described."""
-    capture.check_source(src)
-    superuser = _check_source_role(src)
-    described = catalog.exclude_tables(catalog.resolve_tables(src, tables), exclude)
-    if not superuser:
-        _check_table_rights(src, described)
-    replication.check_replication_access(source_url)  # pg_hba.conf, REPLICATION, max_wal_senders
-    return described
-
-
 def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: str, definition=None) -> bool:
     """Create the target table (in full, given the source's TableDefinition), or check an existing one is
     compatible and empty (a workflow fills it). True if created."""
@@ -305,67 +242,6 @@ def prepare_empty_target(dst: psycopg.Connection, t: Table, kind: str, where: st
         raise UsageError(f"{where} {t.qualified} already has rows: {kind} fills empty tables; "
                          f"empty it (TRUNCATE) or drop it first")
     return created
-
-
-def _check_source_role(src: psycopg.Connection) -> bool:
-    """The first run creates a publication and a logical slot on the source: may this user? True if superuser."""
-    user, superuser, replication, may_create = src.execute(
-        """SELECT current_user, rolsuper, rolreplication, has_database_privilege(current_database(), 'CREATE')
-           FROM pg_roles WHERE rolname = current_user"""
-    ).fetchone()
-    if superuser:
-        return True
-    if not replication:
-        raise UsageError(
-            f"source user {user} may not create replication slots: ALTER ROLE {user} REPLICATION "
-            f"(as a superuser on the source), or connect as a user that may"
-        )
-    if not may_create:
-        raise UsageError(
-            f"source user {user} may not create a publication in database {src.info.dbname}: "
-            f"GRANT CREATE ON DATABASE {src.info.dbname} TO {user}"
-        )
-    return False
-
-
-def _check_table_rights(src: psycopg.Connection, tables: list[Table]) -> None:
-    """Adding a table to a publication takes its owner; copying it takes SELECT."""
-    user = src.info.user
-    for t in tables:
-        owner, can_select = src.execute(
-            """SELECT pg_has_role(c.relowner, 'USAGE'), has_table_privilege(c.oid, 'SELECT')
-               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-               WHERE n.nspname = %s AND c.relname = %s""",
-            (t.schema, t.name),
-        ).fetchone()
-        if not owner:
-            raise UsageError(
-                f"source user {user} does not own table {t.qualified}, which its publication needs: "
-                f"connect as the owner, or ALTER TABLE {t.qualified} OWNER TO {user}"
-            )
-        if not can_select:
-            raise UsageError(
-                f"source user {user} may not read table {t.qualified}: GRANT SELECT ON {t.qualified} TO {user}"
-            )
-
-
-def _check_no_leftovers(src: psycopg.Connection, name: str, slot: str | None = None) -> None:
-    """The workflow's slot and publication names derive from its name alone: one that exists belongs to a
-    same-named workflow of another target (or was left behind), and must not be shared or adopted."""
-    slot = publication = slot or st.object_name("sg", name)
-    row = src.execute("SELECT database FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-    if row:
-        raise UsageError(
-            f"source server already has replication slot {slot} (database {row[0]}), made for a workflow named "
-            f"{name!r} on another target or left behind: pick another workflow name, or drop the slot if "
-            f"nothing uses it: SELECT pg_drop_replication_slot('{slot}')"
-        )
-    if src.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
-        raise UsageError(
-            f"source already has publication {publication}, made for a workflow named {name!r} on another "
-            f"target or left behind: pick another workflow name, or DROP PUBLICATION {publication} if nothing "
-            f"uses it"
-        )
 
 
 def delete_workflow(name: str, target_url: str) -> list[str]:

@@ -26,13 +26,13 @@ from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
 from ..sharding.keyrange import KeyRange, check_partition
 from . import state as st
-from .create import (
-    _check_no_leftovers,
-    _check_source_role,
-    _check_table_rights,
-    _compile_rules,
+from .create import _compile_rules, prepare_empty_target
+from .create_checks import (
+    check_no_leftovers,
     check_not_the_source,
-    prepare_empty_target,
+    check_same_tables,
+    check_source_role,
+    check_table_rights,
 )
 from .shards import KIND, load_all
 
@@ -73,7 +73,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
             conn = stack.enter_context(connect(url, role="source", autocommit=True))
             try:
                 capture.check_source(conn)
-                superuser = _check_source_role(conn)
+                superuser = check_source_role(conn)
             except psycopg.Error as exc:
                 raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = (conn, superuser)
@@ -81,9 +81,9 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
         catalog.refuse_keyless(described, "Reshard routes rows by a sharding column of a key; add a primary key "
                                           "on the source, or leave the table out with --exclude-tables")
         for shard, (conn, superuser) in sources.items():
-            _check_same_tables(shard, conn, described, first)
+            check_same_tables(shard, conn, described, first)
             if not superuser:
-                _check_table_rights(conn, described)
+                check_table_rights(conn, described)
             replication.check_replication_access(source_shards[shard])
         columns = _sharding_columns(described, shard_keys)
         compiled = _compile_rules(sources[first][0], specs, described, "MoveTables", udfs) if specs else {}
@@ -94,7 +94,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
                                  f"{t.columns[c].name!r} (as is; it may be renamed)")
         plan = _streams(name, source_shards, target_shards)
         for slot, shard, _, _ in (p for streams in plan.values() for p in streams):
-            _check_no_leftovers(sources[shard][0], name, slot)
+            check_no_leftovers(sources[shard][0], name, slot)
         # Stored without passwords: libpq's pgpass file or environment supplies them.
         keyspace = {"source_shards": {s: strip_password(u) for s, u in source_shards.items()},
                     "target_shards": {s: strip_password(u) for s, u in target_shards.items()},
@@ -138,17 +138,6 @@ def _streams(name: str, source_shards: dict[str, str], target_shards: dict[str, 
         plan[tname] = [(st.object_name("sg", f"{name}/{sname}/{tname}"), sname, surl, t.intersect(KeyRange.parse(sname)))
                        for sname, surl in source_shards.items() if t.overlaps(KeyRange.parse(sname))]
     return plan
-
-
-def _check_same_tables(shard: str, conn: psycopg.Connection, described: list[Table], first: str) -> None:
-    existing = set(catalog.list_tables(conn))
-    for t in described:
-        other = catalog.describe_table(conn, t.schema, t.name) if (t.schema, t.name) in existing else None
-        shape = [(c.name, c.type_sql, c.not_null, c.collation) for c in t.columns]  # OIDs differ by server
-        if other is None or [(c.name, c.type_sql, c.not_null, c.collation) for c in other.columns] != shape \
-                or other.key != t.key:
-            raise UsageError(f"table {t.qualified} on source shard {shard} differs from the one on shard {first} "
-                             f"(or is missing): the shards of a keyspace have the same schema")
 
 
 def _sharding_columns(described: list[Table], shard_keys: dict[str, str]) -> list[int]:
