@@ -36,6 +36,7 @@ class DriverVDiffs:
         self.engine = engine
         self.thread: threading.Thread | None = None
         self._comparing = threading.Event()
+        self._closed = threading.Event()  # the engine is done (its run may end while the driver goes on)
 
     def start(self) -> None:
         """Once, from the driver's loop (a workflow that never replicates serves none)."""
@@ -45,7 +46,7 @@ class DriverVDiffs:
 
     def _serve(self) -> None:
         conn = None
-        while not self.engine.stop.wait(self.POLL_SECONDS):
+        while not self._closed.wait(self.POLL_SECONDS) and not self.engine.stop.is_set():
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.engine.target_url, role="target", autocommit=True)
@@ -93,6 +94,8 @@ class DriverVDiffs:
             stop.wait(0.5)
 
     def close(self, timeout: float = 30.0) -> None:
+        """Serve no more vdiffs; wait for a comparison in flight (the engine's stop cancels its Spark jobs)."""
+        self._closed.set()
         if self.thread is not None:
             self.thread.join(timeout)
 
