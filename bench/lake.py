@@ -311,6 +311,7 @@ def main() -> int:
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()
+    args.target_settings = []  # (run.py's option: the PostgreSQL target with its default settings)
     if unknown := set(args.skip) - SKIPPABLE:
         parser.error(f"--skip {','.join(sorted(unknown))}: choose from {', '.join(sorted(SKIPPABLE))}")
     if args.scale < 1 or not 20 <= args.burst_updates <= 20 * 100_000 * args.scale:
