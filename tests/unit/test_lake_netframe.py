@@ -176,3 +176,13 @@ def test_partitions_keep_a_key_together():
     for p, part in parts.items():
         for a, b in zip(part.column("c0").to_pylist(), part.column("c1").to_pylist()):
             assert where.setdefault((a, b), p) == p
+
+
+def test_key_bounds_of_one_integer_key_only():
+    frame = netframe.from_rows(table(), {("7",): ("U", ("7", "eu", "1", None, "t"), frozenset()),
+                                         ("-3",): ("D", None, frozenset())})
+    assert netframe.key_bounds(table(), frame) == (-3, 7)  # as integers, not as text
+    assert netframe.key_bounds(table(two_keys=True), netframe.from_rows(table(two_keys=True), {})) is None
+    two = netframe.from_rows(table(two_keys=True), {("7", "eu"): ("D", None, frozenset())})
+    assert netframe.key_bounds(table(two_keys=True), two) is None
+    assert netframe.widest((1, 5), (-2, 3)) == (-2, 5) and netframe.widest((1, 5), None) is None

@@ -261,21 +261,32 @@ def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: 
     first = NetEffect(table)
     schema = first.merge_source(kept).schema
 
+    bounds = spill.bounds if spill.bounded else None
+    if bounds is not None and effect.nonempty:
+        bounds = netframe.widest(bounds, netframe.key_bounds(table, effect.frame()))
+
     def batches():
         for part in spill.partitions(effect):
             yield from part.merge_source(kept).to_batches()
 
-    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version, fills)
+    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version, fills,
+                       bounds)
 
 
-def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None) -> dict:
-    """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version)."""
+def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None,
+                bounds: tuple[int, int] | None = None) -> dict:
+    """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version).
+    A table is handed over whole (delta-rs then reads only the files its keys' statistics may match); a
+    reader streams, and `bounds` (its least and greatest integer key) narrow the files instead."""
     from deltalake import CommitProperties, Transaction
 
     predicate, updates, inserts = merge_clauses(table, source.schema, fills)
+    if bounds is not None and not fills:  # (a fill touches rows outside the bounds too)
+        key = quote(table.key[0])
+        predicate += f" AND t.{key} >= {int(bounds[0])} AND t.{key} <= {int(bounds[1])}"
     props = CommitProperties(app_transactions=[Transaction(app, version)])
     builder = (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
-                        commit_properties=props)
+                        streamed_exec=not isinstance(source, pa.Table), commit_properties=props)
                .when_matched_delete(predicate=f"s.{OP} = 'D'")
                .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
                .when_not_matched_insert(updates=inserts, predicate=f"s.{OP} = 'U'"))

@@ -150,6 +150,30 @@ def last_per_key(table: Table, frame: pa.Table, order: pa.Array | None = None) -
     return frame.filter(pc.is_in(order, value_set=last.combine_chunks()))
 
 
+def key_bounds(table: Table, frame: pa.Table) -> tuple[int, int] | None:
+    """The least and greatest key of a non-empty frame whose key is one integer column; else None."""
+    from .types import arrow_type
+
+    if frame.num_rows == 0 or len(table.key_indices) != 1:
+        return None
+    i = table.key_indices[0]
+    if not pa.types.is_integer(arrow_type(table.columns[i], table.type_tree)):
+        return None
+    try:
+        bounds = pc.min_max(pc.cast(frame.column(f"c{i}"), pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return None if low is None else (low, high)
+
+
+def widest(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Bounds covering both (None, unknown, if either is)."""
+    if a is None or b is None:
+        return None
+    return min(a[0], b[0]), max(a[1], b[1])
+
+
 _WEIGHTS = np.random.default_rng(20261127).integers(1, 2**63, size=64, dtype=np.uint64) | np.uint64(1)
 
 

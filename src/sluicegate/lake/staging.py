@@ -53,6 +53,9 @@ class Spill:
         # they predate the column on the source), and those whose value is the Delta table's own.
         self.pads: dict[int, str | None] = {}
         self.pad_keep: set[int] = set()
+        # The least and greatest key staged (a key of one integer column: netframe.key_bounds), while known.
+        self.bounds: tuple[int, int] | None = None
+        self.bounded = True
 
     def write(self, effect: NetEffect) -> None:
         """Stage the effect's rows as the next generation, then empty it."""
@@ -60,6 +63,9 @@ class Spill:
         if frame.num_rows == 0:
             return
         self.kept.update(netframe.kept(frame))
+        bounds = netframe.key_bounds(effect.table, frame)
+        self.bounded = self.bounded and bounds is not None
+        self.bounds = bounds if self.bounds is None else netframe.widest(self.bounds, bounds)
         self.dir.mkdir(parents=True, exist_ok=True)
         for p, part in netframe.split(effect.table, frame, PARTITIONS).items():
             pq.write_table(part, self.dir / f"p{p:03d}-g{self.generations:06d}.parquet", compression="zstd")
@@ -71,6 +77,7 @@ class Spill:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.generations = 0
         self.kept.clear()
+        self.bounds, self.bounded = None, True
 
     def partitions(self, effect: NetEffect) -> Iterator[NetEffect]:
         """The whole net effect (staged generations, then the rows still in `effect`), one partition at a time."""
