@@ -276,8 +276,9 @@ def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: 
 def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None,
                 bounds: tuple[int, int] | None = None) -> dict:
     """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version).
-    A table is handed over whole (delta-rs then reads only the files its keys' statistics may match); a
-    reader streams, and `bounds` (its least and greatest integer key) narrow the files instead."""
+    A table keyed by integers or text is handed over whole (delta-rs then reads only the files its keys'
+    statistics may match; it cannot make that filter of a key of other types, a struct say); a reader
+    streams, and `bounds` (its least and greatest integer key) narrow the files instead."""
     from deltalake import CommitProperties, Transaction
 
     predicate, updates, inserts = merge_clauses(table, source.schema, fills)
@@ -286,7 +287,8 @@ def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[st
         predicate += f" AND t.{key} >= {int(bounds[0])} AND t.{key} <= {int(bounds[1])}"
     props = CommitProperties(app_transactions=[Transaction(app, version)])
     builder = (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
-                        streamed_exec=not isinstance(source, pa.Table), commit_properties=props)
+                        streamed_exec=not (isinstance(source, pa.Table) and _plain_key(source.schema, table)),
+                        commit_properties=props)
                .when_matched_delete(predicate=f"s.{OP} = 'D'")
                .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
                .when_not_matched_insert(updates=inserts, predicate=f"s.{OP} = 'U'"))
@@ -294,6 +296,10 @@ def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[st
     if fills:
         builder = builder.when_not_matched_by_source_update(updates=fills)
     return builder.execute()
+
+
+def _plain_key(schema: pa.Schema, table: Table) -> bool:
+    return all(pa.types.is_integer(t) or pa.types.is_string(t) for t in (schema.field(k).type for k in table.key))
 
 
 ADDED_BY = "sluicegate.added_by"  # field metadata of a Delta column Sluicegate added: the workflow's name
