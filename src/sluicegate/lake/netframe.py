@@ -84,6 +84,19 @@ def _distinct(a: pa.Array, b: pa.Array) -> pa.Array:
     return pc.or_(ne, pc.not_equal(pc.is_null(a), pc.is_null(b)))
 
 
+def _text_columns(rows: list[tuple], n: int) -> list[pa.Array] | None:
+    """Rows of n text values (or None) as n string arrays; None when a row has another width or a value is
+    not text. (Transposed by numpy: zip(*rows) makes tuples the size of the log, and the collector then walks
+    the task's whole heap.)"""
+    try:
+        grid = np.array(rows, dtype=object)
+        if grid.ndim != 2 or grid.shape[1] != n:
+            return None
+        return [pa.array(grid[:, i], pa.string()) for i in range(n)]
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+
+
 def log_frame(table: Table, ops: list[str], values: list[tuple], old_at: list[int], olds: list[tuple]) -> pa.Table | None:
     """The net effect of a log of changes in source order: `ops[j]` 'I', 'U' or 'D'; `values[j]` the new row
     (the old one for a delete), in the table's column order; `olds` the old rows updates carried, at
@@ -92,12 +105,8 @@ def log_frame(table: Table, ops: list[str], values: list[tuple], old_at: list[in
     count = len(values)
     if count == 0:
         return empty(n)
-    columns = list(zip(*values))
-    if len(columns) != n:  # rows of another width: the per-row fold says what is wrong
-        return None
-    try:
-        arrays = [pa.array(c, pa.string()) for c in columns]
-    except (pa.ArrowException, TypeError, ValueError):
+    arrays = _text_columns(values, n)
+    if arrays is None:
         return None
     op = pa.array(ops, pa.string())
     deleted = pc.equal(op, "D")
@@ -109,13 +118,10 @@ def log_frame(table: Table, ops: list[str], values: list[tuple], old_at: list[in
     order = pa.array(np.arange(1, 2 * count, 2, dtype=np.int64))
     parts = [(arrays, out_op, order)]
     if olds:
-        old_columns = list(zip(*olds))
-        if len(old_columns) != n:
+        old_columns = _text_columns(olds, n)
+        if old_columns is None:
             return None
-        try:
-            old_keys = {i: pa.array(old_columns[i], pa.string()) for i in key_indices}
-        except (pa.ArrowException, TypeError, ValueError):
-            return None
+        old_keys = {i: old_columns[i] for i in key_indices}
         at = pa.array(old_at, pa.int64())
         moved = None
         for i in key_indices:
