@@ -205,9 +205,10 @@ class LakeBench(Bench):
         seen_log = [None]
 
         def delta_has_it() -> bool:
-            # The points table's log changes once per applied batch: read the newest point only then.
+            # The points table's log changes once per applied batch: read the newest point only then. (By its
+            # newest entry, not their count: the lake's vacuum removes old entries as batches add new ones.)
             try:
-                entries = len(os.listdir(points_log))
+                entries = max(os.listdir(points_log), default=None)
             except FileNotFoundError:
                 return False
             if entries == seen_log[0]:
@@ -311,6 +312,7 @@ def main() -> int:
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()
+    args.target_settings = []  # (run.py's option: the PostgreSQL target with its default settings)
     if unknown := set(args.skip) - SKIPPABLE:
         parser.error(f"--skip {','.join(sorted(unknown))}: choose from {', '.join(sorted(SKIPPABLE))}")
     if args.scale < 1 or not 20 <= args.burst_updates <= 20 * 100_000 * args.scale:

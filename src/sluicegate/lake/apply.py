@@ -14,7 +14,8 @@ import pyarrow as pa
 from ..errors import TerminalError
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
-from .types import SPECIAL, arrow_schema, convert_columns, may_be_special
+from . import netframe
+from .types import SPECIAL, arrow_schema, convert_text_arrays, may_be_special
 
 OP = "_op"
 
@@ -24,32 +25,131 @@ def _flag(i: int) -> str:
 
 
 class NetEffect:
-    """One table's changes of a batch, in order; values as PostgreSQL text in the table's column order."""
+    """One table's changes of a batch, in order; values as PostgreSQL text in the table's column order.
+
+    Changes are logged as they come and folded with Arrow (netframe.py) into a frame when the effect is
+    merged or staged; `rows` (key -> (op, values, kept columns)) is the same effect folded row by row, for
+    the rarer paths that edit rows (a log with an unchanged TOAST value, reshapes, added columns)."""
 
     def __init__(self, table: Table):
         self.table = table
-        self.rows: dict[tuple, tuple[str, tuple | None, frozenset]] = {}  # key -> (op, values, kept columns)
+        self._rows: dict[tuple, tuple[str, tuple | None, frozenset]] | None = {}  # the folded base, or
+        self._frame: pa.Table | None = None  # ... the base as a frame; the log applies after the base
+        self._ops: list[str] = []
+        self._values: list[tuple] = []  # the new row (the old one of a delete)
+        self._old_at: list[int] = []  # updates that carried the old row: their place in the log, the row
+        self._olds: list[tuple] = []
         self.changes = 0
         self.truncated = False  # a TRUNCATE came first: the table is emptied, then the rows merged
+
+    @classmethod
+    def from_frame(cls, table: Table, frame: pa.Table) -> NetEffect:
+        effect = cls(table)
+        effect._rows, effect._frame = None, frame
+        return effect
+
+    def add(self, kind: str, old: tuple | None, new: tuple | None) -> None:
+        """A change ('I', 'U' or 'D') with its rows in the table's column order: the player's hot path."""
+        self.changes += 1
+        if kind == "D":
+            self._ops.append(kind)
+            self._values.append(old)
+            return
+        if old is not None and kind == "U":
+            if UNCHANGED in new:  # may move a key without a value it needs: folded now, it stops here
+                self.rows  # noqa: B018 (folds the log)
+                self._update(old, new)
+                return
+            self._old_at.append(len(self._values))
+            self._olds.append(old)
+        self._ops.append(kind)
+        self._values.append(new)
+
+    def insert(self, new: tuple) -> None:
+        self.add("I", None, new)
+
+    def delete(self, old: tuple) -> None:
+        self.add("D", old, None)
+
+    def update(self, old: tuple | None, new: tuple) -> None:
+        self.add("U", old, new)
+
+    def truncate(self) -> None:
+        self.changes += 1
+        self.truncated = True
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the rows (not the count of changes): staged, or truncated."""
+        self._rows, self._frame = {}, None
+        self._ops, self._values, self._old_at, self._olds = [], [], [], []
+
+    @property
+    def nonempty(self) -> bool:
+        if self._ops:
+            return True
+        return self._frame.num_rows > 0 if self._frame is not None else bool(self._rows)
+
+    @property
+    def rows(self) -> dict[tuple, tuple[str, tuple | None, frozenset]]:
+        """The net effect per key, folded row by row."""
+        if self._frame is not None:
+            self._rows, self._frame = dict(netframe.to_rows(self.table, self._frame)), None
+        if self._ops:
+            olds = dict(zip(self._old_at, self._olds))
+            for j, (kind, values) in enumerate(zip(self._ops, self._values)):
+                if kind == "I":
+                    self._insert(values)
+                elif kind == "U":
+                    self._update(olds.get(j), values)
+                else:
+                    self._delete(values)
+            self._ops, self._values, self._old_at, self._olds = [], [], [], []
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: dict) -> None:
+        self.clear()
+        self._rows = rows
+
+    def frame(self) -> pa.Table:
+        """The net effect as a frame (netframe.py), one row per key."""
+        if self._ops:
+            logged = netframe.log_frame(self.table, self._ops, self._values, self._old_at, self._olds)
+            if logged is None:  # an unchanged TOAST value: it takes from earlier changes of its row
+                rows = self.rows
+                self.clear()
+                self._rows, self._frame = None, netframe.from_rows(self.table, rows)
+                return self._frame
+            base = self._frame if self._frame is not None else netframe.from_rows(self.table, self._rows)
+            self.clear()
+            # (no row of the log keeps a column: each replaces its key's earlier state whole)
+            self._rows = None
+            self._frame = logged if base.num_rows == 0 else netframe.last_per_key(
+                self.table, pa.concat_tables([base, logged]))
+        elif self._frame is None:
+            self._rows, self._frame = None, netframe.from_rows(self.table, self._rows)
+        return self._frame
+
+    def kept(self) -> set[int]:
+        """The columns some row keeps from the Delta table."""
+        return netframe.kept(self.frame())
 
     def _key(self, values: tuple) -> tuple:
         return tuple(values[i] for i in self.table.key_indices)
 
-    def insert(self, new: tuple) -> None:
-        self.changes += 1
-        self.rows[self._key(new)] = ("U", new, frozenset())
+    def _insert(self, new: tuple) -> None:
+        self._rows[self._key(new)] = ("U", new, frozenset())
 
-    def delete(self, old: tuple) -> None:
-        self.changes += 1
-        self.rows[self._key(old)] = ("D", None, frozenset())
+    def _delete(self, old: tuple) -> None:
+        self._rows[self._key(old)] = ("D", None, frozenset())
 
-    def update(self, old: tuple | None, new: tuple) -> None:
-        self.changes += 1
+    def _update(self, old: tuple | None, new: tuple) -> None:
         key = self._key(new)
         prev_key = key
         if old is not None and self._key(old) != key:  # the key changed: the old row goes away
             prev_key = self._key(old)
-        prev = self.rows.get(prev_key)
+        prev = self._rows.get(prev_key)
         values, keep = list(new), set()
         for i, v in enumerate(values):
             if v is not UNCHANGED:
@@ -68,41 +168,31 @@ class NetEffect:
                 values[i] = None
                 keep.add(i)
         if prev_key != key:
-            self.rows[prev_key] = ("D", None, frozenset())
-        self.rows[key] = ("U", tuple(values), frozenset(keep))
-
-    def truncate(self) -> None:
-        self.changes += 1
-        self.truncated = True
-        self.rows.clear()
+            self._rows[prev_key] = ("D", None, frozenset())
+        self._rows[key] = ("U", tuple(values), frozenset(keep))
 
     def merge_source(self, kept: set[int] | None = None) -> pa.Table:
         """The net effect as the merge's source: the table's columns, `_op`, and a flag per column some row
         keeps (or per column of `kept`: every part of a staged effect has the same columns)."""
-        table = self.table
-        n = len(table.columns)
-        kept = sorted(kept if kept is not None else {i for _, _, keep in self.rows.values() for i in keep})
-        columns: list[list] = [[] for _ in range(n)]
-        ops, flags = [], {i: [] for i in kept}
-        for key, (op, values, keep) in self.rows.items():
-            ops.append(op)
-            if values is None:  # a delete: the key alone
-                values = [None] * n
-                for i, k in zip(table.key_indices, key):
-                    values[i] = k
-            for i in range(n):
-                columns[i].append(values[i])
-            for i in kept:
-                flags[i].append(i in keep)
-        schema = arrow_schema(table)
-        arrays = convert_columns(table, columns)
-        fields = list(schema)
-        arrays.append(pa.array(ops, pa.string()))
-        fields.append(pa.field(OP, pa.string(), nullable=False))
+        return frame_source(self.table, self.frame(), kept)
+
+
+def frame_source(table: Table, frame: pa.Table, kept: set[int] | None = None) -> pa.Table:
+    """A frame (netframe.py) as a merge's source (NetEffect.merge_source)."""
+    n = len(table.columns)
+    kept = sorted(kept if kept is not None else netframe.kept(frame))
+    schema = arrow_schema(table)
+    arrays = convert_text_arrays(table, [frame.column(f"c{i}").combine_chunks() for i in range(n)])
+    fields = list(schema)
+    arrays.append(frame.column(OP).combine_chunks())
+    fields.append(pa.field(OP, pa.string(), nullable=False))
+    if kept:
+        keeps = frame.column(netframe.KEEP).to_pylist() if netframe.has_keep(frame) else None
         for i in kept:
-            arrays.append(pa.array(flags[i], pa.bool_()))
+            flags = [False] * frame.num_rows if keeps is None else [i in (k or ()) for k in keeps]
+            arrays.append(pa.array(flags, pa.bool_()))
             fields.append(pa.field(_flag(i), pa.bool_(), nullable=False))
-        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def quote(name: str) -> str:
@@ -167,24 +257,37 @@ def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: 
                  fills: dict[str, str] | None = None) -> dict:
     """`merge` of an effect part of which is staged (staging.Spill): the merge's source streams from the
     staged partitions, one in memory at a time, into one Delta commit."""
-    kept = spill.kept | spill.pad_keep | {i for _, _, keep in effect.rows.values() for i in keep}
+    kept = spill.kept | spill.pad_keep | effect.kept()
     first = NetEffect(table)
     schema = first.merge_source(kept).schema
+
+    bounds = spill.bounds if spill.bounded else None
+    if bounds is not None and effect.nonempty:
+        bounds = netframe.widest(bounds, netframe.key_bounds(table, effect.frame()))
 
     def batches():
         for part in spill.partitions(effect):
             yield from part.merge_source(kept).to_batches()
 
-    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version, fills)
+    return merge_arrow(dt, table, pa.RecordBatchReader.from_batches(schema, batches()), app, version, fills,
+                       bounds)
 
 
-def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None) -> dict:
-    """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version)."""
+def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[str, str] | None = None,
+                bounds: tuple[int, int] | None = None) -> dict:
+    """One MERGE of `source` (a merge_source table, or a reader of its batches) carrying (app, version).
+    A table keyed by integers or text is handed over whole (delta-rs then reads only the files its keys'
+    statistics may match; it cannot make that filter of a key of other types, a struct say); a reader
+    streams, and `bounds` (its least and greatest integer key) narrow the files instead."""
     from deltalake import CommitProperties, Transaction
 
     predicate, updates, inserts = merge_clauses(table, source.schema, fills)
+    if bounds is not None and not fills:  # (a fill touches rows outside the bounds too)
+        key = quote(table.key[0])
+        predicate += f" AND t.{key} >= {int(bounds[0])} AND t.{key} <= {int(bounds[1])}"
     props = CommitProperties(app_transactions=[Transaction(app, version)])
     builder = (dt.merge(source, predicate, source_alias="s", target_alias="t", merge_schema=True,
+                        streamed_exec=not (isinstance(source, pa.Table) and _plain_key(source.schema, table)),
                         commit_properties=props)
                .when_matched_delete(predicate=f"s.{OP} = 'D'")
                .when_matched_update(updates=updates, predicate=f"s.{OP} = 'U'")
@@ -193,6 +296,10 @@ def merge_arrow(dt, table: Table, source, app: str, version: int, fills: dict[st
     if fills:
         builder = builder.when_not_matched_by_source_update(updates=fills)
     return builder.execute()
+
+
+def _plain_key(schema: pa.Schema, table: Table) -> bool:
+    return all(pa.types.is_integer(t) or pa.types.is_string(t) for t in (schema.field(k).type for k in table.key))
 
 
 ADDED_BY = "sluicegate.added_by"  # field metadata of a Delta column Sluicegate added: the workflow's name

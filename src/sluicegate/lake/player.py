@@ -289,6 +289,7 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
     commit_lsn = 0
     last_end = None
     seen_rels: dict[int, object] = {}
+    orders: dict[int, tuple] = {}  # relation oid -> (Relation, table, _order's)
     stop_at = task.stop_at
     reached_stop = False
     # A table rewritten for a statement past the position (a kill came before the batch's MERGE) has the
@@ -318,13 +319,13 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
             effect = effects.get(q)
             if effect is None:
                 effect = effects[q] = apply.NetEffect(spec)
-            old, new = _in_order(rel, spec, ev.old), _in_order(rel, spec, ev.new)
-            if ev.kind == "I":
-                effect.insert(new)
-            elif ev.kind == "U":
-                effect.update(old, new)
+            order = orders.get(rel.oid)
+            if order is None or order[0] is not rel or order[1] is not spec:
+                order = orders[rel.oid] = (rel, spec, _order(rel, spec))
+            if order[2] is None:  # the Relation's columns are the table's
+                effect.add(ev.kind, ev.old, ev.new)
             else:
-                effect.delete(old)
+                effect.add(ev.kind, _in_order(order[2], ev.old), _in_order(order[2], ev.new))
             batch.rows += 1
             batch.in_memory += 1
             if batch.in_memory >= task.stage_rows:
@@ -449,15 +450,21 @@ def _padded(old: apply.NetEffect, spec: Table, pads: dict[int, str | None], keep
     return fresh
 
 
-def _in_order(rel, spec: Table, values: tuple | None) -> tuple | None:
-    """A row of the Relation's columns in the table's column order (they match unless columns were added)."""
-    if values is None:
-        return None
+def _order(rel, spec: Table) -> tuple | None:
+    """Where each of the table's columns is in the Relation's rows (None: a column it lacks); None when they
+    match (they do unless columns were added)."""
     names = [c.name for c in rel.columns]
     if tuple(names) == spec.column_names:
-        return values
+        return None
     index = {n: i for i, n in enumerate(names)}
-    return tuple(values[index[c]] if c in index else None for c in spec.column_names)
+    return tuple(index.get(c) for c in spec.column_names)
+
+
+def _in_order(order: tuple, values: tuple | None) -> tuple | None:
+    """A row of the Relation's columns in the table's column order (`_order`'s)."""
+    if values is None:
+        return None
+    return tuple(None if i is None else values[i] for i in order)
 
 
 def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -> list[str]:
@@ -474,20 +481,20 @@ def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -
         spill = batch.spills.get(q)
         staged = spill is not None and spill.generations > 0
         if effect.truncated:
-            if effect.rows or staged:
+            if effect.nonempty or staged:
                 apply.truncate(dt, tables.app)
             else:
                 apply.truncate(dt, tables.app, batch.position)
         fills = tables.fills.pop(q, None)
         literals = None
-        if fills and (staged or effect.rows):
+        if fills and (staged or effect.nonempty):
             columns = {c.name: c for c in spec.columns}
             literals = {n: sql_literal(columns[n], v, spec.type_tree) for n, v in fills.items()}
             apply.add_columns(dt, spec, list(fills), tables.workflow)  # a column's first commit: unfilled
             fault_point("lake.replicate.columns_added")
         if staged:
             apply.merge_staged(dt, spec, effect, spill, tables.app, batch.position, literals)
-        elif effect.rows:
+        elif effect.nonempty:
             apply.merge(dt, spec, effect, tables.app, batch.position, literals)
         tables.threshold[q] = batch.position
         merged.append(q)

@@ -18,18 +18,17 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..postgres.catalog import Table
+from . import netframe
 from .apply import NetEffect
 
 PARTITIONS = 32
-OP, KEEP = "_op", "_keep"
+OP, KEEP = netframe.OP, netframe.KEEP
 
 
 def staging_dir(root: Path | str, workflow: str) -> Path:
@@ -43,15 +42,6 @@ def clear(root: Path, workflow: str) -> None:
     shutil.rmtree(staging_dir(root, workflow), ignore_errors=True)
 
 
-def _partition(key: tuple) -> int:
-    return zlib.crc32("\x1f".join("\x00" if k is None else str(k) for k in key).encode()) % PARTITIONS
-
-
-def _schema(n: int) -> pa.Schema:
-    return pa.schema([*(pa.field(f"c{i}", pa.string()) for i in range(n)),
-                      pa.field(OP, pa.string()), pa.field(KEEP, pa.list_(pa.int32()))])
-
-
 class Spill:
     """The staged generations of one table's net effect in one batch."""
 
@@ -63,72 +53,75 @@ class Spill:
         # they predate the column on the source), and those whose value is the Delta table's own.
         self.pads: dict[int, str | None] = {}
         self.pad_keep: set[int] = set()
+        # The least and greatest key staged (a key of one integer column: netframe.key_bounds), while known.
+        self.bounds: tuple[int, int] | None = None
+        self.bounded = True
 
     def write(self, effect: NetEffect) -> None:
         """Stage the effect's rows as the next generation, then empty it."""
-        if not effect.rows:
+        frame = effect.frame()
+        if frame.num_rows == 0:
             return
-        n = len(effect.table.columns)
-        parts: dict[int, list] = {}
-        for key, (op, values, keep) in effect.rows.items():
-            if values is None:  # a delete: the key alone
-                row = [None] * n
-                for i, k in zip(effect.table.key_indices, key):
-                    row[i] = k
-                values = row
-            parts.setdefault(_partition(key), []).append((op, values, keep))
-            self.kept.update(keep)
+        self.kept.update(netframe.kept(frame))
+        bounds = netframe.key_bounds(effect.table, frame)
+        self.bounded = self.bounded and bounds is not None
+        self.bounds = bounds if self.bounds is None else netframe.widest(self.bounds, bounds)
         self.dir.mkdir(parents=True, exist_ok=True)
-        schema = _schema(n)
-        for p, rows in parts.items():
-            columns = [pa.array([r[1][i] for r in rows], pa.string()) for i in range(n)]
-            columns.append(pa.array([r[0] for r in rows], pa.string()))
-            columns.append(pa.array([sorted(r[2]) for r in rows], pa.list_(pa.int32())))
-            pq.write_table(pa.Table.from_arrays(columns, schema=schema),
-                           self.dir / f"p{p:03d}-g{self.generations:06d}.parquet", compression="zstd")
+        for p, part in netframe.split(effect.table, frame, PARTITIONS).items():
+            pq.write_table(part, self.dir / f"p{p:03d}-g{self.generations:06d}.parquet", compression="zstd")
         self.generations += 1
-        effect.rows.clear()
+        effect.clear()
 
     def discard(self) -> None:
         """A TRUNCATE: nothing staged before it counts."""
         shutil.rmtree(self.dir, ignore_errors=True)
         self.generations = 0
         self.kept.clear()
+        self.bounds, self.bounded = None, True
 
     def partitions(self, effect: NetEffect) -> Iterator[NetEffect]:
         """The whole net effect (staged generations, then the rows still in `effect`), one partition at a time."""
         table = effect.table
         n = len(table.columns)
-        memory: dict[int, dict] = {}
-        for key, row in effect.rows.items():
-            memory.setdefault(_partition(key), {})[key] = row
+        memory = netframe.split(table, effect.frame(), PARTITIONS)
         for p in range(PARTITIONS):
-            part = NetEffect(table)
+            pieces = []
             for g in range(self.generations):
                 path = self.dir / f"p{p:03d}-g{g:06d}.parquet"
                 if path.exists():
-                    _fold_file(part, table, path, n, self.pads, self.pad_keep)
-            for key, row in memory.get(p, {}).items():
-                _fold(part.rows, key, row)
-            if part.rows:
+                    pieces.append(_widened(pq.read_table(path), n, self.pads, self.pad_keep))
+            if p in memory:
+                pieces.append(memory[p])
+            if not pieces:
+                continue
+            if any(netframe.has_keep(piece) for piece in pieces):  # a later state may take from an earlier one
+                part = NetEffect(table)
+                rows = part.rows
+                for piece in pieces:
+                    for key, row in netframe.to_rows(table, piece):
+                        _fold(rows, key, row)
+            else:  # each later state of a key replaces the earlier whole
+                part = NetEffect.from_frame(table, netframe.last_per_key(table, pa.concat_tables(pieces)))
+            if part.nonempty:
                 yield part
 
 
-def _fold_file(part: NetEffect, table: Table, path: Path, n: int, pads: dict[int, str | None] | None = None,
-               pad_keep: set[int] | None = None) -> None:
-    data = pq.read_table(path)
+def _widened(data: pa.Table, n: int, pads: dict[int, str | None], pad_keep: set[int]) -> pa.Table:
+    """A staged generation in the table's `n` columns: columns added since it was staged hold their pad, and
+    an upsert keeps those of `pad_keep` (the Delta table's own)."""
     staged_n = data.num_columns - 2
-    pads = pads or {}
-    columns = [data.column(f"c{i}").to_pylist() for i in range(staged_n)]
-    columns += [[pads.get(i)] * data.num_rows for i in range(staged_n, n)]  # columns added since
-    added_keep = frozenset(i for i in (pad_keep or ()) if i >= staged_n)
-    ops, keeps = data.column(OP).to_pylist(), data.column(KEEP).to_pylist()
-    for j in range(data.num_rows):
-        values = tuple(c[j] for c in columns)
-        key = tuple(values[i] for i in table.key_indices)
-        op = ops[j]
-        keep = frozenset(keeps[j]) | added_keep if op == "U" else frozenset(keeps[j])
-        _fold(part.rows, key, (op, values if op == "U" else None, keep))
+    if staged_n == n:
+        return data
+    rows = data.num_rows
+    columns = [data.column(f"c{i}") for i in range(staged_n)]
+    columns += [pa.array([pads.get(i)] * rows, pa.string()) for i in range(staged_n, n)]
+    keep = data.column(KEEP)
+    added_keep = sorted(i for i in pad_keep if i >= staged_n)
+    if added_keep:
+        ops, keeps = data.column(OP).to_pylist(), keep.to_pylist()
+        keep = pa.array([sorted(set(k or ()) | set(added_keep)) if op == "U" else k for op, k in zip(ops, keeps)],
+                        netframe.KEEP_TYPE)
+    return pa.Table.from_arrays([*columns, data.column(OP), keep], schema=netframe.schema(n))
 
 
 def _fold(rows: dict, key: tuple, row: tuple) -> None:

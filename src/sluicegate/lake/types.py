@@ -26,6 +26,7 @@ from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..postgres.catalog import Column, Table
 from . import pgtext
@@ -328,27 +329,62 @@ def convert_columns(table: Table, columns: list[list]) -> list[pa.Array]:
     extra: list[list | None] = [None] * rows
     arrays = []
     for column, texts in zip(table.columns, columns):
-        fn = converter(column, table.type_tree)
-        dtype = arrow_type(column, table.type_tree)
-        values = []
-        for r, text in enumerate(texts):
-            if text is None:
-                values.append(None)
-                continue
-            try:
-                values.append(fn(text))
-            except (ValueError, ArithmeticError, IndexError, KeyError) as exc:
-                if not special or column.name in table.key:
-                    raise _terminal(table, column, dtype, exc) from None
-                values.append(None)
-                extra[r] = (extra[r] or []) + [(column.name, text)]
-        try:
-            arrays.append(pa.array(values, type=dtype))
-        except (pa.ArrowInvalid, OverflowError) as exc:
-            raise _terminal(table, column, dtype, exc) from None
+        arrays.append(_convert_one(table, column, texts, extra, special))
     if special:
         arrays.append(pa.array(extra, type=SPECIAL_TYPE))
     return arrays
+
+
+def convert_text_arrays(table: Table, texts: list[pa.Array]) -> list[pa.Array]:
+    """`convert_columns` of string arrays: text, integer and boolean columns by Arrow compute (their
+    PostgreSQL text is what Arrow's parsers read), any other column (or an integer column Arrow cannot
+    parse) value by value, as convert_columns does."""
+    rows = len(texts[0]) if texts else 0
+    special = has_special(table)
+    extra: list[list | None] | None = None
+    arrays = []
+    for column, text in zip(table.columns, texts):
+        dtype = arrow_type(column, table.type_tree)
+        array = None
+        if pa.types.is_string(dtype):
+            array = text
+        elif pa.types.is_boolean(dtype):  # _bool: 't' or 'true'
+            array = pc.or_(pc.equal(text, "t"), pc.equal(text, "true"))
+        elif pa.types.is_integer(dtype):
+            try:
+                array = pc.cast(text, dtype)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                array = None
+        if array is None:
+            if extra is None:
+                extra = [None] * rows
+            array = _convert_one(table, column, text.to_pylist(), extra, special)
+        arrays.append(array)
+    if special:
+        arrays.append(pa.nulls(rows, SPECIAL_TYPE) if extra is None else pa.array(extra, type=SPECIAL_TYPE))
+    return arrays
+
+
+def _convert_one(table: Table, column: Column, texts: list, extra: list, special: bool) -> pa.Array:
+    """One column of convert_columns: a value its type cannot hold goes to `extra` (the row's special entries)."""
+    fn = converter(column, table.type_tree)
+    dtype = arrow_type(column, table.type_tree)
+    values = []
+    for r, text in enumerate(texts):
+        if text is None:
+            values.append(None)
+            continue
+        try:
+            values.append(fn(text))
+        except (ValueError, ArithmeticError, IndexError, KeyError) as exc:
+            if not special or column.name in table.key:
+                raise _terminal(table, column, dtype, exc) from None
+            values.append(None)
+            extra[r] = (extra[r] or []) + [(column.name, text)]
+    try:
+        return pa.array(values, type=dtype)
+    except (pa.ArrowInvalid, OverflowError) as exc:
+        raise _terminal(table, column, dtype, exc) from None
 
 
 def convert_column(column: Column, texts: list, types: dict | None = None) -> pa.Array:
