@@ -29,6 +29,9 @@ from .types import arrow_schema, record_batch
 
 CYCLE_KEY = "sluicegate.copy_cycle"
 FETCH_ROWS = 20_000
+# Rows per Parquet file a copy task writes. A MERGE rewrites every file that holds a row it changes, whole: a
+# batch that touches a key range then rewrites the files that range spans, not a task's whole share.
+FILE_ROWS = 250_000
 
 
 @dataclass(frozen=True)
@@ -100,28 +103,69 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
                                         task.pages))
     schema = arrow_schema(table)
-    name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
     fs, directory = filesystem(task.directory)
-    path = f"{directory.rstrip('/')}/{name}"
-    rows = 0
-    writer = None
+    files: list[dict] = []
+    writer, path, name, rows = None, "", "", 0
+    bounds = KeyBounds(schema, table.key)
+
+    def close() -> None:
+        writer.close()
+        if "://" not in task.directory:  # on disk before the driver's commit names it
+            durable.sync_file(path)
+        info = fs.get_file_info(path)
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        files.append({"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows,
+                      **bounds.take()})
+
     try:
         for batch in snapshot_batches(task.source_url, task.snapshot, table, where, task.label):
             if writer is None:
-                writer = pq.ParquetWriter(path, schema, filesystem=fs)
+                name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
+                path = f"{directory.rstrip('/')}/{name}"
+                writer, rows = pq.ParquetWriter(path, schema, filesystem=fs), 0
             writer.write_batch(batch)
+            bounds.add(batch)
             rows += batch.num_rows
-    finally:
+            if rows >= FILE_ROWS:
+                close()
+                writer = None
         if writer is not None:
+            close()
+            writer = None
+    finally:
+        if writer is not None:  # failed mid-file: the file is no part of any commit
             writer.close()
-    if writer is not None and "://" not in task.directory:  # on disk before the driver's commit names it
-        durable.sync_file(path)
     fault_point("lake.copy.task_written")
-    if writer is None:
-        return []
-    info = fs.get_file_info(path)
-    mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-    return [{"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows}]
+    return files
+
+
+class KeyBounds:
+    """The least and greatest value of each integer key column of the file being written: the add action's
+    statistics, by which a MERGE skips files without reading them. Integers only: their order is the same
+    for PostgreSQL, Arrow and delta-rs (text orders by collation in PostgreSQL, by bytes in delta-rs)."""
+
+    def __init__(self, schema, key: list[str]):
+        import pyarrow as pa
+
+        self.columns = [c for c in key if pa.types.is_integer(schema.field(c).type)]
+        self.low: dict = {}
+        self.high: dict = {}
+
+    def add(self, batch) -> None:
+        import pyarrow.compute as pc
+
+        for c in self.columns:
+            mm = pc.min_max(batch.column(c)).as_py()
+            if mm["min"] is None:
+                continue
+            self.low[c] = mm["min"] if c not in self.low else min(self.low[c], mm["min"])
+            self.high[c] = mm["max"] if c not in self.high else max(self.high[c], mm["max"])
+
+    def take(self) -> dict:
+        """The finished file's bounds (for its add action), and a fresh start for the next file."""
+        out = {"min": self.low, "max": self.high} if self.low else {}
+        self.low, self.high = {}, {}
+        return out
 
 
 def rows_written(files: list[dict]) -> int:
@@ -143,6 +187,14 @@ def committed_cycle(dt, workflow_copy_app: str, cycle: int) -> dict | None:
     return None
 
 
+def _stats(f: dict) -> dict:
+    """A copy file's add-action statistics: its rows, and its integer key columns' bounds (no NULLs: keys)."""
+    out = {"numRecords": f["rows"]}
+    if f.get("min"):
+        out |= {"minValues": f["min"], "maxValues": f["max"], "nullCount": {c: 0 for c in f["min"]}}
+    return out
+
+
 def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: dict,
                  mode: str = "append") -> None:
     """Every file of the cycle in one commit, with the copy's app transaction and the cycle's outcome;
@@ -150,8 +202,7 @@ def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: di
     from deltalake import CommitProperties, Transaction
     from deltalake.transaction import AddAction
 
-    actions = [AddAction(f["path"], f["size"], {}, f["mtime"], True, json.dumps({"numRecords": f["rows"]}))
-               for f in files]
+    actions = [AddAction(f["path"], f["size"], {}, f["mtime"], True, json.dumps(_stats(f))) for f in files]
     props = CommitProperties(app_transactions=[Transaction(copy_app, outcome["cycle"])],
                              custom_metadata={CYCLE_KEY: json.dumps(outcome)})
     before = dt.version()
