@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import RetryableError
-from ..position import format_lsn
+from ..workflow import stream_control
 from .state import RUNNING, STOPPED, update_retrying
 
 PLAY, PLAY_TO, STOP, IDLE = "play", "play to", "stop", "idle"
@@ -32,18 +32,19 @@ class Decision:
 
 
 def decide(state: str, stop_position: int | None, stop_reason: str, position: int) -> Decision:
-    """What a player at a batch boundary at `position` does, given its stream's durable control fields."""
-    if not stop_reason:
-        return Decision(PLAY)
-    if state != RUNNING:  # stopped already (or in Error: nothing to play either way)
+    """What a player at a batch boundary at `position` does, given its stream's durable control fields: a
+    PostgreSQL stream's decision (workflow/stream_control.py), and IDLE once it is stopped already."""
+    if stop_reason and state != RUNNING:  # stopped already (or in Error: nothing to play either way)
         return Decision(IDLE)
-    if stop_position is None or stop_position <= position:  # a hold, or at P (past it: against the protocol,
-        return Decision(STOP, position)                      # and the controller finds it is not its P)
+    action = stream_control.decide(position, stop_position, stop_reason)
+    if action is stream_control.Action.PLAY:
+        return Decision(PLAY)
+    if action is stream_control.Action.STOP:  # a hold, or at P (past it: against the protocol, and the
+        return Decision(STOP, position)       # controller finds it is not its P)
     return Decision(PLAY_TO, stop_position)
 
 
-def stopped_message(position: int, reason: str) -> str:
-    return f"stopped at {format_lsn(position)} for {reason}"
+stopped_message = stream_control.stopped_message
 
 
 def hold(store, name: str, reason: str, state: str | None = None) -> None:

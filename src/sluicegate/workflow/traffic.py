@@ -246,11 +246,10 @@ def _target_part_of_switch(dst: psycopg.Connection, sides: Sides, epoch: int, po
 def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, start: int, epoch: int,
                   position: int) -> None:
     """The reverse workflow, Running from the slot's start, in the source's transaction."""
-    options = {}
     # Foreign keys between the moved tables hold on the source too: a batch may bring a child before its
     # parent, so the reverse applier writes as the forward one does (postgres/table_definition.py).
-    if sides.forward.options.get("apply_as_replica") and may_apply_as_replica(src):
-        options["apply_as_replica"] = True
+    options = {"apply_as_replica": True} if (sides.forward.options.get("apply_as_replica")
+                                             and may_apply_as_replica(src)) else {}
     if sides.reverse is None:
         st.insert_workflow(src, rev, "MoveTables", strip_password(sides.target_url), options)
         st.add_stream(src, rev, "0", None, slot, sides.tables)
@@ -259,7 +258,8 @@ def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, st
     else:
         stream_id = sides.reverse.streams[0].id
         st.lock_stream(src, stream_id)
-        _set_options(src, rev, **options)
+        if options:
+            _set_options(src, rev, **options)
     st.set_traffic(src, rev, SWITCHED, epoch, format_lsn(position), reverse_of=sides.forward.name)
     src.execute("""UPDATE sluicegate.streams SET state = %s, position = %s::pg_lsn, message = '',
                           caught_up_at = now(), updated_at = now() WHERE id = %s""",
