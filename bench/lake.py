@@ -37,10 +37,10 @@ from run import (
     wait_for,
 )
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake import read
-from sluicegate.lake.state import ERROR, RUNNING, Store
 from sluicegate.position import parse_lsn
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta import read
+from sluicegate.targets.delta.state import ERROR, RUNNING, Store
 
 LWF = "lake"  # the Delta workflow (the PostgreSQL one is run.py's WF)
 ACCOUNTS = "public.pgbench_accounts"

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import psycopg
 
-from sluicegate.lake.state import HOUSEKEEPING_DEFAULTS, open_store
 from sluicegate.localpg import LocalPostgres
+from sluicegate.targets.delta.state import HOUSEKEEPING_DEFAULTS, open_store
 
 DB, WF = "bench", "lakesize"
 DDL = """
@@ -209,8 +209,8 @@ def main() -> int:
         with psycopg.connect(url, autocommit=True) as c:
             lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
             counts = c.execute("SELECT (SELECT count(*) FROM docs), (SELECT count(*) FROM events)").fetchone()
-        from sluicegate.lake import read
         from sluicegate.position import parse_lsn
+        from sluicegate.targets.delta import read
 
         deadline = time.monotonic() + 300
         while True:  # caught up: the newest point at or past the source's position at the end

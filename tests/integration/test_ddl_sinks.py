@@ -8,9 +8,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from sluicegate.lake.read import arrow_tables_as_of
-from sluicegate.lake.state import Store
-from sluicegate.lake.types import SPECIAL
+from sluicegate.targets.delta.read import arrow_tables_as_of
+from sluicegate.targets.delta.state import Store
+from sluicegate.targets.delta.types import SPECIAL
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, run, stream

@@ -17,8 +17,8 @@ import pytest
 
 from sluicegate.cluster.create import create_replicate
 from sluicegate.errors import UsageError
-from sluicegate.lake.cli import create as lake_create
 from sluicegate.postgres.catalog import Table, describe_table
+from sluicegate.targets.delta.cli import create as lake_create
 from sluicegate.workflow import copier
 from sluicegate.workflow.create import create_materialize, create_movetables
 from sluicegate.workflow.reshard import create_reshard

@@ -12,12 +12,12 @@ import sys
 import psycopg
 import pytest
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake.engine import LakeEngine
-from sluicegate.lake.read import arrow_tables_as_of
-from sluicegate.lake.state import Store, app_id
 from sluicegate.position import parse_lsn
 from sluicegate.spark.runner import SparkRunner
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta.engine import LakeEngine
+from sluicegate.targets.delta.read import arrow_tables_as_of
+from sluicegate.targets.delta.state import Store, app_id
 
 from ..conftest import wait_for
 from .helpers import Writer, reap_group

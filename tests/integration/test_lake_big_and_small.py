@@ -17,10 +17,10 @@ import psycopg
 import pyarrow.dataset as ds
 import pytest
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake import read
-from sluicegate.lake.state import Store, app_id
 from sluicegate.position import parse_lsn
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta import read
+from sluicegate.targets.delta.state import Store, app_id
 
 from ..conftest import wait_for
 from .helpers import Writer, reap_group

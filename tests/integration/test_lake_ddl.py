@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake.ddl import ddl_app_id
-from sluicegate.lake.engine import LakeEngine
-from sluicegate.lake.read import arrow_tables_as_of
-from sluicegate.lake.state import Store
-from sluicegate.lake.types import SPECIAL
 from sluicegate.position import parse_lsn
 from sluicegate.spark.runner import SparkRunner
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta.ddl import ddl_app_id
+from sluicegate.targets.delta.engine import LakeEngine
+from sluicegate.targets.delta.read import arrow_tables_as_of
+from sluicegate.targets.delta.state import Store
+from sluicegate.targets.delta.types import SPECIAL
 
 from ..conftest import wait_for
 from .helpers import reap_group

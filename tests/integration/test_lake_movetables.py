@@ -15,13 +15,13 @@ import pyarrow.dataset as ds
 import pytest
 from psycopg import sql
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake import points
-from sluicegate.lake.state import Store, app_id
-from sluicegate.lake.types import record_batch
 from sluicegate.position import parse_lsn
 from sluicegate.postgres.catalog import describe_table
 from sluicegate.postgres.connect import connect
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta import points
+from sluicegate.targets.delta.state import Store, app_id
+from sluicegate.targets.delta.types import record_batch
 
 from ..conftest import wait_for
 from .helpers import Writer, reap_group, slot_confirmed
@@ -165,7 +165,7 @@ def test_movetables_into_delta_survives_kill_9(pair, spark, tmp_path):
 
     # The consistent-read helper (lake/read.py) at the newest point, through Spark and through pyarrow: the
     # source's rows (nothing was written after the last batch, so the last point is the source's state).
-    from sluicegate.lake.read import arrow_tables_as_of, tables_as_of
+    from sluicegate.targets.delta.read import arrow_tables_as_of, tables_as_of
 
     frames = tables_as_of(spark, str(root), "lk")
     arrows = arrow_tables_as_of(str(root), "lk")

@@ -19,9 +19,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sluicegate.errors import RetryableError, TerminalError, UsageError
-from sluicegate.lake import housekeeping
-from sluicegate.lake.read import arrow_tables_as_of, latest_point, tables_as_of
 from sluicegate.position import format_lsn
+from sluicegate.targets.delta import housekeeping
+from sluicegate.targets.delta.read import arrow_tables_as_of, latest_point, tables_as_of
 
 from .lake_points import (
     apply,
@@ -303,8 +303,8 @@ def _version_at(path, position) -> int:
 def test_vacuum_keeps_what_a_running_vdiff_compares_at(tmp_path):
     """A vdiff pins its point and versions (lake/pins.py): a vacuum with no retention keeps them, though old
     and not the newest; once the vdiff took its pin away, they go."""
-    from sluicegate.lake import pins
-    from sluicegate.lake.state import RUNNING, LakeWorkflow, Store, TableState
+    from sluicegate.targets.delta import pins
+    from sluicegate.targets.delta.state import RUNNING, LakeWorkflow, Store, TableState
 
     path = str(tmp_path)
     t = "public.events"

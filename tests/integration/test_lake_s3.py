@@ -14,10 +14,10 @@ import sys
 import pyarrow.dataset as ds
 import pytest
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake.location import filesystem_paths
-from sluicegate.lake.state import DeltaStore, app_id, open_store
 from sluicegate.position import parse_lsn
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta.location import filesystem_paths
+from sluicegate.targets.delta.state import DeltaStore, app_id, open_store
 
 from ..conftest import wait_for
 from .helpers import Writer, reap_group, slot_confirmed
@@ -195,7 +195,7 @@ def test_s3_target_commands_two_drivers_and_readers(s3, pair, spark, tmp_path):
     assert sum(t["files_removed"] for t in json.loads(vac.stdout)["tables"]) > 0
     assert_equal(pair, root, store.load("s3c"))
 
-    from sluicegate.lake.read import arrow_tables_as_of, tables_as_of
+    from sluicegate.targets.delta.read import arrow_tables_as_of, tables_as_of
 
     arrows = arrow_tables_as_of(target, "s3c")
     spark.sparkContext.environment.update(s3)  # the executors' credentials (spark.executorEnv.* on a cluster)

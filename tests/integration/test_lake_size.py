@@ -13,8 +13,8 @@ import time
 import psycopg
 import pytest
 
-from sluicegate.lake import read
-from sluicegate.lake.state import Store
+from sluicegate.targets.delta import read
+from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
 from .helpers import reap_group

@@ -17,18 +17,18 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake import vdiff
-from sluicegate.lake.copy import output_text
-from sluicegate.lake.engine import LakeEngine
-from sluicegate.lake.pgtext import days_from_civil
-from sluicegate.lake.read import arrow_tables_as_of, tables_as_of
-from sluicegate.lake.state import Store
-from sluicegate.lake.types import DATE_INFINITY, SPECIAL, TS_INFINITY, record_batch
 from sluicegate.position import parse_lsn
 from sluicegate.postgres.catalog import describe_table
 from sluicegate.postgres.connect import connect
 from sluicegate.spark.runner import SparkRunner
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta import vdiff
+from sluicegate.targets.delta.copy import output_text
+from sluicegate.targets.delta.engine import LakeEngine
+from sluicegate.targets.delta.pgtext import days_from_civil
+from sluicegate.targets.delta.read import arrow_tables_as_of, tables_as_of
+from sluicegate.targets.delta.state import Store
+from sluicegate.targets.delta.types import DATE_INFINITY, SPECIAL, TS_INFINITY, record_batch
 
 from ..conftest import wait_for
 

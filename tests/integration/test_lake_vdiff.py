@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake.engine import LakeEngine
-from sluicegate.lake.state import Store
 from sluicegate.position import parse_lsn
 from sluicegate.spark.runner import SparkRunner
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta.engine import LakeEngine
+from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
 from .helpers import Writer

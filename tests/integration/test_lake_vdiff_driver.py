@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.lake import cli as lake
-from sluicegate.lake import read
-from sluicegate.lake.state import Store
 from sluicegate.position import parse_lsn
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta import read
+from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
 from .helpers import Writer, reap_group

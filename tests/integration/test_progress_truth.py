@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from sluicegate.lake import cli as lake
+from sluicegate.targets.delta import cli as lake
 
 from ..conftest import wait_for
 from .helpers import reap_group

@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sluicegate.lake import points
-from sluicegate.lake.state import Store
 from sluicegate.position import parse_lsn
+from sluicegate.targets.delta import points
+from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
 from .cluster_helpers import Consumer, assert_equal, caught_up, cli, create, load_items, run, status, stream

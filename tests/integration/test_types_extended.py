@@ -17,10 +17,10 @@ import pytest
 from psycopg import sql
 
 from sluicegate.errors import UsageError
-from sluicegate.lake import cli as lake
-from sluicegate.lake.state import Store
 from sluicegate.position import parse_lsn
 from sluicegate.postgres.catalog import Table
+from sluicegate.targets.delta import cli as lake
+from sluicegate.targets.delta.state import Store
 from sluicegate.workflow.create import create_materialize, create_movetables
 
 from ..conftest import EngineThread, wait_for

@@ -280,7 +280,7 @@ def test_every_key_the_code_keeps_in_a_workflows_options_is_declared():
 
 
 def test_lake_housekeeping_keys_are_declared_settings():
-    from sluicegate.lake.state import HOUSEKEEPING_DEFAULTS
+    from sluicegate.targets.delta.state import HOUSEKEEPING_DEFAULTS
 
     assert set(HOUSEKEEPING_DEFAULTS) <= set(config.OPTION_NAMES)
     assert Settings().commit_every == HOUSEKEEPING_DEFAULTS["commit_every"]

@@ -11,13 +11,13 @@ import pyarrow.dataset as ds
 import pytest
 
 from sluicegate.errors import TerminalError
-from sluicegate.lake.apply import NetEffect, add_columns, added_by, merge, merge_clauses
-from sluicegate.lake.player import _adopt, _Batch, _padded
-from sluicegate.lake.staging import Spill
-from sluicegate.lake.types import convert_column, sql_literal
 from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import Column as RelColumn
 from sluicegate.postgres.pgoutput import Relation
+from sluicegate.targets.delta.apply import NetEffect, add_columns, added_by, merge, merge_clauses
+from sluicegate.targets.delta.player import _adopt, _Batch, _padded
+from sluicegate.targets.delta.staging import Spill
+from sluicegate.targets.delta.types import convert_column, sql_literal
 
 BASE = Table("public", "items", (Column("id", "bigint", 20, True, None, -1),
                                  Column("v", "text", 25, False, None, -1)), ("id",))
@@ -148,7 +148,7 @@ def test_decimal_fill_is_exact():
 
 
 def test_a_change_other_than_added_columns_stops_naming_it_and_the_way_out():
-    from sluicegate.lake.player import added_only
+    from sluicegate.targets.delta.player import added_only
 
     same = Relation(1, "public", "items", "d", (RelColumn(1, "id", 20, -1), RelColumn(0, "v", 25, -1)))
     assert added_only(same, BASE, "w", "delta:/lake", "") is None

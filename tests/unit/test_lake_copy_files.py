@@ -7,7 +7,7 @@ import json
 
 import pyarrow as pa
 
-from sluicegate.lake.copy import KeyBounds, _stats
+from sluicegate.targets.delta.copy import KeyBounds, _stats
 
 
 def _batch(ids, names):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from sluicegate.lake.ddl import actions, widens
+from sluicegate.targets.delta.ddl import actions, widens
 
 
 def kinds(text: str) -> list[tuple]:

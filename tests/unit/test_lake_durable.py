@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sluicegate.lake import durable
+from sluicegate.targets.delta import durable
 
 
 @pytest.fixture

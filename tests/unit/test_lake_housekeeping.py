@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from sluicegate.cli.main import cli
 from sluicegate.errors import UsageError
-from sluicegate.lake.housekeeping import _kept_points, vacuum
-from sluicegate.lake.read import Point, as_position, lake_path, table_uri
+from sluicegate.targets.delta.housekeeping import _kept_points, vacuum
+from sluicegate.targets.delta.read import Point, as_position, lake_path, table_uri
 
 NOW = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
@@ -57,7 +57,7 @@ def test_cli_input_errors(tmp_path):
 
 
 def test_vacuum_summary_lines():
-    from sluicegate.lake.housekeeping import format_vacuum
+    from sluicegate.targets.delta.housekeeping import format_vacuum
 
     report = {"dry_run": True, "points_dropped": 300, "points_kept": 2, "oldest_kept_point": "0/16B3748",
               "tables": [{"table": "public.t", "files_removed": 2, "bytes_removed": 2_500_000,

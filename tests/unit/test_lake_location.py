@@ -13,9 +13,9 @@ import time
 import pytest
 
 from sluicegate.errors import RetryableError, UsageError
-from sluicegate.lake import location, state
-from sluicegate.lake.location import Location, parse
-from sluicegate.lake.state import DeltaStore, LakeWorkflow, Store, TableState, open_store
+from sluicegate.targets.delta import location, state
+from sluicegate.targets.delta.location import Location, parse
+from sluicegate.targets.delta.state import DeltaStore, LakeWorkflow, Store, TableState, open_store
 
 TABLE = {"schema": "public", "name": "items"}
 
@@ -212,7 +212,7 @@ def test_driver_whose_lease_is_taken_is_told(store, monkeypatch):
 
 def test_engine_whose_lease_is_taken_stops_with_an_error(store, tmp_path, monkeypatch):
     from sluicegate.errors import TerminalError
-    from sluicegate.lake.engine import LakeEngine
+    from sluicegate.targets.delta.engine import LakeEngine
 
     monkeypatch.setattr(state, "LEASE_SECONDS", 0.6)
     engine = LakeEngine(f"delta:{tmp_path}", "w", None)

@@ -10,12 +10,12 @@ import random
 import pyarrow as pa
 import pytest
 
-from sluicegate.lake import netframe
-from sluicegate.lake.apply import NetEffect
-from sluicegate.lake.staging import Spill
-from sluicegate.lake.types import arrow_schema, convert_columns, convert_text_arrays
 from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import UNCHANGED
+from sluicegate.targets.delta import netframe
+from sluicegate.targets.delta.apply import NetEffect
+from sluicegate.targets.delta.staging import Spill
+from sluicegate.targets.delta.types import arrow_schema, convert_columns, convert_text_arrays
 
 
 def table(two_keys=False):

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from sluicegate.errors import TerminalError
-from sluicegate.lake import pgtext
-from sluicegate.lake.types import (
+from sluicegate.postgres.catalog import Column, Table
+from sluicegate.targets.delta import pgtext
+from sluicegate.targets.delta.types import (
     DATE_INFINITY,
     SPECIAL,
     TS_INFINITY,
@@ -19,7 +20,6 @@ from sluicegate.lake.types import (
     convert_column,
     record_batch,
 )
-from sluicegate.postgres.catalog import Column, Table
 
 
 @pytest.mark.parametrize("text, want, dims", [
@@ -242,7 +242,7 @@ def test_legacy_table_without_special_stops_with_a_way_out():
 @pytest.mark.parametrize("text", ["2024-01-02 03:04:05.123456+00", "1999-12-31 23:59:59", "0001-01-01 00:00:00+00",
                                   "2024-02-29 12:00:00.5+05:30", "1969-12-31 23:59:59.999999"])
 def test_fast_path_agrees_with_the_arithmetic(text):
-    from sluicegate.lake import types
+    from sluicegate.targets.delta import types
 
     assert types._timestamp(text) == pgtext.parse_timestamp(text)
     day = text[:10]
@@ -254,8 +254,8 @@ def test_a_kept_toasted_column_keeps_its_special_entry(tmp_path):
     `_sg_special` entry; the row's other entries are the update's."""
     from deltalake import DeltaTable
 
-    from sluicegate.lake.apply import NetEffect, merge
     from sluicegate.postgres.pgoutput import UNCHANGED
+    from sluicegate.targets.delta.apply import NetEffect, merge
 
     t = table()
     DeltaTable.create(str(tmp_path), arrow_schema(t))

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 from sluicegate.cluster.safetime import advance_safe_time, lake_safe_time_fields
 from sluicegate.cluster.sinks import kind_of
 from sluicegate.cluster.sinks import split as split_sinks
-from sluicegate.lake.sink import DELTA, LakeSamples, _reset, tell_sink
-from sluicegate.lake.state import LakeWorkflow, Store, TableState
+from sluicegate.targets.delta.sink import DELTA, LakeSamples, _reset, tell_sink
+from sluicegate.targets.delta.state import LakeWorkflow, Store, TableState
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 

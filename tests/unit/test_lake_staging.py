@@ -7,11 +7,11 @@ import random
 
 import pyarrow.dataset as ds
 
-from sluicegate.lake.apply import NetEffect, merge, merge_staged
-from sluicegate.lake.staging import Spill
-from sluicegate.lake.types import arrow_schema
 from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import UNCHANGED
+from sluicegate.targets.delta.apply import NetEffect, merge, merge_staged
+from sluicegate.targets.delta.staging import Spill
+from sluicegate.targets.delta.types import arrow_schema
 
 
 def table():

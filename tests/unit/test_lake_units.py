@@ -10,12 +10,12 @@ import pyarrow.dataset as ds
 import pytest
 
 from sluicegate.errors import TerminalError, UsageError
-from sluicegate.lake import points
-from sluicegate.lake.apply import NetEffect, merge
-from sluicegate.lake.state import LakeWorkflow, Store, TableState, lake_path
-from sluicegate.lake.types import arrow_schema, arrow_type, convert_column, record_batch
 from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import UNCHANGED
+from sluicegate.targets.delta import points
+from sluicegate.targets.delta.apply import NetEffect, merge
+from sluicegate.targets.delta.state import LakeWorkflow, Store, TableState, lake_path
+from sluicegate.targets.delta.types import arrow_schema, arrow_type, convert_column, record_batch
 
 
 def col(name, oid, typmod=-1, type_sql="x"):

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from sluicegate.errors import RetryableError, UsageError
-from sluicegate.lake import control, pins
-from sluicegate.lake.control import IDLE, PLAY, PLAY_TO, STOP, Decision, decide
-from sluicegate.lake.state import COPYING, ERROR, RUNNING, STOPPED, LakeWorkflow, Store, TableState
-from sluicegate.lake.vdiff import check_comparable, select_tables
+from sluicegate.targets.delta import control, pins
+from sluicegate.targets.delta.control import IDLE, PLAY, PLAY_TO, STOP, Decision, decide
+from sluicegate.targets.delta.state import COPYING, ERROR, RUNNING, STOPPED, LakeWorkflow, Store, TableState
+from sluicegate.targets.delta.vdiff import check_comparable, select_tables
 
 
 def make(tmp_path, state: str, done: bool = True) -> Store:

@@ -2,8 +2,9 @@
 is resolved once (targets.resolve) and the commands call the Target it gives. Pure: reads the source.
 
 Counted as a branch on a kind: `x.startswith("delta…")`, a call of `is_delta`, a comparison with "delta" or
-"postgres" (a kind's name), and `isinstance(x, psycopg.Connection)`. Allowed where a kind lives: targets/ and
-lake/ (the Delta kind's implementation, which targets/delta/ composes)."""
+"postgres" (a kind's name), and `isinstance(x, psycopg.Connection)`. Allowed where the kinds live: targets/.
+And no package below the CLI imports a kind's folder: cluster/ and workflow/ reach other kinds through the
+registries their composer (cli/) fills."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "sluicegate"
-KIND_HOMES = ("targets", "lake")
+KIND_HOMES = ("targets",)
+COMPOSERS = ("targets", "cli", "lake")  # may import targets.<kind> (lake/: the public read path)
 KIND_NAMES = {"delta", "postgres"}
 
 
@@ -56,3 +58,27 @@ def test_the_scan_finds_each_shape():
               '    if isinstance(conn, psycopg.Connection): pass\n    if t.kind == "delta": pass\n')
     assert [w for _, w in _branches(ast.parse(source))] == [
         "startswith('delta…')", "is_delta()", "isinstance(…, psycopg.Connection)", "compares with t.kind == 'delta'"]
+
+
+def kind_imports() -> list[str]:
+    """Imports of targets/<kind>/ from outside targets/ and cli/ (absolute or relative)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in COMPOSERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(rel))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level else [(node.module or "").removeprefix("sluicegate.")]
+                names += [f"{names[0]}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.removeprefix("sluicegate.") for a in node.names]
+            else:
+                continue
+            if any(n.startswith("targets.") for n in names):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_package_below_the_cli_imports_a_target_kind():
+    assert kind_imports() == []

@@ -41,7 +41,7 @@ def lake_optimize(name, target, as_json):
     Rows, versions and the workflow's app transactions stay; a new version of each table holds the data in
     fewer files. Old versions stay readable until `lake vacuum` removes their files.
     """
-    from ..lake.housekeeping import optimize
+    from ..targets.delta.housekeeping import optimize
 
     report = optimize(_path(target), name)
     if as_json:
@@ -82,7 +82,7 @@ def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retent
     versions older than the retention used, and files no version ever added (a killed writer's) once older
     than the retention. Every file of a kept point's versions stays.
     """
-    from ..lake.housekeeping import format_vacuum, vacuum
+    from ..targets.delta.housekeeping import format_vacuum, vacuum
 
     report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run,
                     allow_short=allow_short_retention)
@@ -111,7 +111,7 @@ def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, 
 
     A running `workflow run` follows the new schedule from its next batch: no restart needed.
     """
-    from ..lake.cli import schedule
+    from ..targets.delta.cli import schedule
 
     _path(target)
     now = schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,

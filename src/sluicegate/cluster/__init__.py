@@ -13,7 +13,7 @@ the source, so a slow, stopped or unreachable sink never holds up another. The d
 - add_tables.py `replicate add-tables`: new tables joined to the running streams
 - safetime.py   the source time up to which a sink has every committed transaction
 - governor.py   caps on the WAL a lagging sink holds on the source, enforced by any sink's consumer
-- sinks.py      sinks of other kinds (a Delta Lake directory, `--sink delta:PATH`, whose code is lake/sink.py):
+- sinks.py      sinks of other kinds (a Delta Lake directory, `--sink delta:PATH`, whose code is targets/delta/sink.py):
                 the interface cluster/ calls them through, registered by their package
 - lake_sink.py  `replicate bootstrap` of such a sink, as cli/replicate.py names it
 """

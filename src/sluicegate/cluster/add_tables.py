@@ -9,7 +9,7 @@ taken after (1): everything committed before the snapshot is in the copy, everyt
 for the rows copied so far (catchup and fast-forward, as for any table). The other tables keep replicating
 between the copy's cycles. From a keyspace, each (sink, source shard) stream takes the tables with its shard's
 key-range rule (keyspace.py), and (1) widens that shard's publication. A Delta sink takes the same steps on
-its state document (lake/sink.py: append_tables); there the other tables wait during the copy, which the lake
+its state document (targets/delta/sink.py: append_tables); there the other tables wait during the copy, which the lake
 engine runs before it replays again.
 """
 
@@ -69,7 +69,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
             sources[shard] = conn
         src = sources[first]
         sinks = {}
-        others: dict[str, AddedTables] = {}  # Delta sinks (lake/sink.py): what to do once every check passed
+        others: dict[str, AddedTables] = {}  # Delta sinks (targets/delta/sink.py): what to do once every check passed
         decisions = []
         on_sinks: dict[str, list[str]] = {}  # table -> the sinks that already have it
 
@@ -117,10 +117,10 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                     capture.ensure_publication(shard_src, s.publication, [t.table for t in s.tables] + wanted)
         for added in others.values():
             # Add-only, whether or not the stream has started: its Init adds its tables the same way, so
-            # neither it nor another add-tables racing this one can take ours out (lake/engine.py)
+            # neither it nor another add-tables racing this one can take ours out (targets/delta/engine.py)
             if added.wanted:
                 capture.ensure_publication(src, added.publication, added.published, add_only=True)
-        # (2) each Delta sink: its new tables made, then recorded (lake/sink.py: append_tables)
+        # (2) each Delta sink: its new tables made, then recorded (targets/delta/sink.py: append_tables)
         for added in others.values():
             if added.wanted:
                 added.commit()

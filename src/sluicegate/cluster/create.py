@@ -81,7 +81,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                          f"{len(sink_urls) + 1} were given: name exactly one --sink")
     sinks = {"b": sink_urls[0]} if bidirectional else {f"s{i}": url for i, url in enumerate(sink_urls, 1)}
     order = list(sinks)
-    sinks, others = sink_kinds.split(sinks)  # Delta sinks (delta:PATH): lake/sink.py, through sinks.py
+    sinks, others = sink_kinds.split(sinks)  # Delta sinks (delta:PATH): targets/delta/sink.py, through sinks.py
     if others and bidirectional:
         lake = next(iter(others.values()))
         raise UsageError(f"--bidirectional replicates back from the sink: a {sink_kinds.kind_of(lake).label} "

@@ -22,7 +22,7 @@ def forget_sink(cluster: Cluster) -> list[str]:
             continue
         try:
             kind = kind_of(url)
-            if kind is not None:  # a Delta sink (lake/sink.py)
+            if kind is not None:  # a Delta sink (targets/delta/sink.py)
                 kind.forget(url, cluster.workflow, cluster.sink)
                 continue
             with connect(url, role="target", connect_timeout=5) as conn:

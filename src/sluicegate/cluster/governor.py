@@ -15,7 +15,7 @@ The age of the WAL a slot holds is measured from samples of the source's WAL pos
 the governor keeps in its sink's state: the oldest WAL a slot holds (its restart_lsn) was written before the
 first sample past it. That errs on the young side by at most one sample interval: a cap is never applied early.
 
-A Delta sink (lake/sink.py) keeps its samples in its state document, and its liveness is its run lock or a
+A Delta sink (targets/delta/sink.py) keeps its samples in its state document, and its liveness is its run lock or a
 state document written lately; released, its state goes to Error when its directory is reachable.
 """
 
@@ -88,7 +88,7 @@ def holds(src: psycopg.Connection, samples, cluster: Cluster, shard: str | None 
 
 class PgSamples:
     """The governor's samples of the source's WAL position, in a PostgreSQL sink's `sluicegate.wal_samples`
-    (a Delta sink keeps its own: lake/sink.py's LakeSamples, the same two methods)."""
+    (a Delta sink keeps its own: targets/delta/sink.py's LakeSamples, the same two methods)."""
 
     def __init__(self, conn: psycopg.Connection, workflow: str):
         self.conn, self.workflow = conn, workflow
@@ -246,7 +246,7 @@ def _tell_sink(cluster: Cluster, sink: str, note: str, slot: str) -> None:
     has just sent back to Init no longer needs the slot: left alone."""
     try:
         kind = kind_of(cluster.sinks[sink])
-        if kind is not None:  # reachable if its directory is (lake/sink.py)
+        if kind is not None:  # reachable if its directory is (targets/delta/sink.py)
             kind.tell(cluster.sinks[sink], cluster.workflow, slot, f"{note}; {cluster.way_out(sink)}")
             return
         with connect(cluster.sinks[sink], role="target", connect_timeout=3) as conn:

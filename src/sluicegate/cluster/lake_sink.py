@@ -1,5 +1,5 @@
 """`replicate bootstrap` of a sink that is not a PostgreSQL database (cli/replicate.py names it here): the Delta
-sink's code is lake/sink.py, reached through the sink interface (sinks.py)."""
+sink's code is targets/delta/sink.py, reached through the sink interface (sinks.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Sinks that are not PostgreSQL databases (a Delta Lake directory), as cluster/ sees them: one interface,
-`SinkKind`, implemented by the package that owns the kind (lake/sink.py) and registered here, so that cluster/
+`SinkKind`, implemented by the package that owns the kind (targets/delta/sink.py) and registered here, so that cluster/
 never imports a target's package (issue 35: the target imports the cluster model, not the other way round).
 
 A kind is registered as a test of the URL and a loader: the program that composes them (cli/main.py) registers

@@ -1,5 +1,5 @@
 """Which tables a captured statement touches (pure): one answer for every reader of the capture — the player's
-replay (replay.py), the Delta target (lake/ddl.py), the change model (changes/ddl.py).
+replay (replay.py), the Delta target (targets/delta/ddl.py), the change model (changes/ddl.py).
 
 - the tables its objects are or belong to (a column's, an index's table);
 - a dropped table by its own name (sql_drop names no table for it);

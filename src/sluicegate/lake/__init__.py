@@ -1,2 +1,2 @@
-"""Delta Lake targets: tables at PATH/<schema>/<table>, Sluicegate's state and consistent-read log under
-PATH/_sluicegate/ (see README, "Delta Lake target")."""
+"""The public import path of the Delta target's consistent reads (README, "Delta Lake target"): readers'
+code imports `sluicegate.lake.read`; the target itself lives in targets/delta/."""

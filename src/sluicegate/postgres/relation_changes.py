@@ -2,7 +2,7 @@
 says about a column it added: pure comparison (`classify`) and catalog reads, no state of any workflow.
 
 Below the appliers (a PostgreSQL applier checks a Relation's columns with `classify`) and the players
-(workflow/schema_changes.py follows added columns; lake/ adds them to Delta tables).
+(workflow/schema_changes.py follows added columns; targets/delta/ adds them to Delta tables).
 """
 
 from __future__ import annotations

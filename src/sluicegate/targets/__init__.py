@@ -1,7 +1,7 @@
 """Where a workflow writes, behind one interface (base.py): one folder per kind of target.
 
     postgres/   a PostgreSQL database: the state in its `sluicegate` schema (workflow/), the appliers, vdiff/
-    delta/      Delta tables under a path or URI: the state beside them (lake/)
+    delta/      Delta tables under a path or URI: the state beside them, its engine, player, copy and vdiff
 
 The --target (or --sink) URL is resolved here, once: commands call what the Target it gives them offers, and
 nothing outside a kind's folder (and the packages it composes) asks which kind a URL is.

@@ -1,7 +1,10 @@
 """Delta tables under a path or URI (`delta:PATH`) as a target: the Delta kind's side of every command.
 
-The work is lake/'s (its engine, player, state beside the tables, vdiff) and, for a Replicate sink,
-lake/sink.py's and cluster/lake_sink.py's; this folder is the one place a command reaches it from.
+This folder is the whole Delta target: its state beside the tables (state.py), engine, player, copy, apply,
+staging, vdiff, read-as-of and housekeeping; and the Delta sink of a Replicate workflow (sink.py), which
+cluster/ reaches through its sink registry (register_sink_kind below). Layout of a target directory: tables at
+PATH/<schema>/<table>, Sluicegate's state and consistent-read log under PATH/_sluicegate/ (README, "Delta Lake
+target").
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ import threading
 from collections.abc import Callable
 
 from ...errors import UsageError
-from ...lake import location
 from ..base import ProgressGroup, Target
+from . import location
 
 PREFIX = location.PREFIX
 
@@ -23,7 +26,7 @@ def register_sink_kind() -> None:
 
 
 def _sink_kind():
-    from ...lake.sink import DELTA  # (only once a Delta sink turns up: it costs the start of every command)
+    from .sink import DELTA  # (only once a Delta sink turns up: it costs the start of every command)
 
     return DELTA
 
@@ -42,7 +45,7 @@ class DeltaTarget(Target):
     @classmethod
     def require(cls, url: str) -> str:
         """The lake commands' target: its path, or a UsageError saying how to write one."""
-        from ...lake.read import lake_path
+        from .read import lake_path
 
         if not cls.claims(url) or not url[len(PREFIX):].strip():
             raise UsageError(f"--target {url!r} is not a Delta target: write delta:PATH (a directory or a URI "
@@ -60,8 +63,8 @@ class DeltaTarget(Target):
                              "standbys")
 
     def create_movetables(self, name, source, tables, excluded, rules, options, udfs, schedule, notes):
-        from ...lake import cli as lake
         from ...postgres.standby_flush import OPTION
+        from . import cli as lake
 
         self._no_standbys(options.pop(OPTION, None))
         options.pop("defer_indexes", None)  # (a Delta table has no indexes to defer)
@@ -69,43 +72,43 @@ class DeltaTarget(Target):
                            options | lake.housekeeping_options(schedule), notes)
 
     def run(self, name, spark_master, conf, stop, runners, progress, say, lock=None) -> str:
-        from ...lake import cli as lake
+        from . import cli as lake
 
         return lake.run(name, self.url, spark_master, conf, stop, runners, progress=lambda: progress("MoveTables", self.url))
 
     def status(self, name: str, wal_warning: int) -> dict:
-        from ...lake import cli as lake
+        from . import cli as lake
 
         return lake.status(name, self.url)
 
     def status_lines(self, status: dict) -> list[str]:
-        from ...lake import cli as lake
+        from . import cli as lake
 
         return lake.format_status(status)
 
     def progress_groups(self, name: str) -> list[ProgressGroup]:
-        from ...lake.cli import progress_streams
         from ...workflow import live
+        from .cli import progress_streams
 
         # a cycle's running tasks show the rows they have read on their source sessions
         return [ProgressGroup([s], self.url, s.pop("source_url"), live.in_flight_reads)
                 for s in progress_streams(name, self.url)]
 
     def set_state(self, name: str, verb: str) -> str:
-        from ...lake import cli as lake
+        from . import cli as lake
 
         return lake.set_state(name, self.url, verb)
 
     def configure(self, name, on_ddl, target_standbys) -> list[str]:
-        from ...lake import cli as lake
+        from . import cli as lake
 
         self._no_standbys(target_standbys is not None)
         lake.set_on_ddl(name, self.url, on_ddl)
         return [f"on-ddl {on_ddl}"]
 
     def delete(self, name: str, drop_tables: bool, say: Callable[[str], None]) -> list[str]:
-        from ...lake import cli as lake
-        from ...lake.state import open_store
+        from . import cli as lake
+        from .state import open_store
 
         wf = open_store(self.url).load(name)
         dropped = lake.delete(name, self.url, drop_tables)
@@ -119,9 +122,9 @@ class DeltaTarget(Target):
         return dropped
 
     def cancel(self, kind: str, name: str, keep_target_tables: bool) -> list[str]:
-        from ...lake import cli as lake
-        from ...lake.state import open_store
         from ...workflow.traffic import cancel_command
+        from . import cli as lake
+        from .state import open_store
 
         found = open_store(self.url).load(name).kind
         if found != kind:
@@ -129,15 +132,15 @@ class DeltaTarget(Target):
         return lake.delete(name, self.url, not keep_target_tables)
 
     def check_vdiff(self, name: str, resume: bool) -> None:
-        from ...lake import vdiff as lake_vdiff
-        from ...lake.state import open_store
+        from . import vdiff as lake_vdiff
+        from .state import open_store
 
         if resume:
             raise UsageError("a vdiff of a Delta target runs whole: --resume is for PostgreSQL targets")
         lake_vdiff.check_comparable(open_store(self.url), name)
 
     def vdiff(self, name, tables, compare, resume, make_runner, stop: threading.Event):
-        from ...lake import vdiff as lake_vdiff
+        from . import vdiff as lake_vdiff
 
         report = lake_vdiff.run(name, self.url, make_runner(), tables=tables, sample=compare["sample"],
                                 range_rows=compare.get("range_rows"), stop=stop)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..postgres.catalog import Table
+from ...postgres.catalog import Table
 
 OP, KEEP, ORDER = "_op", "_keep", "_order"
 KEEP_TYPE = pa.list_(pa.int32())

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import config
-from ..errors import RetryableError, UsageError
-from ..postgres.catalog import Table
+from ... import config
+from ...errors import RetryableError, UsageError
+from ...postgres.catalog import Table
 from . import location
 
 log = logging.getLogger("sluicegate")
@@ -526,7 +526,7 @@ class DeltaStore:
         if not lease or lease.get("expires", 0) <= now:
             return None
         if lease.get("host") == socket.gethostname():
-            from ..procs import pid_alive
+            from ...procs import pid_alive
 
             if not pid_alive(int(lease.get("pid", 0))):
                 return None

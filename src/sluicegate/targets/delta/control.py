@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import RetryableError
-from ..workflow import stream_control
+from ...errors import RetryableError
+from ...workflow import stream_control
 from .state import RUNNING, STOPPED, update_retrying
 
 PLAY, PLAY_TO, STOP, IDLE = "play", "play to", "stop", "idle"

@@ -36,14 +36,14 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from ..ddl import modes
-from ..ddl.message import BadDdlMessage, DdlMessage, parse
-from ..ddl.statement import NotReplayable, _name, read, tokens
-from ..ddl.touched import touched
-from ..position import format_lsn
-from ..postgres.catalog import Column, Table
-from ..postgres.types import FIRST_USER_OID
-from ..workflow.schema_changes import SchemaStop
+from ...ddl import modes
+from ...ddl.message import BadDdlMessage, DdlMessage, parse
+from ...ddl.statement import NotReplayable, _name, read, tokens
+from ...ddl.touched import touched
+from ...position import format_lsn
+from ...postgres.catalog import Column, Table
+from ...postgres.types import FIRST_USER_OID
+from ...workflow.schema_changes import SchemaStop
 from .types import SPECIAL, arrow_type
 
 log = logging.getLogger("sluicegate")
@@ -340,7 +340,7 @@ def _retyped(src, spec: Table, names: list[str]) -> dict[str, Column]:
     """The new descriptions of columns an ALTER COLUMN TYPE changed, from the source's catalog; Unsupported
     when a Delta column cannot widen to its new type (or the source changed the column again since: the
     catalog is read now, the statement is older)."""
-    from ..workflow.schema_changes import source_columns
+    from ...workflow.schema_changes import source_columns
 
     oid = src.execute("SELECT to_regclass(%s)::oid::int", (spec.ident.as_string(src),)).fetchone()[0]
     now = source_columns(src, oid) if oid is not None else {}

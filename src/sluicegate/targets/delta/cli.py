@@ -9,13 +9,13 @@ from pathlib import Path
 
 import psycopg
 
-from .. import config
-from ..errors import SluicegateError, UsageError
-from ..position import format_lsn
-from ..postgres import capture
-from ..postgres.connect import connect, describe, first_line
-from ..workflow import state as pg_state
-from ..workflow.create_checks import check_no_leftovers, check_source_tables
+from ... import config
+from ...errors import SluicegateError, UsageError
+from ...position import format_lsn
+from ...postgres import capture
+from ...postgres.connect import connect, describe, first_line
+from ...workflow import state as pg_state
+from ...workflow.create_checks import check_no_leftovers, check_source_tables
 from . import location
 from .state import (
     COPYING,
@@ -90,8 +90,8 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
 def _ddl_capture_note(src, options: dict) -> list[str]:
     """--on-ddl other than stop acts only on statements the source captures (ddl/capture.py): the same check
     as a PostgreSQL target's create (preflight/plan.py), as a note."""
-    from ..ddl import modes
-    from ..preflight.plan import _ddl_capture
+    from ...ddl import modes
+    from ...preflight.plan import _ddl_capture
 
     mode = options.get(modes.OPTION)
     if mode is not None and mode not in modes.MODES:
@@ -102,7 +102,7 @@ def _ddl_capture_note(src, options: dict) -> list[str]:
 def set_on_ddl(name: str, target: str, mode: str) -> None:
     """`workflow set W --on-ddl MODE` of a Delta workflow: kept in its options; a running driver's play task
     sees the options change and ends, and the next one follows the mode."""
-    from ..ddl import modes
+    from ...ddl import modes
 
     if mode not in modes.MODES:
         raise UsageError(f"--on-ddl {mode}: one of {', '.join(modes.MODES)}")
@@ -144,7 +144,7 @@ def _is_delta(uri: str) -> bool:
 def housekeeping_options(given: dict) -> dict:
     """`movetables create`'s --optimize-every, --vacuum-every, --vacuum-retention (durations, or None for the
     default) as the workflow's options, in seconds."""
-    from ..sizes import parse_duration
+    from ...sizes import parse_duration
 
     out = {}
     for key, default in HOUSEKEEPING_DEFAULTS.items():
@@ -176,8 +176,8 @@ def schedule(name: str, target: str, given: dict) -> dict:
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list,
         progress=None) -> str:
     """`progress`: starts the progress view (cli/main.py _progress), once this driver holds the workflow."""
-    from ..spark.runner import SparkRunner
-    from ..spark.session import start_in_background
+    from ...spark.runner import SparkRunner
+    from ...spark.session import start_in_background
     from .engine import LakeEngine
     from .sink import start_consumer
 
@@ -298,7 +298,7 @@ def format_status(s: dict) -> list[str]:
 def set_state(name: str, target: str, verb: str) -> str:
     store = open_store(target)
     with store.update(name) as w:
-        # A user's state change wins over a controller's stop (lake/control.py): its fields go
+        # A user's state change wins over a controller's stop (targets/delta/control.py): its fields go
         w.stop_reason, w.stop_position = "", None
         if verb == "stop":
             w.state = STOPPED

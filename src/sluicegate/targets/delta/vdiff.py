@@ -26,8 +26,8 @@ through the same player; the release puts the state back as it was (Running stay
 Stopped): a later `workflow run` replays from P on.
 
 The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
-key range as text, converted by lake/types.py exactly as the copy and the stream convert it (so numeric is
-compared as decimal, timestamptz as a UTC timestamp, json as text...); the Delta side is lake/read.py's
+key range as text, converted by targets/delta/types.py exactly as the copy and the stream convert it (so numeric is
+compared as decimal, timestamptz as a UTC timestamp, json as text...); the Delta side is targets/delta/read.py's
 `tables_as_of` at P. A full outer join on the key says which rows are missing, extra or mismatched.
 """
 
@@ -40,11 +40,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import RetryableError, TerminalError, UsageError, did_you_mean
-from ..faults import fault_point
-from ..position import format_lsn
-from ..postgres.catalog import Table
-from ..postgres.snapshot import take_snapshot
+from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ...faults import fault_point
+from ...position import format_lsn
+from ...postgres.catalog import Table
+from ...postgres.snapshot import take_snapshot
 from . import control, location, pins
 from .player import LakePlayTask, play
 from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
@@ -69,7 +69,7 @@ class SourceRange:
 
 def read_range(task: SourceRange):
     """Runs in a Spark task: the range's rows in the snapshot as Arrow batches of the Delta table's schema."""
-    from ..postgres import keyrange
+    from ...postgres import keyrange
     from .copy import snapshot_batches
 
     table = Table.from_json(task.table)
@@ -264,7 +264,7 @@ def _source_frame(runner, source_url: str, spec: Table, snap, range_rows: int | 
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from ..vdiff.differ import plan_ranges
+    from ...vdiff.differ import plan_ranges
     from .types import arrow_schema
 
     estimate = snap.conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",

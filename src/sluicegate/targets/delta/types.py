@@ -2,7 +2,7 @@
 
 One conversion path for the copy and the stream: the copy reads every column as its output function's text
 and the stream's pgoutput values are that text, both with Sluicegate's session settings (ISO dates, UTC,
-hex bytea, IntervalStyle postgres). lake/pgtext.py parses the structured forms.
+hex bytea, IntervalStyle postgres). targets/delta/pgtext.py parses the structured forms.
 
 The mapping (README, "Delta Lake target", has the table): arrays -> lists (nested as the column's declared
 dimensions), composites -> structs, hstore -> map<string, string>, ranges -> struct of bounds, multiranges ->
@@ -28,7 +28,7 @@ from datetime import date, datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..postgres.catalog import Column, Table
+from ...postgres.catalog import Column, Table
 from . import pgtext
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, OID = 16, 17, 20, 21, 23, 25, 26
@@ -311,7 +311,7 @@ def converter(column: Column, types: dict | None = None) -> Callable[[str], obje
 
 
 def _terminal(table: Table, column: Column, dtype, exc) -> Exception:
-    from ..errors import TerminalError
+    from ...errors import TerminalError
 
     where = f"table {table.qualified} column {column.name} ({column.type_sql}): a value has no {dtype} form ({exc})"
     if column.name in table.key:  # a key must be a value of its column: it finds the row
@@ -445,7 +445,7 @@ def sql_literal(column: Column, text: str | None, types: dict | None = None) -> 
     elif pa.types.is_integer(dtype):
         shown = str(value)
     else:
-        from ..errors import TerminalError
+        from ...errors import TerminalError
 
         raise TerminalError(f"column {column.name} ({column.type_sql}) was added with a default for older rows; "
                             f"a Delta target fills such columns of scalar types only: re-create the workflow")

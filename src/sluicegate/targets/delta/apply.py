@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..errors import TerminalError
-from ..postgres.catalog import Table
-from ..postgres.pgoutput import UNCHANGED
+from ...errors import TerminalError
+from ...postgres.catalog import Table
+from ...postgres.pgoutput import UNCHANGED
 from . import netframe
 from .types import SPECIAL, arrow_schema, convert_text_arrays, may_be_special
 

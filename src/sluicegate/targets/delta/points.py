@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..position import format_lsn
+from ...position import format_lsn
 from .location import file_uris
 from .state import app_id
 

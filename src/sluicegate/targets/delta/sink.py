@@ -1,7 +1,7 @@
 """A Delta Lake sink of a Replicate workflow (`--sink delta:PATH`): cluster/ reaches it through its sink interface
-(cluster/sinks.py, `DELTA` below), without importing lake/.
+(cluster/sinks.py, `DELTA` below), without importing targets/delta/.
 
-Its state is the lake's state document (lake/state.py) with kind Replicate and `options["cluster"]` as a
+Its state is the lake's state document (targets/delta/state.py) with kind Replicate and `options["cluster"]` as a
 PostgreSQL sink's row holds it, so the cluster model (cluster/model.py) serves both: names s1, s2, …, one slot and
 publication per sink (`slot_name(W, sink)`), the same bootstrap command and way out. The consumer is the lake
 engine (engine.py); around it, as for a PostgreSQL sink: the bootstrap decision at start, safe time (kept
@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..cluster import governor, sinks
-from ..cluster.bootstrap import _resolve
-from ..cluster.create import new_table_decision
-from ..cluster.model import KIND, Cluster, slot_name
-from ..cluster.safetime import lake_safe_time_fields
-from ..errors import SluicegateError, TerminalError, UsageError
-from ..position import format_lsn
-from ..postgres import capture
-from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe
-from ..sizes import format_size
+from ...cluster import governor, sinks
+from ...cluster.bootstrap import _resolve
+from ...cluster.create import new_table_decision
+from ...cluster.model import KIND, Cluster, slot_name
+from ...cluster.safetime import lake_safe_time_fields
+from ...errors import SluicegateError, TerminalError, UsageError
+from ...position import format_lsn
+from ...postgres import capture
+from ...postgres.catalog import Table
+from ...postgres.connect import connect, describe
+from ...sizes import format_size
 from . import location
 from .state import (
     COPYING,
@@ -93,7 +93,7 @@ def check_mappable(described: list[Table]) -> None:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
                              f"a Delta sink merges changes by key (tables without one, REPLICA IDENTITY FULL, "
                              f"move to PostgreSQL sinks only); add one on the source or leave the table out")
-        arrow_schema(t)  # every column has a mapping (lake/types.py): fails here, not at the first row
+        arrow_schema(t)  # every column has a mapping (targets/delta/types.py): fails here, not at the first row
 
 
 def table_decisions(name: str, sink: str, url: str, described: list[Table], overwrite: bool,

@@ -1,7 +1,7 @@
 """The copy into Delta: cycles of key ranges above lastpk, each cycle inside one exported snapshot.
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
-snapshot, reads its range as text (`col::text`, the same text the stream carries; lake/types.py converts
+snapshot, reads its range as text (`col::text`, the same text the stream carries; targets/delta/types.py converts
 both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
 in the task from the URI and the environment), not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from ..faults import fault_point
-from ..postgres.catalog import FIRST_USER_OID, Table
-from ..postgres.connect import connect
-from ..workflow.copier import CopyRange, task_where
+from ...faults import fault_point
+from ...postgres.catalog import FIRST_USER_OID, Table
+from ...postgres.connect import connect
+from ...workflow.copier import CopyRange, task_where
 from . import durable
 from .types import arrow_schema, record_batch
 
@@ -70,7 +70,7 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read. `label`: the
     session shows it with the rows read so far as its application_name (live.py), until the last one."""
-    from ..workflow.live import source_label
+    from ...workflow.live import source_label
 
     cols = sql.SQL(", ").join(output_text(c) for c in table.columns)
     select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)

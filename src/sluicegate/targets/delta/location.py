@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from ..errors import RetryableError, UsageError
+from ...errors import RetryableError, UsageError
 
 PREFIX = "delta:"
 # Schemes delta-rs 1.x opens (object_store) and pyarrow can read and write too.

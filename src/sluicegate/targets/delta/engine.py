@@ -20,19 +20,19 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 
-from .. import config
-from ..config import Settings
-from ..errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
-from ..faults import fault_point
-from ..position import format_lsn
-from ..postgres import capture
-from ..postgres.catalog import Column, Table
-from ..postgres.connect import connect, first_line
-from ..postgres.pgoutput import Column as RelColumn
-from ..postgres.pgoutput import Relation
-from ..postgres.snapshot import take_snapshot
-from ..workflow import copier, live
-from ..workflow.schema_changes import source_columns
+from ... import config
+from ...config import Settings
+from ...errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
+from ...faults import fault_point
+from ...position import format_lsn
+from ...postgres import capture
+from ...postgres.catalog import Column, Table
+from ...postgres.connect import connect, first_line
+from ...postgres.pgoutput import Column as RelColumn
+from ...postgres.pgoutput import Relation
+from ...postgres.snapshot import take_snapshot
+from ...workflow import copier, live
+from ...workflow.schema_changes import source_columns
 from . import apply, control, durable, location
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
@@ -70,7 +70,7 @@ class LakeEngine:
         """Take the workflow's run lock (a lease on an object store); `run` does if the caller did not (the CLI
         does before Spark starts, so a second driver exits at once)."""
 
-        def on_lost() -> None:  # fencing: another driver holds the workflow's lease now (lake/state.py)
+        def on_lost() -> None:  # fencing: another driver holds the workflow's lease now (targets/delta/state.py)
             self.lost.set()
             self.stop.set()
 

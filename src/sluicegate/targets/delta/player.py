@@ -7,7 +7,7 @@ MERGE carrying the app transaction (sluicegate:W, version = the batch's end posi
 table skips the transactions it already has: those committing before its threshold, the larger of its app
 transaction version (a batch a kill interrupted after this table's commit) and the snapshot position of its
 first copy cycle (the copy brought them). A kill anywhere resumes from the state's position and applies
-each transaction to each table once. Captured DDL statements (lake/ddl.py) reshape a table's rows of the
+each transaction to each table once. Captured DDL statements (targets/delta/ddl.py) reshape a table's rows of the
 batch at their place and have the table rewritten in its new shape before its MERGE.
 """
 
@@ -18,19 +18,19 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from ..cluster.model import way_out as cluster_way_out
-from ..cluster.safetime import advance_safe_time
-from ..ddl.message import PREFIX as DDL_PREFIX
-from ..errors import RetryableError, TerminalError
-from ..postgres import capture
-from ..postgres.assembler import Change, Framing, TruncateChange, assemble
-from ..postgres.catalog import Column, Table
-from ..postgres.connect import connect
-from ..postgres.pgoutput import Begin, Commit, LogicalMessage
-from ..postgres.replication import ChangeStream
-from ..workflow.faults import fault_point
-from ..workflow.player import wait_flushed
-from ..workflow.schema_changes import (
+from ...cluster.model import way_out as cluster_way_out
+from ...cluster.safetime import advance_safe_time
+from ...ddl.message import PREFIX as DDL_PREFIX
+from ...errors import RetryableError, TerminalError
+from ...postgres import capture
+from ...postgres.assembler import Change, Framing, TruncateChange, assemble
+from ...postgres.catalog import Column, Table
+from ...postgres.connect import connect
+from ...postgres.pgoutput import Begin, Commit, LogicalMessage
+from ...postgres.replication import ChangeStream
+from ...workflow.faults import fault_point
+from ...workflow.player import wait_flushed
+from ...workflow.schema_changes import (
     SchemaStop,
     builtin_type_name,
     by_hand_way_out,
@@ -87,7 +87,7 @@ class _Tables:
         self.dts = {}
         self.threshold: dict[str, int] = {}
         self.copy_from: dict[str, int] = {}
-        # the last captured statement each table's rewrites hold (lake/ddl.py); a batch reads at least past it
+        # the last captured statement each table's rewrites hold (targets/delta/ddl.py); a batch reads at least past it
         self.markers: dict[str, int] = {}
         self.ddl_app = ddl_app_id(wf.name)
         for t in wf.tables:
@@ -469,7 +469,7 @@ def _in_order(order: tuple, values: tuple | None) -> tuple | None:
 
 def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -> list[str]:
     """One commit per touched table that does not have the batch yet (first its rewrite, when captured
-    statements changed its columns: lake/ddl.py); the tables committed."""
+    statements changed its columns: targets/delta/ddl.py); the tables committed."""
     merged = []
     for q, effect in batch.effects.items():
         if tables.threshold[q] >= batch.position or not effect.changes:

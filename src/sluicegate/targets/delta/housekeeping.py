@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta, timezone
 
-from ..errors import RetryableError, UsageError
+from ...errors import RetryableError, UsageError
 from . import durable, read
 
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
@@ -144,7 +144,7 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
 
 
 def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
-    """The points and versions vdiffs compare at (lake/pins.py)."""
+    """The points and versions vdiffs compare at (targets/delta/pins.py)."""
     from . import location, pins
     from .state import open_store
 
