@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from sluicegate.workflow import state as st
-from sluicegate.workflow.engine import Engine
+from sluicegate.workflow.loop import StreamLoop
 
 
 class _SparkError(Exception):
@@ -27,28 +27,22 @@ class _SparkError(Exception):
         return self._s
 
 
-class _Loop(Engine):
-    """Engine._loop over a step that raises the given errors in turn, then stops the loop."""
+class _Loop(StreamLoop):
+    """The driver's loop (workflow/loop.py) over a step that raises the given errors in turn, then stops."""
 
     def __init__(self, errors):
-        super().__init__("postgresql://unused", "wf", runner=None, stop=threading.Event(), max_backoff=0.0)
+        self.stop, self.max_backoff = threading.Event(), 0.0
         self.errors, self.recorded, self.steps = list(errors), [], 0
-
-    def _hold_run_lock(self):
-        pass
-
-    def _unreachable(self):
-        return self.down
 
     down = None
 
-    def _load(self):
-        return SimpleNamespace(streams=[SimpleNamespace(id=1, state=st.RUNNING)])
+    def unreachable(self):
+        return self.down
 
-    def _stream(self, wf):
-        return wf.streams[0]
+    def load(self):
+        return SimpleNamespace(state=st.RUNNING, stop_reason="")
 
-    def step(self, wf, stream):
+    def step(self, turn):
         self.steps += 1
         if not self.errors:
             self.stop.set()
@@ -57,11 +51,8 @@ class _Loop(Engine):
         if err is not None:
             raise err
 
-    def _record(self, state, message):
+    def record(self, state, message):
         self.recorded.append((state, message))
-
-    def _count(self, metric):
-        pass
 
 
 def test_a_data_error_ends_in_error_without_a_retry():

@@ -1,4 +1,4 @@
-"""The workflow loop (VReplication's vreplicator): re-read durable state, dispatch on it, repeat.
+"""A PostgreSQL target's engine: what each state of a stream does, run by the driver's loop (loop.py).
 
 Init     -> publication + slot on the source; the stream's position is the slot's start.
 Copying  -> for the first table not done: catchup, snapshot, fast-forward to it, copy the next cycle.
@@ -6,9 +6,7 @@ Running  -> replicate: one play task that holds its replication connection until
             (the state changes, a vdiff is requested, stop), so the walsender never starts decoding again from
             the slot's restart_lsn (seconds after a big transaction). Streams that share the executors (a
             Reshard's) replicate in time slices instead, so each gets its turn.
-Stopped / Error -> the loop returns.
-Retryable errors (a database restarting) are recorded on the stream and retried with backoff;
-terminal ones put the stream in Error with a message that names the way out.
+Stopped / Error -> the loop returns (loop.py also retries, backs off and cancels on stop).
 """
 
 from __future__ import annotations
@@ -18,13 +16,12 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
 
 import psycopg
 
 from ..config import Settings
-from ..errors import ONCE, TERMINAL, TerminalError, UsageError, classify, describe_error
+from ..errors import TerminalError
 from ..faults import fault_point
 from ..postgres import capture, durable, locks, origins, standby_flush
 from ..postgres.catalog import Table
@@ -36,6 +33,7 @@ from .cluster_model import cluster_ids
 from .cluster_model import direction as cluster_direction
 from .cluster_model import way_out as cluster_way_out
 from .copy_task import copy_range, copy_tables, rows_of
+from .loop import StreamLoop
 from .player import PlayTask, play
 
 log = logging.getLogger("sluicegate")
@@ -46,7 +44,21 @@ COPY_NEIGHBOUR_SLICE_SECONDS = 2.0
 _tags = itertools.count(1)
 
 
-class Engine:
+@dataclass(frozen=True)
+class _Turn:
+    wf: st.Workflow
+    stream: st.Stream
+
+    @property
+    def state(self) -> str:
+        return self.stream.state
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stream.stop_reason
+
+
+class Engine(StreamLoop):
     def __init__(self, target_url: str, workflow: str, runner, *, stop: threading.Event | None = None,
                  max_backoff: float = 30.0, vdiffs=None, stream_id: int | None = None,
                  copying: set | None = None, lock_conn: psycopg.Connection | None = None):
@@ -68,27 +80,33 @@ class Engine:
         self.vdiffs = vdiffs(self) if vdiffs is not None else None
         self._runners: dict = {}
         self.tag = f"sluicegate-engine-{next(_tags)}"  # this engine's Spark jobs
-        self.recovering = False  # the stream's message says "retrying …": the next committed batch clears it
         self._last_stream: st.Stream | None = None
         # stream id -> (position, txid snapshot) of its last copy cycle: the target has everything committed as
         # of that snapshot. Lets the next cycle skip catchup and fast-forward when nothing committed since.
         self._copied_as_of: dict[int, tuple[int, str]] = {}
-        self._thread: int | None = None  # the loop's: its lock waits are what a stop cancels
         self._copying = copying if copying is not None else set()
 
-    # -- the loop -------------------------------------------------------------------------------------
-    def run(self) -> str:
-        """Run until stopped (event, `workflow stop`) or in Error; the stream's final state."""
-        done = threading.Event()
-        self._thread = threading.get_ident()
-        threading.Thread(target=self._cancel_on_stop, args=(done,), name="sg-engine-stop", daemon=True).start()
-        try:
-            return self._loop()
-        finally:
-            done.set()
-            self._copying.discard(self.tag)  # ended while copying: its neighbours need short slices no more
-            if self.stop.is_set():
-                self._wait_reader_gone()
+    # -- the loop's hooks (loop.py) ------------------------------------------------------------------
+    def load(self) -> _Turn:
+        self._hold_run_lock()
+        wf = self._load()
+        stream = self._last_stream = self._stream(wf)
+        return _Turn(wf, stream)
+
+    def await_release(self, turn: _Turn) -> None:
+        # Held by a controller (a vdiff taking its point: stream_control.py), not stopped by a user
+        stream_control.wait_released(self.target_url, turn.stream.id, self.stop)
+
+    def cancel_waits(self) -> None:
+        locks.cancel_waiting(self._loop_thread)  # a lock wait of the loop's own thread (postgres/locks.py)
+
+    def after_failure(self) -> None:
+        self._drop_lock_conn()
+
+    def ended(self) -> None:
+        self._copying.discard(self.tag)  # ended while copying: its neighbours need short slices no more
+        if self.stop.is_set():
+            self._wait_reader_gone()
 
     def _wait_reader_gone(self, timeout: float = 20.0) -> None:
         """A cancelled task's worker is killed a moment after its job is (Spark waits for it to finish first):
@@ -108,64 +126,8 @@ class Engine:
         except Exception:  # noqa: BLE001 - the source may be the thing that is down
             log.debug("could not check replication slot %s after stop", stream.slot_name)
 
-    def _cancel_on_stop(self, done: threading.Event) -> None:
-        """A play task may run until interrupted: once stop is set, cancel this engine's jobs (again, until
-        the loop returns: a job may start just after a cancel). Whatever a cancelled task had not committed
-        is rolled back; the stream resumes from its saved position. A statement of the loop's own thread that
-        waits for a lock (postgres/locks.py) is cancelled too."""
-        while not done.is_set():
-            if not self.stop.wait(0.5) or done.is_set():
-                continue
-            locks.cancel_waiting(self._thread)
-            try:
-                self.runner.cancel(self.tag)
-            except Exception:  # noqa: BLE001 - the session may be stopping too
-                log.debug("could not cancel the jobs of %s", self.tag)
-            done.wait(0.5)
-
-    def _loop(self) -> str:
-        failures = 0
-        failing_since = None
-        while not self.stop.is_set():
-            try:
-                self._hold_run_lock()
-                wf = self._load()
-                stream = self._last_stream = self._stream(wf)
-                if stream.state == st.STOPPED and stream.stop_reason:
-                    # Held by a controller (a vdiff taking its point: stream_control.py), not stopped by a user
-                    stream_control.wait_released(self.target_url, stream.id, self.stop)
-                    continue
-                if stream.state in (st.STOPPED, st.ERROR):
-                    return stream.state
-                self.recovering = failures > 0
-                self.step(wf, stream)
-                if failures and self.recovering:
-                    self._record(None, "")  # recovered: the retry message is no longer true
-                failures = 0
-            except UsageError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every failure is classified below
-                if self.stop.is_set():
-                    return "stopping"  # e.g. the job we cancelled on SIGTERM: not a fault to record
-                kind = classify(exc)
-                # ONCE: a failure whose class does not tell; the retry is how we find out (errors.classify)
-                if kind == TERMINAL or (kind == ONCE and failures > 0):
-                    self._count("errors")
-                    self._record(st.ERROR, describe_error(exc))
-                    return st.ERROR
-                failures += 1
-                if failures == 1:
-                    failing_since = datetime.now(timezone.utc)
-                self._count("retries")
-                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                message = _retry_message(self._unreachable(), failing_since, failures, delay, describe_error(exc))
-                log.warning(message)
-                self._record(None, message)
-                self._drop_lock_conn()
-                self.stop.wait(delay)
-        return "stopping"
-
-    def step(self, wf: st.Workflow, stream: st.Stream) -> None:
+    def step(self, turn: _Turn) -> None:
+        wf, stream = turn.wf, turn.stream
         if stream.state in (st.INIT, st.COPYING):
             self._copying.add(self.tag)
         else:
@@ -478,7 +440,7 @@ class Engine:
                 return s
         raise TerminalError(f"stream {self.stream_id} of workflow {self.workflow} no longer exists")
 
-    def _unreachable(self) -> str | None:
+    def unreachable(self) -> str | None:
         """Which database the stream waits for after a failure — 'target host:port/db' or 'source …' — found
         by connecting to each (a fresh session answers or it does not: no error text is read); None when both
         answer (the failure was something else: a lock, a restarting Spark task)."""
@@ -512,13 +474,13 @@ class Engine:
                 self.lock_conn.close()
             self.lock_conn = None
 
-    def _count(self, metric: str) -> None:
+    def count(self, metric: str) -> None:
         """A retry or error for the metrics (metrics.py): the state records neither."""
         stream_id = self.stream_id or (self._last_stream.id if self._last_stream is not None else None)
         if stream_id is not None:  # else the workflow never loaded: the target is down, no stream to name
             metrics.count(metric, self.workflow, self.target_url, stream_id)
 
-    def _record(self, state: str | None, message: str) -> None:
+    def record(self, state: str | None, message: str) -> None:
         """Best effort: the target may be the thing that is down."""
         try:
             with connect(self.target_url, role="target", connect_timeout=3) as conn:
@@ -537,15 +499,6 @@ class Engine:
         if self.vdiffs is not None:
             self.vdiffs.close()
         self._drop_lock_conn()
-
-
-def _retry_message(waiting_for: str | None, since: datetime, attempt: int, delay: float, error: str) -> str:
-    """What the stream's message says while it retries: what it waits for, since when, and why.
-    "waiting for source 10.1.2.3:5432/shop since 2026-01-02 12:03:04 UTC (attempt 5, retrying in 16s): …"."""
-    when = since.strftime("%Y-%m-%d %H:%M:%S UTC")
-    if waiting_for:
-        return f"waiting for {waiting_for} since {when} (attempt {attempt}, retrying in {delay:.0f}s): {error}"
-    return f"retrying in {delay:.0f}s (attempt {attempt}, failing since {when}): {error}"
 
 
 def _add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:

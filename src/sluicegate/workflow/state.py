@@ -21,8 +21,7 @@ from ..names import object_name  # (its home; callers also name it here)
 from ..position import format_lsn, parse_lsn
 from ..postgres.catalog import Table
 from ..postgres.connect import strip_password
-
-INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
+from .loop import COPYING, ERROR, INIT, RUNNING, STOPPED  # noqa: F401 - the states, named here too
 
 SCHEMA_DDL = """
 CREATE SCHEMA IF NOT EXISTS sluicegate;

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from ... import config
 from ...config import Settings
-from ...errors import ONCE, TERMINAL, SluicegateError, TerminalError, UsageError, classify, describe_error
+from ...errors import SluicegateError, TerminalError
 from ...faults import fault_point
 from ...position import format_lsn
 from ...postgres import capture
@@ -32,13 +32,13 @@ from ...postgres.pgoutput import Column as RelColumn
 from ...postgres.pgoutput import Relation
 from ...postgres.snapshot import take_snapshot
 from ...workflow import copier, live
+from ...workflow.loop import StreamLoop
 from ...workflow.schema_changes import source_columns
 from . import apply, control, durable, location
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
 from .state import (
     COPYING,
-    ERROR,
     INIT,
     RUNNING,
     STOPPED,
@@ -50,7 +50,7 @@ from .state import (
 log = logging.getLogger("sluicegate")
 
 
-class LakeEngine:
+class LakeEngine(StreamLoop):
     def __init__(self, target: str, workflow: str, runner, *, stop: threading.Event | None = None,
                  max_backoff: float = 30.0):
         self.target = target
@@ -80,12 +80,9 @@ class LakeEngine:
         if self.lock is None:
             self.hold()
         lock, lost = self.lock, self.lost
-        done = threading.Event()
-        threading.Thread(target=self._cancel_on_stop, args=(done,), daemon=True, name="sg-lake-stop").start()
         try:
-            final = self._loop()
+            final = super().run()
         finally:
-            done.set()
             lock.close()
             self.lock = None
         if lost.is_set():
@@ -94,47 +91,12 @@ class LakeEngine:
                                 f"{self.workflow} --target {self.target}` shows which runs it")
         return final
 
-    def _cancel_on_stop(self, done: threading.Event) -> None:
-        while not done.is_set():
-            if self.stop.wait(0.5) and not done.is_set():
-                try:
-                    self.runner.cancel(self.tag)
-                except Exception:  # noqa: BLE001 - the session may be stopping too
-                    log.debug("could not cancel the jobs of %s", self.tag)
-                done.wait(0.5)
-
-    def _loop(self) -> str:
-        failures = 0
-        while not self.stop.is_set():
-            try:
-                wf = self.store.load(self.workflow)
-                if wf.state == STOPPED and wf.stop_reason:  # stopped for a controller: not the end
-                    self.await_release(wf)
-                    continue
-                self.held = None
-                if wf.state in (STOPPED, ERROR):
-                    return wf.state
-                self.step(wf)
-                if failures:
-                    self._record(None, "")
-                failures = 0
-            except UsageError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if self.stop.is_set():
-                    return "stopping"
-                text = describe_error(exc)
-                kind = classify(exc)
-                # ONCE: a failure whose class does not tell; the retry is how we find out (errors.classify)
-                if kind == TERMINAL or (kind == ONCE and failures > 0):
-                    self._record(ERROR, text)
-                    return ERROR
-                failures += 1
-                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                log.warning("retrying in %.0fs: %s", delay, text)
-                self._record(None, f"retrying in {delay:.0f}s: {text}")
-                self.stop.wait(delay)
-        return "stopping"
+    # -- the loop's hooks (workflow/loop.py) ----------------------------------------------------------------
+    def load(self) -> LakeWorkflow:
+        wf = self.store.load(self.workflow)
+        if not (wf.state == STOPPED and wf.stop_reason):
+            self.held = None
+        return wf
 
     def await_release(self, wf: LakeWorkflow) -> None:
         """One poll of a stream its player stopped for a controller (control.py): the controller releases it;
@@ -319,7 +281,7 @@ class LakeEngine:
             text = str(exc) if isinstance(exc, SluicegateError) else first_line(exc)
             log.warning("%s of %s failed, will try again at its next interval: %s", job, wf.name, text)
 
-    def _record(self, state: str | None, message: str) -> None:
+    def record(self, state: str | None, message: str) -> None:
         try:
             with self.store.update(self.workflow) as w:
                 if state:

@@ -30,11 +30,11 @@ from pathlib import Path
 from ... import config
 from ...errors import RetryableError, UsageError
 from ...postgres.catalog import Table
+from ...workflow.loop import COPYING, ERROR, INIT, RUNNING, STOPPED  # noqa: F401 - the states, named here too
 from . import location
 
 log = logging.getLogger("sluicegate")
 
-INIT, COPYING, RUNNING, STOPPED, ERROR = "Init", "Copying", "Running", "Stopped", "Error"
 # Housekeeping `workflow run` does between batches: seconds between runs (0: never), vacuum's retention.
 # Chosen so that an hour of steady writes leaves the lake within 3x the source's size (bench/lake_size.py):
 # each commit of changes rewrites the files it touches, so the old versions a retention keeps grow with
