@@ -1,4 +1,4 @@
-"""Many small tables (issue 37, "Many tables"): native logical replication against Sluicegate, same run.
+"""Many small tables (issue 37, "Many tables"): native logical replication, pgcopydb and Sluicegate, same run.
 
     .venv/bin/python bench/many_tables.py                  # 2,000 tables of ~200 rows + one of 500,000 rows
     .venv/bin/python bench/many_tables.py --tables 200     # a quick check while developing
@@ -7,9 +7,11 @@ Two throwaway servers (127.0.0.1, temp dir). The source has a schema per tenant 
 each), every table with a primary key and a few columns (bigint, int, text, timestamptz, numeric), plus
 `--large` tables of `--large-rows` rows in schema public. Native (CREATE PUBLICATION FOR ALL TABLES, then
 CREATE SUBSCRIPTION into the same DDL on the target) is measured until every table of pg_subscription_rel is
-'r'; Sluicegate (`movetables create` of every tenant schema and public, `workflow run`) from create until the
-stream is Running with every table done. Row counts of both are checked against the source. One JSON line on
-stdout: seconds of each, the create's share, tables/s, and the ratio Sluicegate ÷ native.
+'r'; pgcopydb (`pgcopydb clone --table-jobs 2 --index-jobs 2` of the whole database into a fresh one: tables,
+rows, keys) from start to exit; Sluicegate (`movetables create` of every tenant schema and public, `workflow
+run`) from create until the stream is Running with every table done. Order: native, pgcopydb, Sluicegate.
+Row counts of all are checked against the source. One JSON line on stdout: seconds of each, the create's
+share, tables/s, and the ratios Sluicegate ÷ native and ÷ pgcopydb (issue 37's goal: ≤ 1.0× pgcopydb).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pgcopydb_copy
+from cpu_profile import CpuProfile
 from run import DB, WF, Bench, BenchError, connect, cpu_times, fmt, log, one, run_bench, wait_for
 
 from sluicegate.workflow.create import create_movetables
@@ -113,17 +117,50 @@ class ManyTables(Bench):
         self.check_rows(url, "native subscription")
         return elapsed
 
+    def copy_pgcopydb(self) -> float:
+        """`pgcopydb clone` of the whole source database (every tenant schema and public) into a fresh one,
+        timed from start to exit. Its post-data also restores native's publication (one statement)."""
+        self.target.create_database("pgcopydb")
+        profile = self.profiler()
+        try:
+            done = pgcopydb_copy.clone(
+                self.source.url(DB, with_password=False), self.target.url("pgcopydb", with_password=False),
+                self.source.password, self.tmp / "pgcopydb", jobs=self.args.pgcopydb_jobs,
+                timeout=self.args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            raise BenchError(str(exc)) from None
+        if profile:
+            self.out["profile_pgcopydb"] = profile.stop()
+        self.check_rows(self.target.url("pgcopydb"), "pgcopydb")
+        self.target.drop_database("pgcopydb")
+        self.out["pgcopydb_command"] = done["command"]
+        return done["seconds"]
+
+    def profiler(self) -> CpuProfile | None:
+        """--profile: every process's CPU during a copy, by group (cpu_profile.py)."""
+        if not self.args.profile:
+            return None
+        profile = CpuProfile({"source": self.source.pid, "target": self.target.pid}, os.getpid())
+        profile.start()
+        return profile
+
     def copy_sluicegate(self) -> dict:
         url = self.target.url("sg")
+        profile = self.profiler()
         t0 = time.monotonic()
         tables = [f"{s}.*" for s in self.schemas()] + (["public.*"] if self.args.large else [])
         create_movetables(WF, self.source.url(DB), url, tables, [], {})
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", WF, "--target", url,
                "--no-progress"]
+        if profile:
+            Path(self.args.profile).mkdir(parents=True, exist_ok=True)
+            cmd[1:1] = ["-m", "cProfile", "-o", str(Path(self.args.profile) / "driver.prof")]
         with open(self.wf_log, "w") as out:
             self.workflow = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.memory.root = self.workflow.pid
+        if profile:
+            profile.root = self.workflow.pid
         poll = sql.SQL("""SELECT s.state, s.message, count(*) FILTER (WHERE c.done), count(*)
             FROM sluicegate.streams s JOIN sluicegate.copy_state c ON c.stream_id = s.id
             WHERE s.workflow = {} GROUP BY s.id""").format(sql.Literal(WF))
@@ -142,6 +179,8 @@ class ManyTables(Bench):
             wait_for(ready, self.args.timeout, f"Sluicegate workflow {WF} to finish copying (state Running)",
                      interval=0.2)
         done = time.monotonic()
+        if profile:
+            self.out["profile_sluicegate"] = profile.stop()
         self.contenders["sluicegate"] = url
         self.check_rows(url, "Sluicegate")
         return {"sluicegate_s": done - t0, "sluicegate_create_s": created - t0,
@@ -167,6 +206,11 @@ class ManyTables(Bench):
             with machine("native"):
                 copy["native_s"] = self.copy_native()
             self.copied.append("native")
+        if "pgcopydb" not in self.args.skip:
+            log(f"copy: pgcopydb clone of {len(self.names)} tables")
+            self.quiesce()
+            with machine("pgcopydb"):
+                copy["pgcopydb_s"] = self.copy_pgcopydb()
         if "sluicegate" not in self.args.skip:
             log(f"copy: Sluicegate movetables create + workflow run of {len(self.names)} tables")
             self.quiesce()
@@ -175,7 +219,10 @@ class ManyTables(Bench):
         copy["cpu_s"] = cpu
         if "native_s" in copy and "sluicegate_s" in copy:
             copy["ratio_native"] = copy["sluicegate_s"] / copy["native_s"]
-        for key in ("native_s", "sluicegate_s"):
+        if "pgcopydb_s" in copy and "sluicegate_s" in copy:
+            copy["ratio_pgcopydb"] = copy["sluicegate_s"] / copy["pgcopydb_s"]
+            copy["goals_met"] = {"ratio_pgcopydb <= 1.0": copy["ratio_pgcopydb"] <= 1.0}
+        for key in ("native_s", "pgcopydb_s", "sluicegate_s"):
             if key in copy:
                 copy[key[:-2] + "_tables_per_s"] = len(self.names) / copy[key]
         self.out["copy"] = copy
@@ -184,6 +231,8 @@ class ManyTables(Bench):
             self.out["sluicegate_stop_s"], self.out["sluicegate_exit"] = self.stop_workflow()
             text = self.wf_log.read_text(errors="replace")
             self.out["sluicegate_log_problems"] = sum(text.count(w) for w in ("Traceback", "ERROR", "retrying"))
+            if self.args.profile:
+                self.report_driver_profile()
         self.memory.stopping.set()
         if self.memory.peaks:
             self.out["memory_mb"] = {**self.memory.peaks, "peak": max(self.memory.peaks.values())}
@@ -199,8 +248,13 @@ def main() -> int:
     parser.add_argument("--large", type=int, default=1, help="large tables (schema public)")
     parser.add_argument("--large-rows", type=int, default=500_000, help="rows of each large table")
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
-                        help="comma-separated, any of: native, sluicegate")
+                        help="comma-separated, any of: native, pgcopydb, sluicegate")
+    parser.add_argument("--pgcopydb-jobs", type=int, default=2,
+                        help="pgcopydb clone's --table-jobs and --index-jobs (default 2: this machine's cores)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one wait may take")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile pgcopydb's and Sluicegate's copies (CPU by process group in the JSON) and "
+                             "Sluicegate's driver under cProfile (DIR/driver.prof, DIR/driver.txt)")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()

@@ -1,9 +1,10 @@
 """Sluicegate against PostgreSQL's native logical replication and a raw COPY pipe (issue 4; bench/README.md).
 
 Starts a throwaway source and target PostgreSQL on 127.0.0.1, loads `pgbench -i -s SCALE` on the source
-and measures (1) the initial copy of pgbench_accounts, (2) catch-up after a burst of updates in 20
-transactions, (3) heartbeat lag under pgbench TPC-B and (4) the peak RSS of the `sluicegate workflow run`
-process tree. Progress goes to stderr, one JSON line of figures and ratios (Sluicegate / other) to stdout.
+and measures (1) the initial copy of pgbench_accounts (also against `pgcopydb clone`), (2) catch-up after
+a burst of updates in 20 transactions, (3) heartbeat lag under pgbench TPC-B and (4) the peak RSS of the
+`sluicegate workflow run` process tree. Progress goes to stderr, one JSON line of figures and ratios
+(Sluicegate / other) to stdout.
 """
 from __future__ import annotations
 
@@ -32,13 +33,20 @@ from sluicegate.localpg import LocalPostgres, LocalPostgresError, find_bindir
 from sluicegate.procs import pid_alive
 from sluicegate.workflow.create import create_movetables
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pgcopydb_copy  # bench/'s own module, beside this script
+from cpu_profile import CpuProfile
+
 DB, WF, PUB, SUB = "bench", "bench", "bench_pub", "bench_sub"
 AGAIN = "native_again"  # the database and subscription of native's second copy (after Sluicegate's)
 TABLES = ["public.bench_heartbeat", "public.pgbench_accounts"]  # both contenders replicate both tables
 ACCOUNTS_DDL = ("CREATE TABLE pgbench_accounts (aid int NOT NULL PRIMARY KEY, bid int, abalance int, "
                 "filler char(84)) WITH (fillfactor = 100)")  # as pgbench -i makes it
 HEARTBEAT_DDL = "CREATE TABLE bench_heartbeat (id serial PRIMARY KEY, ts timestamptz DEFAULT clock_timestamp())"
-SKIPPABLE = {"raw", "native", "sluicegate", "burst", "steady"}
+SKIPPABLE = {"raw", "native", "pgcopydb", "sluicegate", "burst", "steady"}
+PGCOPYDB = "pgcopydb"  # its target database: measured, then dropped (it does not replicate)
+# Issue 37's goals for the copy: Sluicegate ÷ pgcopydb and ÷ native's A-B-A mean at most these
+GOALS = {"ratio_pgcopydb": 1.0, "ratio_native_bracketed": 0.8}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -284,8 +292,36 @@ class Bench:
         self.check_count(url, "native subscription")
         return elapsed
 
+    def copy_pgcopydb(self) -> float:
+        """`pgcopydb clone` of the same two tables into a fresh database, which it fills (tables, rows, keys);
+        timed from its start to its exit. The database is dropped afterwards: it only measures."""
+        self.target.create_database(PGCOPYDB)
+        profile = None
+        if self.args.profile:
+            profile = CpuProfile({"source": self.source.pid, "target": self.target.pid}, os.getpid())
+            profile.start()
+        try:
+            done = pgcopydb_copy.clone(
+                self.source.url(DB, with_password=False), self.target.url(PGCOPYDB, with_password=False),
+                self.source.password, self.tmp / "pgcopydb", tables=TABLES, jobs=self.args.pgcopydb_jobs,
+                split_larger_than=self.args.pgcopydb_split, timeout=self.args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            raise BenchError(str(exc)) from None
+        if profile:
+            self.out["profile_pgcopydb"] = profile.stop()
+            log("profile of pgcopydb's copy, CPU seconds by process group: "
+                + fmt(self.out["profile_pgcopydb"]["cpu_s"]))
+        self.check_count(self.target.url(PGCOPYDB), "pgcopydb")
+        self.target.drop_database(PGCOPYDB)
+        self.out["pgcopydb_command"] = done["command"]
+        return done["seconds"]
+
     def copy_sluicegate(self) -> dict:
         url = self.target.url("sg")
+        profile = None
+        if self.args.profile:  # every process's CPU during this copy (cpu_profile.py), the driver under cProfile
+            profile = CpuProfile({"source": self.source.pid, "target": self.target.pid}, os.getpid())
+            profile.start()
         t0 = time.monotonic()
         options = {k: getattr(self.args, k) for k in ("cycle_rows", "chunk_rows") if getattr(self.args, k, None)}
         if self.args.keep_indexes:
@@ -294,10 +330,15 @@ class Bench:
         created = time.monotonic()
         cmd = [sys.executable, "-m", "sluicegate.cli.main", "-v", "workflow", "run", WF, "--target", url,
                "--no-progress"]
+        if profile:
+            Path(self.args.profile).mkdir(parents=True, exist_ok=True)
+            cmd[1:1] = ["-m", "cProfile", "-o", str(Path(self.args.profile) / "driver.prof")]
         launched = time.time()
         with open(self.wf_log, "w") as out:
             self.workflow = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.memory.root = self.workflow.pid
+        if profile:
+            profile.root = self.workflow.pid
         poll = sql.SQL("""SELECT s.state, s.message, bool_and(c.done)
             FROM sluicegate.streams s JOIN sluicegate.copy_state c ON c.stream_id = s.id
             WHERE s.workflow = {} GROUP BY s.id""").format(sql.Literal(WF))
@@ -310,6 +351,10 @@ class Bench:
                 return state == "Running" and all_done
             wait_for(ready, self.args.timeout, f"Sluicegate workflow {WF} to finish copying (state Running)")
         done = time.monotonic()
+        if profile:
+            self.out["profile_sluicegate"] = profile.stop()
+            log("profile of Sluicegate's copy, CPU seconds by process group: "
+                + fmt(self.out["profile_sluicegate"]["cpu_s"]))
         self.contenders["sluicegate"] = url
         self.check_count(url, "Sluicegate")
         # Spark starts while the engine prepares the copy; start-up is the wait until Spark could take a job.
@@ -413,6 +458,12 @@ class Bench:
                 copy["native_s"] = self.copy_native()
             self.copied.append("native")
 
+        def pgcopydb() -> None:
+            log("copy: pgcopydb clone")
+            self.quiesce()
+            with machine("pgcopydb"):
+                copy["pgcopydb_s"] = self.copy_pgcopydb()
+
         def sluicegate() -> None:
             log("copy: Sluicegate movetables create + workflow run")
             self.quiesce()
@@ -429,19 +480,20 @@ class Bench:
                 copy["native_again_s"] = self.copy_native(AGAIN, AGAIN)
             self.drop_again()
 
-        steps = {"raw": raw, "native": native, "sluicegate": sluicegate}
+        steps = {"raw": raw, "native": native, "pgcopydb": pgcopydb, "sluicegate": sluicegate}
         first = self.args.sluicegate_first
-        order = ["sluicegate", "raw", "native"] if first else ["raw", "native", "sluicegate"]
+        order = (["sluicegate", "raw", "native", "pgcopydb"] if first
+                 else ["raw", "native", "pgcopydb", "sluicegate"])
         for name in order:
             if name not in self.skip:
                 steps[name]()
         if not first and "native" not in self.skip and "sluicegate" not in self.skip:
             native_again()
         copy["cpu_s"] = cpu
-        for key in ("raw_pipe_s", "native_s", "sluicegate_s", "sluicegate_excl_startup_s"):
+        for key in ("raw_pipe_s", "native_s", "pgcopydb_s", "sluicegate_s", "sluicegate_excl_startup_s"):
             if copy.get(key) is not None:
                 copy[key[:-2] + "_rows_per_s"] = self.rows / copy[key]
-        for other, key in (("native", "native_s"), ("raw", "raw_pipe_s")):
+        for other, key in (("native", "native_s"), ("raw", "raw_pipe_s"), ("pgcopydb", "pgcopydb_s")):
             if key in copy and "sluicegate_s" in copy:
                 copy[f"ratio_{other}"] = copy["sluicegate_s"] / copy[key]
                 if copy["sluicegate_excl_startup_s"] is not None:
@@ -452,6 +504,7 @@ class Bench:
             # with a copy's place in the run (this VM's memory, bench/README.md) cancels out if linear.
             mean = (copy["native_s"] + copy["native_again_s"]) / 2
             copy["ratio_native_bracketed"] = copy["sluicegate_s"] / mean
+        copy["goals_met"] = {f"{k} <= {v}": copy[k] <= v for k, v in GOALS.items() if k in copy}
         self.out["copy"] = copy
         log(f"copy: {fmt(copy)}")
 
@@ -595,12 +648,30 @@ class Bench:
             # A clean stop exits 0 and says nothing but Spark's start-up notes and the final state.
             self.out["sluicegate_exit"] = code
             self.out["sluicegate_log_problems"] = sum(text.count(w) for w in ("Traceback", "ERROR", "retrying"))
+            if self.args.profile:
+                self.report_driver_profile()
         self.memory.stopping.set()
         if self.memory.peaks:
             self.out["memory_mb"] = {**self.memory.peaks, "peak": max(self.memory.peaks.values())}
         self.out["loadavg_end"] = os.getloadavg()[0]
         self.out["cpu_probe_s_end"] = cpu_probe_s()
         return self.out
+
+    def report_driver_profile(self) -> None:
+        """The driver's cProfile (written when `workflow run` exits): the top functions, into --profile DIR."""
+        import io
+        import pstats
+        prof = Path(self.args.profile) / "driver.prof"
+        if not prof.exists():
+            log(f"no {prof}: `workflow run` did not exit cleanly")
+            return
+        text = io.StringIO()
+        stats = pstats.Stats(str(prof), stream=text)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(25)
+        (Path(self.args.profile) / "driver.txt").write_text(text.getvalue())
+        shutil.copy(self.wf_log, Path(self.args.profile) / "workflow-run.log")
+        log(f"driver profile: {prof} and driver.txt (top functions), workflow-run.log beside them")
 
     def stop_workflow(self) -> tuple[float, int]:
         """SIGTERM `workflow run` (a clean stop); SIGKILL it and every descendant by PID if they linger."""
@@ -686,6 +757,11 @@ def main() -> int:
                         help="before each copy and the burst, empty the kernel's page cache (as root) and read "
                              "the source table back: each contender starts with the same memory "
                              "(see bench/README.md)")
+    parser.add_argument("--pgcopydb-jobs", type=int, default=2,
+                        help="pgcopydb clone's --table-jobs and --index-jobs (default 2: this machine's cores)")
+    parser.add_argument("--pgcopydb-split", metavar="SIZE",
+                        help="pgcopydb clone's --split-tables-larger-than (e.g. 100MB: several COPYs of one "
+                             "table at once); default: one COPY a table, pgcopydb's own default")
     parser.add_argument("--keep-indexes", action="store_true",
                         help="Sluicegate keeps the target's indexes during the copy "
                              "(movetables create --keep-indexes)")
@@ -695,6 +771,11 @@ def main() -> int:
     parser.add_argument("--target-settings", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help="the target server's settings, comma-separated name=value (e.g. "
                              "synchronous_commit=off,fsync=on: a target that commits asynchronously)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile pgcopydb's and Sluicegate's copies: CPU seconds of every process by group "
+                             "(Sluicegate's driver, JVM and PySpark workers; pgcopydb; each server by activity; "
+                             "other work) in the JSON, and Sluicegate's driver under cProfile (DIR/driver.prof, "
+                             "DIR/driver.txt)")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
     args = parser.parse_args()

@@ -1,6 +1,6 @@
-"""Copy rate of a wide table of many column types: native logical replication against Sluicegate, same run.
+"""Copy rate of a wide table of many column types: native logical replication, pgcopydb and Sluicegate, same run.
 
-    .venv/bin/python bench/wide.py                 # 300,000 rows, native's copy, then Sluicegate's, then native's
+    .venv/bin/python bench/wide.py                 # 300,000 rows: native, pgcopydb, Sluicegate, native again
     .venv/bin/python bench/wide.py --rows 50000    # a quick check
 
 Two throwaway servers (127.0.0.1, temp dir). The source table has ~30 columns: integers, numerics, floats,
@@ -8,9 +8,11 @@ text and varchar, char(n), bytea, dates and times with zones, intervals, uuid, i
 (with NULL elements, two-dimensional), a range, a multirange, tsvector, money, bit strings, an enum, a
 composite type and hstore, each ~8% NULL. Native (`CREATE SUBSCRIPTION` into a table made by the same DDL)
 copies until `pg_subscription_rel` is 'r'; Sluicegate (`movetables create` + `workflow run`, which makes its
-own target table) until the stream is Running. Both results are checked against the source by a digest of
-the rows' text forms. One JSON line on stdout: seconds, rows/s and MB/s of each, and the ratio
-Sluicegate ÷ native (the faster of native's two copies, and their mean).
+own target table) until the stream is Running; pgcopydb (`pgcopydb clone --table-jobs 2 --index-jobs 2` of the
+source database into a fresh one: extension, types, table, rows, key) from start to exit, between native's
+first copy and Sluicegate's. Every result is checked against the source by a digest of the rows' text forms.
+One JSON line on stdout: seconds, rows/s and MB/s of each, and the ratios Sluicegate ÷ native (the faster of
+native's two copies, and their mean) and ÷ pgcopydb (issue 37's goal: ≤ 1.0).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from psycopg import sql
 
 from sluicegate.localpg import LocalPostgres
 from sluicegate.workflow.create import create_movetables
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pgcopydb_copy  # bench/'s own module, beside this script
+from cpu_profile import CpuProfile
 
 DB, WF, PUB = "bench", "wide", "bench_wide"
 
@@ -98,14 +104,30 @@ def copy_native(source: LocalPostgres, target: LocalPostgres, db: str, timeout: 
     return elapsed
 
 
-def copy_sluicegate(source: LocalPostgres, target: LocalPostgres, tmp: Path, timeout: float) -> float:
+def copy_pgcopydb(source: LocalPostgres, target: LocalPostgres, tmp: Path, jobs: int, timeout: float) -> dict:
+    """`pgcopydb clone` of the source database into a fresh one: hstore, the types, the table, its rows and key.
+    Its post-data also restores the publication (one statement)."""
+    target.create_database("pgcopydb")
+    return pgcopydb_copy.clone(source.url(DB, with_password=False), target.url("pgcopydb", with_password=False),
+                               source.password, tmp / "pgcopydb", jobs=jobs, timeout=timeout)
+
+
+def copy_sluicegate(source: LocalPostgres, target: LocalPostgres, tmp: Path, timeout: float,
+                    profile: CpuProfile | None = None, profile_dir: Path | None = None) -> float:
+    """profile: charges every process's CPU from create until Running (stopped here then); the driver then
+    runs under cProfile (profile_dir/driver.prof)."""
     target.create_database("sg")
     url = target.url("sg")
     t = time.monotonic()
     create_movetables(WF, source.url(DB), url, ["wide"], [], {})
     cmd = [sys.executable, "-m", "sluicegate.cli.main", "workflow", "run", WF, "--target", url, "--no-progress"]
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        cmd[1:1] = ["-m", "cProfile", "-o", str(profile_dir / "driver.prof")]
     with open(tmp / "workflow-run.log", "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if profile:
+        profile.root = proc.pid
     try:
         def running() -> bool:
             if proc.poll() is not None:
@@ -115,7 +137,10 @@ def copy_sluicegate(source: LocalPostgres, target: LocalPostgres, tmp: Path, tim
                 raise SystemExit(f"Sluicegate workflow in Error: {message}")
             return state == "Running"
         wait_for(running, timeout, "Sluicegate's copy (state Running)")
-        return time.monotonic() - t
+        elapsed = time.monotonic() - t
+        if profile:
+            profile.stop()
+        return elapsed
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -125,6 +150,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--pgcopydb-jobs", type=int, default=2,
+                        help="pgcopydb clone's --table-jobs and --index-jobs (default 2: this machine's cores)")
+    parser.add_argument("--profile", metavar="DIR", type=Path,
+                        help="CPU seconds of every process by group during pgcopydb's and Sluicegate's copies (in "
+                             "the JSON), and Sluicegate's driver under cProfile (DIR/driver.prof)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sluicegate-bench-wide-"))
     settings = {"max_wal_size": "4GB"}
@@ -134,7 +164,7 @@ def main() -> int:
     pgpass.write_text(f"{source.host}:*:*:{source.user}:{source.password}\n")
     pgpass.chmod(0o600)
     os.environ["PGPASSFILE"] = str(pgpass)
-    out: dict = {"rows": args.rows, "cpus": os.cpu_count()}
+    out: dict = {"rows": args.rows, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
     try:
         source.start()
         target.start()
@@ -151,17 +181,38 @@ def main() -> int:
         log("native copy")
         out["native_s"] = round(copy_native(source, target, "native", args.timeout), 2)
         assert one(target.url("native"), DIGEST) == expected, "native's copy differs from the source"
+        log("pgcopydb clone")
+
+        def profiler() -> CpuProfile | None:
+            if not args.profile:
+                return None
+            profile = CpuProfile({"source": source.pid, "target": target.pid}, os.getpid())
+            profile.start()
+            return profile
+
+        profile = profiler()
+        done = copy_pgcopydb(source, target, tmp, args.pgcopydb_jobs, args.timeout)
+        if profile:
+            out["profile_pgcopydb"] = profile.stop()
+        out["pgcopydb_s"], out["pgcopydb_command"] = round(done["seconds"], 2), done["command"]
+        assert one(target.url("pgcopydb"), DIGEST) == expected, "pgcopydb's copy differs from the source"
+        target.drop_database("pgcopydb")
         log("Sluicegate copy")
-        out["sluicegate_s"] = round(copy_sluicegate(source, target, tmp, args.timeout), 2)
+        profile = profiler()
+        out["sluicegate_s"] = round(copy_sluicegate(source, target, tmp, args.timeout, profile, args.profile), 2)
+        if profile:
+            out["profile_sluicegate"] = profile.stop()
         assert one(target.url("sg"), DIGEST) == expected, "Sluicegate's copy differs from the source"
         log("native copy again")
         out["native_again_s"] = round(copy_native(source, target, "native2", args.timeout), 2)
         assert one(target.url("native2"), DIGEST) == expected, "native's second copy differs from the source"
-        for who in ("native", "sluicegate", "native_again"):
+        for who in ("native", "pgcopydb", "sluicegate", "native_again"):
             out[f"{who}_rows_per_s"] = round(args.rows / out[f"{who}_s"])
             out[f"{who}_mb_per_s"] = round(out["table_mb"] / out[f"{who}_s"], 1)
         out["ratio_native_faster"] = round(out["sluicegate_s"] / min(out["native_s"], out["native_again_s"]), 3)
         out["ratio_native_mean"] = round(out["sluicegate_s"] / ((out["native_s"] + out["native_again_s"]) / 2), 3)
+        out["ratio_pgcopydb"] = round(out["sluicegate_s"] / out["pgcopydb_s"], 3)
+        out["goals_met"] = {"ratio_pgcopydb <= 1.0": out["ratio_pgcopydb"] <= 1.0}
         out["loadavg_end"] = os.getloadavg()[0]
         print(json.dumps(out))
         return 0
