@@ -7,24 +7,33 @@ rows above lastpk are by definition not yet copied, so a cycle first deletes the
 simply redone. A whole table copied in one cycle is split by heap pages instead of keys: a TID range scan
 reads its pages in order with no index walk, whatever the key's type. Many small tables share a cycle
 (`small_group`): one snapshot, one Spark job whose tasks each copy several of them whole.
+
+`Copier.copy_next` is the phase's step: the engine (engine.py) dispatches a Copying stream to it each turn.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from ..config import Settings
 from ..errors import TerminalError
 from ..faults import fault_point
-from ..postgres import indexes, keyrange, locks
+from ..postgres import capture, durable, indexes, keyrange, locks, origins, standby_flush
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe_conn
+from ..postgres.connect import connect, describe_conn, first_line
+from ..postgres.snapshot import committed_since, take_snapshot
+from . import denial, live
 from . import state as st
-from .copy_task import CopyTask, TablesTask, snapshot_gone
+from .cluster_model import direction as cluster_direction
+from .copy_task import CopyTask, TablesTask, copy_range, copy_tables, rows_of, snapshot_gone
+
+log = logging.getLogger("sluicegate")
 
 
 @dataclass(frozen=True)
@@ -313,6 +322,248 @@ def with_rows(target: psycopg.Connection, tables: list[Table]) -> list[Table]:
         sql.SQL("SELECT {} WHERE EXISTS (SELECT 1 FROM {})").format(sql.Literal(i), t.ident)
         for i, t in enumerate(tables))
     return [tables[i] for (i,) in target.execute(probes).fetchall()]
+
+
+# -- the copy phase's steps, as the driver runs them ------------------------------------------------------------
+class Copier:
+    """The copy phase of one engine's stream (VReplication's vcopier): the engine dispatches a Copying stream
+    here each turn. `engine` gives the Spark runner, the stop event, its jobs' tag, the play task that catches
+    up and fast-forwards (engine.play) and the stream's rules (engine.rule_runners)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.target_url: str = engine.target_url
+        # stream id -> (position, txid snapshot) of its last copy cycle: the target has everything committed as
+        # of that snapshot. Lets the next cycle skip catchup and fast-forward when nothing committed since.
+        self._copied_as_of: dict[int, tuple[int, str]] = {}
+
+    def copy_next(self, wf: st.Workflow, stream: st.Stream) -> None:
+        """One step of the copy phase (vcopier's copyNext): catch up, take a snapshot, fast-forward to it, copy
+        the next cycle of the first table not done (or a group of small tables), record it. The last table
+        done: the foreign keys, then Running."""
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
+        current = stream.copying_table()
+        if current is None:
+            with connect(self.target_url, role="target") as dst:
+                st.lock_stream(dst, stream.id)
+                add_foreign_keys(dst, wf)
+                st.set_state(dst, stream.id, st.RUNNING)
+            return
+        # Nothing copied yet: every change before the snapshot is to rows the copy brings; catchup and
+        # fast-forward would read them all and skip each one.
+        untouched = all(t.lastpk is None and not t.done for t in stream.tables)
+        # Catchup: replay what happened since the last cycle until the lag is small. A source that has
+        # committed nothing since the stream's position has nothing to replay (a quiet source's next table):
+        # no play task, whose replication connection and Spark job would cost more than a small table's copy.
+        nothing_to_replay = untouched or self._nothing_committed_since(stream)
+        while not self.engine.stop.is_set() and not nothing_to_replay:
+            result = self.engine.play(wf, stream, until="caught_up", expect=st.COPYING)
+            if result.interrupted:
+                return
+            stream.position = result.position
+            if result.caught_up:
+                break
+            fault_point("catchup.between_batches")
+        if self.engine.stop.is_set():
+            return
+        fault_point("catchup.done")
+        table = current.table
+        # Many small tables: one cycle (one snapshot, one Spark job) copies them all, whole.
+        group = small_group(stream.tables, settings.chunk_rows)
+        with take_snapshot(stream.source_url, [t.table for t in group] or table, stop=self.engine.stop) as snap:
+            # Nothing committed since the last cycle's snapshot (checked now, after this one's position was
+            # read): nothing lies between the two positions either, so none to fast-forward through.
+            skip_to_snapshot = untouched or (stream.position < snap.position
+                                             and self._nothing_committed_since(stream))
+            if skip_to_snapshot and stream.position < snap.position:
+                with connect(self.target_url, role="target") as dst:
+                    durable.flush_on_commit(dst)  # the slot may be confirmed up to it (_confirm_slot)
+                    state, position = st.lock_stream(dst, stream.id)
+                    if state != st.COPYING or position != stream.position:
+                        return  # moved under us: the next turn re-reads
+                    st.save_position(dst, stream.id, snap.position)
+                stream.position = snap.position  # the next play task confirms the slot up to it
+                # (with the target's standbys to wait for, the next play task's gate confirms it: not here)
+                if untouched and not standby_flush.enabled(wf.options):
+                    self._confirm_slot(stream)
+            # Fast-forward: everything up to the snapshot's position, for rows already copied.
+            while stream.position < snap.position:
+                fault_point("fastforward.start")
+                result = self.engine.play(wf, stream, until="position", stop_at=snap.position, expect=st.COPYING)
+                if result.interrupted:
+                    return
+                stream.position = result.position
+                if self.engine.stop.is_set():
+                    return
+            if group:
+                self._copy_group(wf, stream, group, snap)
+                return
+            rule = self.engine.rule_runners(stream).get((table.schema, table.name))
+            origin, _ = cluster_direction(wf)
+            with connect(self.target_url, role="target") as dst:
+                if origin:  # a bidirectional sink: the clearing below must not be sent back as deletes
+                    origins.acquire(dst, origin)
+                    # nor leave tombstones: it is the applier's, not the application's (appliers/lww.py)
+                    dst.execute("SET session_replication_role = replica")
+                # Catchup and fast-forward may have added columns the source added (schema_changes.py): the
+                # cycle copies the table as the snapshot has it.
+                table = current.table = Table.from_json(st.table_specs(dst, stream.id)[table.qualified])
+                if current.deferred_indexes:  # a first cycle that did not finish: its rows are all there is
+                    truncate(dst, table)
+                elif rule is None:
+                    clear_above(dst, table, current.lastpk)
+                    # Only this stream writes the table (a rule's target may be shared): build its indexes
+                    # after the first cycle, not row by row.
+                    if current.lastpk is None and settings.defer_indexes:
+                        defer_indexes(dst, stream.id, current)
+                else:
+                    clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
+            # The plan needs Spark's task slots: under `workflow run`, the first moment that waits for Spark.
+            plan = plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
+                                     slots=self.engine.runner.parallelism(), by_pages=rule is None)
+            # What the progress view adds to rows_copied while the cycle runs (live.py)
+            progress = live.cycle_started(self.target_url, wf.name, stream.id, current.table.qualified,
+                                          current.rows_copied, self.engine.runner.counter())
+            if rule is not None:  # the rule's SELECT runs in Spark between the source's rows and the target
+                self.engine.runner.sc.setJobDescription(f"copy {table.qualified} through its rule")
+                try:
+                    rows = copy_cycle_with_rule(rule, stream.source_url, self.target_url, snap.name,
+                                                       plan.ranges, snap.conn, progress.label,
+                                                       progress.finished) if plan.ranges else 0
+                except Exception:
+                    # The tasks that finished committed their rows: above lastpk, not copied by definition. A
+                    # stream in Error leaves the target as of its last committed cycle.
+                    self._clear_above(rule.rule.target, current.lastpk, rule.rule.target_keyrange())
+                    raise
+            else:
+                ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
+                tasks = [replace(prepare(t), origin=origin, label=progress.label) for t in ranges]
+                log.info("copying %s in %d tasks", table.qualified, len(tasks))
+                rows = sum(self.engine.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.engine.tag,
+                                           counter=progress.finished))
+            # The rows were read as the primary has them; a failover may lose what its standby never had.
+            capture.wait_standbys(snap.conn, snap.position, self.engine.stop)
+            fault_point("copy.before_progress")
+            with connect(self.target_url, role="target") as dst:
+                state, position = st.lock_stream(dst, stream.id)
+                if state != st.COPYING or position != snap.position:
+                    return  # moved under us: the next turn re-reads and redoes the cycle
+                if not st.save_copy_progress(dst, stream.id, table.qualified, current.lastpk, plan.new_lastpk,
+                                             rows, plan.done):
+                    return
+                self._copied_as_of[stream.id] = (snap.position, snap.xids)
+                if current.deferred_indexes:  # with the cycle: a kill before this commit redoes the cycle
+                    fault_point("copy.before_index_build")
+                    build_deferred_indexes(dst, stream.id, current)
+                if plan.done and origin:  # a bidirectional sink: the application may write the table now
+                    denial.undeny(dst, [table])
+                if plan.done and all(t.done for t in stream.tables if t is not current):
+                    add_foreign_keys(dst, wf)
+                    st.set_state(dst, stream.id, st.RUNNING)
+            live.cycle_recorded(progress, current.rows_copied + rows)
+        log.info("copied %s rows of %s (done=%s)", rows, table.qualified, plan.done)
+
+    def _copy_group(self, wf: st.Workflow, stream: st.Stream, group: list[st.TableState], snap) -> None:
+        """One cycle of many small tables (small_group), in the snapshot `snap` the stream has been
+        fast-forwarded to: each Spark task copies several of them whole and commits them together, and one
+        target transaction records them all done. A cycle that does not finish leaves them pending, and the
+        next clears what its tasks committed (lastpk None: every row is above it) and copies them again."""
+        origin, _ = cluster_direction(wf)
+        with connect(self.target_url, role="target") as dst:
+            specs = st.table_specs(dst, stream.id)  # as catchup and fast-forward left them (schema_changes.py)
+            for t in group:
+                t.table = Table.from_json(specs[t.table.qualified])
+            leftovers = with_rows(dst, [t.table for t in group])
+            if leftovers and origin:  # a bidirectional sink: the clearing must not be sent back, nor leave tombstones
+                origins.acquire(dst, origin)
+                dst.execute("SET session_replication_role = replica")
+            for table in leftovers:
+                clear_above(dst, table, None)
+        tables = [t.table for t in group]
+        progress = [live.cycle_started(self.target_url, wf.name, stream.id, t.table.qualified, t.rows_copied)
+                    for t in group]
+        tasks = group_tasks(stream.source_url, self.target_url, tables, snap.name,
+                                   self.engine.runner.parallelism(), origin, live.APP_PREFIX + f"{len(tables)} tables")
+        log.info("copying %d tables (%s … %s) in %d tasks", len(tables), tables[0].qualified, tables[-1].qualified,
+                 len(tasks))
+        copied: dict[str, int] = {}
+        for result in self.engine.runner.map(copy_tables, tasks, f"copy {len(tables)} tables", tag=self.engine.tag,
+                                      counter=self.engine.runner.counter(), count=rows_of):
+            copied.update(result)
+        capture.wait_standbys(snap.conn, snap.position, self.engine.stop)
+        fault_point("copy.before_progress")
+        with connect(self.target_url, role="target") as dst:
+            state, position = st.lock_stream(dst, stream.id)
+            if state != st.COPYING or position != snap.position:
+                return  # moved under us: the next turn re-reads and redoes the cycle
+            if not st.save_tables_copied(dst, stream.id, copied):
+                dst.rollback()  # one of them moved meanwhile: the next turn re-reads and redoes the cycle
+                return
+            self._copied_as_of[stream.id] = (snap.position, snap.xids)
+            if origin:  # a bidirectional sink: the application may write the tables now
+                denial.undeny(dst, tables)
+            names = {t.qualified for t in tables}
+            if all(t.done for t in stream.tables if t.table.qualified not in names):
+                add_foreign_keys(dst, wf)
+                st.set_state(dst, stream.id, st.RUNNING)
+        for t, entry in zip(group, progress):
+            t.done, t.rows_copied = True, t.rows_copied + copied[t.table.qualified]
+            live.cycle_recorded(entry, t.rows_copied)
+        log.info("copied %d rows of %d tables (%s … %s)", sum(copied.values()), len(tables), tables[0].qualified,
+                 tables[-1].qualified)
+
+    def _confirm_slot(self, stream: st.Stream) -> None:
+        """Confirm the slot up to the stream's position (saved on the target) before a first copy cycle, which
+        reads no changes. On PostgreSQL 17+ a standby's copy of a failover slot lasts only once the slot has
+        moved past the transactions the standby knew of when it made the copy (the slot's catalog_xmin): the
+        sooner the slot moves, the sooner a failover finds it on the promoted standby. Best effort: the next
+        play task confirms it anyway."""
+        try:
+            with connect(stream.source_url, role="source", autocommit=True) as src:
+                capture.advance_slot(src, stream.slot_name, stream.position)
+        except Exception as exc:  # noqa: BLE001 - the copy goes on; the slot is confirmed later
+            log.debug("could not confirm replication slot %s before the copy: %s", stream.slot_name, exc)
+
+    def _clear_above(self, table: Table, lastpk, mine) -> None:
+        """Best effort (the target may be what failed): the next cycle clears them anyway."""
+        try:
+            with connect(self.target_url, role="target") as dst:
+                clear_above(dst, table, lastpk, mine)
+        except Exception:  # noqa: BLE001
+            log.debug("could not clear %s above its copy position", table.qualified)
+
+    def _nothing_committed_since(self, stream: st.Stream) -> bool:
+        """Whether the source has committed nothing since the stream's position: it has written no WAL since,
+        or the position is the last copy cycle's and no transaction has ended since its snapshot (WAL of no
+        transaction, a checkpoint or a running-transactions record, does not count)."""
+        copied_as_of = self._copied_as_of.get(stream.id)
+        with connect(stream.source_url, role="source", autocommit=True) as src:
+            if capture.wal_insert_position(src) <= stream.position:
+                return True
+            return (copied_as_of is not None and copied_as_of[0] == stream.position
+                    and not committed_since(src, copied_as_of[1]))
+
+
+def add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:
+    """Every table is copied: the foreign keys between them (table_definition.py), with the state that says
+    so, in the caller's transaction. A row that breaks one (the source's own key is not valid) fails the
+    validation: the stream stops in Error naming it."""
+    pending = wf.options.get("foreign_keys")
+    if not pending:
+        return
+    from ..postgres import table_definition
+
+    try:
+        with dst.transaction():
+            added = table_definition.add_foreign_keys(dst, pending)
+    except psycopg.errors.ForeignKeyViolation as exc:
+        raise TerminalError(f"adding the foreign keys of workflow {wf.name} after its copy failed: "
+                            f"{first_line(exc)}; fix the rows on the target and `workflow start` it, or drop the "
+                            f"key from the source and re-create the workflow") from None
+    st.drop_option(dst, wf.name, "foreign_keys")
+    for name in added:
+        log.info("added foreign key %s", name)
+
 
 
 # -- a table with a rule: the copy is a Spark DataFrame job --------------------------------------------------
