@@ -7,11 +7,10 @@ drift apart); `--workflow` is optional. Exit status: 0 nothing in the way (warni
 from __future__ import annotations
 
 import copy
-import json
 
 import click
 
-from .friendly import friendly
+from .output import JSON, emit, friendly
 
 
 def _from_create(create: click.Command, kind: str) -> click.Command:
@@ -21,15 +20,14 @@ def _from_create(create: click.Command, kind: str) -> click.Command:
         if p.name == "name":
             p.required = False
         params.append(p)
-    params.append(click.Option(["--json", "as_json"], is_flag=True, help="Machine-readable output."))
 
     def callback(**kw):
         friendly(_check)(kind, kw)
 
-    return click.Command(kind.lower(), params=params, callback=callback,
-                         help=f"Check, as `{kind.lower()} create` would be run, that a {kind} workflow's run will "
-                              f"have what it needs on every database: settings, a replication connection, "
-                              f"privileges, tables. Prints each problem with the SQL that fixes it.")
+    return JSON(click.Command(kind.lower(), params=params, callback=callback,
+                              help=f"Check, as `{kind.lower()} create` would be run, that a {kind} workflow's run "
+                                   f"will have what it needs on every database: settings, a replication connection, "
+                                   f"privileges, tables. Prints each problem with the SQL that fixes it."))
 
 
 def _check(kind: str, kw: dict) -> None:
@@ -72,14 +70,15 @@ def _check(kind: str, kw: dict) -> None:
         if not any(s.is_pattern for s in specs):
             plan.target_tables = [(schema or "public", name) for schema, name in (split_name(s.target) for s in specs)]
     problems = check(plan)
-    if kw["as_json"]:
-        click.echo(json.dumps({"ok": not errors(problems), "problems": [p.to_json() for p in problems]}, indent=2))
-    else:
+
+    def human(_) -> None:
         for p in problems:
             click.echo(p.line())
         bad = len(errors(problems))
         click.echo(f"{bad} problem(s), {len(problems) - bad} warning(s)" if problems else
                    "ok: every database has what the workflow's run needs", err=bool(problems))
+
+    emit({"ok": not errors(problems), "problems": [p.to_json() for p in problems]}, kw["as_json"], human)
     if errors(problems):
         raise SystemExit(1)
 

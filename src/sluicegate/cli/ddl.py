@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .friendly import friendly
+from .output import friendly
 
 SOURCE = click.option("--source", required=True, metavar="URL",
                       help="libpq URL of the source database, as a superuser (event triggers need one).")

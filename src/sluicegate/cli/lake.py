@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import click
 
 from .. import config
-from .friendly import friendly
+from .output import JSON, emit, friendly
 
 LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="delta:PATH",
                            help="The workflow's Delta target, delta:PATH (or SLUICEGATE_TARGET).")
-JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 def _path(target: str) -> str:
@@ -43,13 +41,12 @@ def lake_optimize(name, target, as_json):
     """
     from ..targets.delta.housekeeping import optimize
 
-    report = optimize(_path(target), name)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    for t in report["tables"]:
-        click.echo(f"{t['table']}: {t['files_before']} files -> {t['files_after']} "
-                   f"(version {t['version_before']} -> {t['version_after']})")
+    def human(report: dict) -> None:
+        for t in report["tables"]:
+            click.echo(f"{t['table']}: {t['files_before']} files -> {t['files_after']} "
+                       f"(version {t['version_before']} -> {t['version_after']})")
+
+    emit(optimize(_path(target), name), as_json, human)
 
 
 def _retention(text: str) -> timedelta:
@@ -84,13 +81,8 @@ def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retent
     """
     from ..targets.delta.housekeeping import format_vacuum, vacuum
 
-    report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run,
-                    allow_short=allow_short_retention)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    for line in format_vacuum(report, list_files):
-        click.echo(line)
+    report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run, allow_short=allow_short_retention)
+    emit(report, as_json, lambda r: click.echo("\n".join(format_vacuum(r, list_files))))
 
 
 @lake_group.command("schedule")
@@ -113,13 +105,12 @@ def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, 
     """
     from ..targets.delta.cli import schedule
 
+    def human(now: dict) -> None:
+        for key, seconds in now.items():
+            shown = "never" if seconds <= 0 and key.endswith("_every") and key != "commit_every" \
+                else str(timedelta(seconds=seconds))
+            click.echo(f"{key.replace('_', '-')}: {shown}")
+
     _path(target)
-    now = schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
-                                  "vacuum_retention": vacuum_retention, "commit_every": commit_every})
-    if as_json:
-        click.echo(json.dumps(now, indent=2))
-        return
-    for key, seconds in now.items():
-        shown = "never" if seconds <= 0 and key.endswith("_every") and key != "commit_every" \
-            else str(timedelta(seconds=seconds))
-        click.echo(f"{key.replace('_', '-')}: {shown}")
+    emit(schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
+                                 "vacuum_retention": vacuum_retention, "commit_every": commit_every}), as_json, human)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..position import format_lsn
-from .friendly import friendly
+from .output import friendly, line
 
 if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
@@ -70,7 +69,7 @@ def dump(path, as_json):
     try:
         for file, offset, txn in read_log(path):
             if as_json:
-                out.write(json.dumps({"file": file, "offset": offset, **m.to_json(txn)}, separators=(",", ":")))
+                out.write(line({"file": file, "offset": offset, **m.to_json(txn)}))
             else:
                 out.write(human_line(file, offset, txn))
             out.write("\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import shlex
 import signal
@@ -11,16 +10,13 @@ import sys
 import threading
 
 import click
-import psycopg
 
 from .. import config, targets
 from ..errors import SluicegateError, UsageError
-from ..postgres.connect import first_line, redact
+from ..postgres.connect import redact
 from .ddl import ON_DDL
-from .friendly import VERBOSE as _VERBOSE
-from .friendly import fail as _fail
-from .friendly import friendly
 from .logsetup import LEVELS
+from .output import JSON, VERBOSE, emit, fail, friendly, make_console, print_status, print_workflows
 
 # The CLI composes the program: the sink kinds cluster/ reaches through its interface (cluster/sinks.py).
 targets.register_sink_kinds()
@@ -49,11 +45,11 @@ def _configure_logging(root: click.Context) -> None:
     level = LEVELS[options["log_level"]] if options.get("log_level") else (
         logging.INFO if options.get("verbose") else logging.WARNING)
     if level <= logging.INFO:
-        root.meta[_VERBOSE] = True  # an unexpected error shows its traceback
+        root.meta[VERBOSE] = True  # an unexpected error shows its traceback
     try:
         configure(level, options.get("log_file"))
     except OSError as exc:
-        _fail(f"cannot write the log file {options.get('log_file')}: {exc.strerror or exc}")
+        fail(f"cannot write the log file {options.get('log_file')}: {exc.strerror or exc}")
 
 
 def _log_options() -> list[click.Option]:
@@ -117,7 +113,7 @@ def _configure_spark(ctx, param, value) -> None:
     try:
         configure(conf=parse_conf(value))
     except UsageError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 CREATE_SPARK_CONF = click.option("--conf", multiple=True, metavar="KEY=VALUE", expose_value=False,
@@ -391,22 +387,20 @@ def _size(ctx, param, value):
 def workflow_status_cmd(name, target, as_json, every_table, wal_warning):
     """Show a workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
     where = targets.resolve(target)
-    status = where.status(name, wal_warning)
-    if as_json:
-        click.echo(json.dumps(status, indent=2, default=str))
-        return
-    lines = where.status_lines(status)
-    if lines is not None:
-        click.echo("\n".join(lines))
-        return
-    from .output import make_console, print_status
 
-    print_status(make_console(), status, every_table)
+    def human(status: dict) -> None:
+        lines = where.status_lines(status)
+        if lines is not None:
+            click.echo("\n".join(lines))
+        else:
+            print_status(make_console(), status, every_table)
+
+    emit(where.status(name, wal_warning), as_json, human)
 
 
 @workflow.command("list")
 @TARGET
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON
 @friendly
 def workflow_list(target, as_json):
     """Every workflow on the target: its kind, state, lag and driver."""
@@ -416,12 +410,7 @@ def workflow_list(target, as_json):
 
     with connect(target, role="target") as conn:
         rows = [workflow_summary(st.load_workflow(conn, n)) for n in st.list_workflows(conn)]
-    if as_json:
-        click.echo(json.dumps({"workflows": rows}, indent=2))
-        return
-    from .output import make_console, print_workflows
-
-    print_workflows(make_console(), rows)
+    emit({"workflows": rows}, as_json, lambda r: print_workflows(make_console(), r["workflows"]))
 
 
 def _set_state(name: str, target: str, verb: str) -> str:
@@ -491,7 +480,7 @@ def workflow_delete(name, target, drop_tables):
 @click.argument("name")
 @TARGET
 @click.option("--tables", default=None, metavar="A,B", help="Compare only these tables of the workflow.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON
 @click.option("--resume", is_flag=True, help="Continue the workflow's last unfinished vdiff from its last finished range.")
 @click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True,
               help="Differing rows to show per table.")
@@ -499,6 +488,7 @@ def workflow_delete(name, target, drop_tables):
               help="Rows per comparison task (default: one task per Spark slot, 50k to 1M rows).")
 @SPARK_MASTER
 @SPARK_CONF
+@friendly(code=2)
 def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf):
     """Compare the workflow's target with its source at one consistent point.
 
@@ -507,18 +497,8 @@ def vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_maste
     """
     try:
         code = _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_master, spark_conf)
-    except SluicegateError as exc:
-        _fail(str(exc), code=2)
-    except psycopg.Error as exc:
-        _fail(first_line(exc), code=2)
     except KeyboardInterrupt:
-        click.echo(f"error: interrupted; `sluicegate vdiff {name} --resume` continues from the last finished range",
-                   err=True)
-        sys.exit(2)
-    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bug: still one line, and the error exit status
-        _fail(f"unexpected {type(exc).__name__}: {first_line(exc)}", code=2)
+        fail(f"interrupted; `sluicegate vdiff {name} --resume` continues from the last finished range", code=2)
     sys.exit(code)
 
 
@@ -545,14 +525,8 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
 
     _stop_on_signals(stop, runners)
     results = where.vdiff(name, names, options, resume, make_runner, stop)
-    if as_json:
-        if len(results) == 1:
-            click.echo(rep.to_json(results[0][2]))
-        else:
-            click.echo(json.dumps({"workflow": name, "equal": all(r["equal"] for _, _, r in results),
-                                   "shards": [{"target_shard": shard, **json.loads(rep.to_json(r))}
-                                              for shard, _, r in results]}, indent=2))
-    else:
+
+    def human(_) -> None:
         from rich.console import Console
 
         console = Console(highlight=False, soft_wrap=True)
@@ -560,6 +534,10 @@ def _vdiff(name, target, tables, as_json, resume, sample, range_rows, spark_mast
             if shard:
                 console.print(f"[bold]target shard {shard}[/]")
             rep.render(console, {**result, "vdiff_id": label})
+
+    emit(results[0][2] if len(results) == 1 else
+         {"workflow": name, "equal": all(r["equal"] for _, _, r in results),
+          "shards": [{"target_shard": shard, **r} for shard, _, r in results]}, as_json, human)
     failed = [(shard, label, r) for shard, label, r in results if r.get("state", "completed") != "completed"]
     for shard, label, r in failed:
         where_ = f" (target shard {shard})" if shard else ""

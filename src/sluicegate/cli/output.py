@@ -1,20 +1,90 @@
-"""Text rendering of status for people (JSON goes straight out)."""
+"""What a command shows: its result (plain data, keys in the order built) as one JSON document under --json or
+for people (`emit`), and whatever it raises as one line on stderr with an exit status, --json or not (`friendly`).
+Rich loads only in the renderers: `workflow run` starts Spark before anything prints."""
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+import click
+import psycopg
 
+from ..errors import SluicegateError
 from ..names import shown
+from ..postgres.connect import first_line, redact
 from ..sizes import format_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+VERBOSE = "sluicegate.verbose"  # the root context's meta key that -v sets (main.py)
+JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def document(result: Any) -> str:
+    """One JSON document, indented by two, keys in the order the result was built. What JSON has no type for
+    (a datetime, a Decimal, a UUID) is its str(), as `status --json` has always printed it; positions are
+    already text (`0/16B3748`, position.format_lsn) in every result."""
+    return json.dumps(result, indent=2, default=str)
+
+
+def line(result: Any) -> str:
+    """One JSON document on one line: for commands that print one per event (log dump, vstream)."""
+    return json.dumps(result, separators=(",", ":"), default=str)
+
+
+def emit(result: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    """Print a command's result: as one JSON document on stdout under --json, else as `human` shows it."""
+    if as_json:
+        click.echo(document(result))
+    else:
+        human(result)
+
+
+def fail(message: str, code: int = 1) -> None:
+    # One line whatever the message holds (libpq details, server text), and never a password.
+    click.echo("error: " + redact(" ".join(message.split())), err=True)
+    sys.exit(code)
+
+
+def friendly(fn=None, *, code: int = 1):
+    """One-line errors with exit status `code` (1; vdiff's 2), no traceback: for everything the user can fix.
+    `@friendly` or `@friendly(code=2)`."""
+    if fn is None:
+        return lambda f: friendly(f, code=code)
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SluicegateError as exc:
+            fail(str(exc), code)
+        except psycopg.Error as exc:
+            fail(first_line(exc), code)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click reports these itself (usage errors exit 2)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
+            if code != 1:  # raised, it would exit 1: vdiff's "differences"
+                fail(f"unexpected {type(exc).__name__}: {first_line(exc)}", code)
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None and ctx.find_root().meta.get(VERBOSE):
+                raise
+            fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with -v for the traceback)")
+
+    return wrapper
 
 
 def make_console(stderr: bool = False) -> Console:
     """A console that wraps nothing when its output is not a terminal (a file, a pipe, a log collector):
     one line per line, whatever the width rich would guess."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return Console(stderr=stderr, highlight=False)
@@ -26,6 +96,9 @@ TABLES_SHOWN = 20
 
 
 def print_status(console: Console, status: dict, every_table: bool = False) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     console.print(f"workflow [bold]{escape(status['workflow'])}[/] ({status['kind']}): [bold]{status['state']}[/]"
                   + (f"  {escape(status['message'])}" if status["message"] else ""))
     driver = status.get("driver")
@@ -72,6 +145,8 @@ def print_status(console: Console, status: dict, every_table: bool = False) -> N
 
 def _print_traffic(console: Console, traffic: dict) -> None:
     """A MoveTables' traffic: which side takes writes, and the reverse stream once switched."""
+    from rich.markup import escape
+
     console.print(f"traffic: {traffic['state']}")
     rev = traffic.get("reverse")
     if rev and traffic["state"] == "switched":
@@ -85,6 +160,9 @@ def _print_traffic(console: Console, traffic: dict) -> None:
 
 def _print_sinks(console: Console, status: dict) -> None:
     """A Replicate sink: its safe time, and what every sink's slot holds on the source."""
+    from rich.markup import escape
+    from rich.table import Table
+
     lag = status.get("safe_time_lag_seconds")
     console.print(f"safe time (sink {status['sink']}): {status.get('safe_time') or '-'}"
                   + (f" ({lag:.1f} s behind the source)" if lag is not None else ""))
@@ -117,6 +195,9 @@ def driver_text(driver: dict) -> str:
 
 
 def print_workflows(console: Console, rows: list[dict]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     if not rows:
         console.print("no workflows on this target")
         return

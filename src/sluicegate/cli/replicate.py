@@ -8,7 +8,7 @@ import click
 
 from .. import config
 from .ddl import ON_DDL
-from .friendly import friendly
+from .output import friendly
 
 
 def _cap(value: str | None, option: str, parse) -> int | float | None:

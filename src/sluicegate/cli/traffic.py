@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from .. import config
-from .friendly import friendly
+from .output import JSON, emit, friendly
 
 TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
                       help="libpq URL of the target database (or SLUICEGATE_TARGET).")
@@ -38,7 +36,7 @@ def _switch_options(fn):
                      help="How long writes may stay blocked while the other side catches up."),
         click.option("--max-lag", default="30s", show_default=True, callback=_seconds, metavar="DURATION",
                      help="Refuse to start when the stream lags more than this."),
-        click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+        JSON,
     ]):
         fn = option(fn)
     return fn
@@ -49,19 +47,19 @@ def _report(result, as_json: bool) -> None:
 
     if result.finished_interrupted:
         click.echo(f"note: finished {result.finished_interrupted} first", err=True)
-    if as_json:
-        click.echo(json.dumps({"workflow": result.workflow, "traffic": result.traffic,
-                               "position": format_lsn(result.position),
-                               "blocked_seconds": round(result.blocked_seconds, 3),
-                               "lag_seconds": None if result.lag_seconds is None else round(result.lag_seconds, 3),
-                               "sequences": result.sequences}, indent=2))
-        return
-    where = "the target" if result.traffic == "switched" else "the source"
-    click.echo(f"workflow {result.workflow}: traffic {result.traffic} to {where} at {format_lsn(result.position)}; "
-               f"writes to the moved tables were blocked for {result.blocked_seconds:.3f} s "
-               f"(lag at the start {result.lag_seconds or 0:.3f} s)")
-    for line in result.sequences:  # each says "sequence …" itself
-        click.echo(f"  {line}")
+
+    def human(_) -> None:
+        where = "the target" if result.traffic == "switched" else "the source"
+        click.echo(f"workflow {result.workflow}: traffic {result.traffic} to {where} at "
+                   f"{format_lsn(result.position)}; writes to the moved tables were blocked for "
+                   f"{result.blocked_seconds:.3f} s (lag at the start {result.lag_seconds or 0:.3f} s)")
+        for line in result.sequences:  # each says "sequence …" itself
+            click.echo(f"  {line}")
+
+    emit({"workflow": result.workflow, "traffic": result.traffic, "position": format_lsn(result.position),
+          "blocked_seconds": round(result.blocked_seconds, 3),
+          "lag_seconds": None if result.lag_seconds is None else round(result.lag_seconds, 3),
+          "sequences": result.sequences}, as_json, human)
 
 
 @click.command("switch-traffic")

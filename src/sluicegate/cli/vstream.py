@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -14,7 +13,7 @@ import click
 
 from ..errors import UsageError
 from ..position import format_lsn, parse_lsn
-from .friendly import friendly
+from .output import friendly, line
 
 if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
     from ..changes import model as m
@@ -201,8 +200,7 @@ def _resume_point(sinks) -> int:
 
 def _heartbeat_line(hb, as_json: bool) -> str:
     if as_json:
-        return json.dumps({"heartbeat": {"position": format_lsn(hb.position), "time_us": hb.time_us}},
-                          separators=(",", ":"))
+        return line({"heartbeat": {"position": format_lsn(hb.position), "time_us": hb.time_us}})
     return f"heartbeat position {format_lsn(hb.position)}"
 
 

@@ -1,8 +1,6 @@
-"""A vdiff's result: one dict for --json, a readable table for people."""
+"""A vdiff's result: one dict (--json prints it through cli/output.py), a readable table for people."""
 
 from __future__ import annotations
-
-import json
 
 import psycopg
 from rich.console import Console
@@ -34,10 +32,6 @@ def build(conn: psycopg.Connection, vdiff_id: int) -> dict:
         "differences": differences,
         "tables": tables,
     }
-
-
-def to_json(report: dict) -> str:
-    return json.dumps(report, indent=2)
 
 
 def render(console: Console, report: dict, *, verdict: bool = True) -> None:
