@@ -35,7 +35,6 @@ from ...workflow import copier, live
 from ...workflow.schema_changes import source_columns
 from . import apply, control, durable, location, rule_player
 from . import copy as lake_copy
-from . import rules as lake_rules
 from .player import LakePlayTask, added_only, play
 from .state import (
     COPYING,
@@ -196,8 +195,8 @@ class LakeEngine:
                 if computes:
                     log.info("copying %s cycle %d through its rule in %d tasks", table.qualified, cycle,
                              len(plan.ranges))
-                    files = lake_rules.copy_cycle(self.runner, self.tag, wf.source_url, snap.name, rule,
-                                                  plan.ranges, self._dir(lake), cycle)
+                    files = lake_copy.copy_cycle_through_rule(self.runner, self.tag, wf.source_url, snap.name,
+                                                              rule, plan.ranges, self._dir(lake), cycle)
                 else:
                     # What the progress view adds to rows_copied while the cycle runs (workflow/live.py)
                     progress = live.cycle_started(self.target, wf.name, 1, current.qualified, current.rows_copied,

@@ -242,11 +242,13 @@ def _apply(spec: LakeBatch, batches, summary: dict) -> None:
                                                           "commit_time": None, "transactions": 0}
     end = max(meta["position"], batch.start)
     commits = durable.Versions({i: dts[i] for i in batch.active})
+    todo = [i for i in batch.active if effects[i].changes and (dts[i].transaction_version(app) or 0) < end]
+    for i in todo:  # before any MERGE: nothing of the batch applied if one cannot be
+        if not effects[i].truncated:
+            _check_kept_rows(dts[i], effects[i].table, effects[i], Table.from_json(batch.task.tables[i][0]).qualified)
     merged = []
-    for i in batch.active:
+    for i in todo:
         effect, dt = effects[i], dts[i]
-        if not effect.changes or (dt.transaction_version(app) or 0) >= end:
-            continue
         lake = effect.table
         if effect.truncated:
             apply.truncate(dt, app, None if effect.nonempty else end)
@@ -285,6 +287,42 @@ def _apply(spec: LakeBatch, batches, summary: dict) -> None:
             w.state = STOPPED  # with the position: it is final now (control.py)
             w.message = control.stopped_message(end, w.stop_reason)
     summary["position"] = end
+
+
+def _check_kept_rows(dt, lake: Table, effect: apply.NetEffect, source: str) -> None:
+    """A row whose upsert keeps a column's value from the Delta table (unchanged TOAST) must be there, or the
+    MERGE would insert NULL: an update that changes the key, or brings the row into a rule's WHERE, does not
+    carry that value (read_changes sends a key change as a delete and an upsert)."""
+    import pyarrow.dataset as ds
+
+    from ...errors import TerminalError
+    from . import netframe
+    from .types import convert_column
+
+    frame = effect.frame()
+    if not netframe.has_keep(frame):
+        return
+    keeps = frame.column(netframe.KEEP).to_pylist()
+    ops = frame.column(netframe.OP).to_pylist()
+    rows = [j for j, (op, keep) in enumerate(zip(ops, keeps)) if op == "U" and keep]
+    if not rows:
+        return
+    index = lake.key_indices
+    texts = [[frame.column(f"c{k}")[j].as_py() for j in rows] for k in index]
+    typed = [convert_column(lake.columns[k], t, lake.type_tree) for k, t in zip(index, texts)]
+    first = lake.columns[index[0]].name
+    found = dt.to_pyarrow_dataset().to_table(columns=list(lake.key), filter=ds.field(first).isin(typed[0]))
+    have = set(zip(*(found.column(k).to_pylist() for k in lake.key)))
+    for n, key in enumerate(zip(*(a.to_pylist() for a in typed))):
+        if key not in have:
+            column = lake.columns[keeps[rows[n]][0]].name
+            shown = ", ".join(str(t[n]) for t in texts)
+            raise TerminalError(
+                f"table {source}: an update of row ({', '.join(lake.key)})=({shown}) left column {column!r} "
+                f"unchanged as a large (TOASTed) value the change does not carry, and Delta table {lake.qualified} "
+                f"does not have the row to keep it from (the update changed its key, or brought it into its "
+                f"rule's WHERE): run ALTER TABLE {source} REPLICA IDENTITY FULL on the source, then re-create "
+                f"the workflow")
 
 
 def _fold(effect: apply.NetEffect, source: Table, lake: Table, rule_json: dict | None, rows, i: int) -> dict | None:

@@ -9,7 +9,7 @@ as a PostgreSQL table of those types, so the one text -> Arrow conversion of the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -77,75 +77,3 @@ def target_batch(rule: CompiledRule, lake: Table, result: pa.Table | pa.RecordBa
              for c in target_columns(rule, result)]
     return pa.RecordBatch.from_arrays(types.convert_text_arrays(lake, texts), schema=types.arrow_schema(lake))
 
-
-# -- the copy through a rule that computes: a Spark job over the cycle's key ranges ------------------------
-@dataclass(frozen=True)
-class RuleFiles:
-    """What each writing task needs: the rule, and where the cycle's files go."""
-
-    rule: dict  # CompiledRule.to_json()
-    source: dict  # its source Table.to_json()
-    directory: str  # the Delta table's directory or URI
-    cycle: int
-
-
-def copy_cycle(runner, tag: str, source_url: str, snapshot: str, rule: CompiledRule, ranges: list,
-               directory: str, cycle: int) -> list[dict]:
-    """The cycle's key ranges read as text (one Spark partition each: the PostgreSQL copy's reader,
-    workflow/copier.py), the rule's SELECT over them in Spark, each partition's output written as Parquet files
-    into the table's directory; their add actions, for the driver's one commit (copy.commit_cycle)."""
-    import json
-    from functools import partial
-
-    from ...rules.evaluate import RuleRunner
-    from ...spark import errors as spark_errors
-    from ...workflow.copier import RuleRead, read_ranges, rule_failure
-
-    if not ranges:
-        return []
-    rules = RuleRunner(runner.spark, rule)
-    read = RuleRead(source_url, rule.source.to_json(), snapshot, ranges)
-    write = RuleFiles(rule.to_json(), rule.source.to_json(), directory, cycle)
-    raw = rules.session.range(0, len(ranges), 1, numPartitions=len(ranges)).mapInArrow(
-        partial(read_ranges, read), rules.schema)
-    out = rules.transform(raw).mapInArrow(partial(write_files, write), "file string")
-    sc = runner.sc
-    sc.setJobDescription(f"copy {rule.source.qualified} through its rule")
-    sc.addJobTag(tag)
-    try:
-        rows = out.collect()
-    except Exception as exc:
-        if not spark_errors.is_data_error(exc):
-            raise  # a lost worker, a cancelled job: classified by the engine
-        raise rule_failure(rule, exc, None) from None
-    finally:
-        sc.removeJobTag(tag)
-    return [json.loads(r[0]) for r in rows]
-
-
-def write_files(task: RuleFiles, batches):
-    """Runs in a Spark task: the rule's output for one partition as Parquet files (copy.FileWriter), nothing
-    committed; one row per file (its add action as JSON)."""
-    import json
-
-    from ...faults import fault_point
-    from ...rules.compile import CompiledRule
-    from .copy import FileWriter
-    from .location import filesystem
-
-    rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
-    lake = lake_table(rule)
-    fs, directory = filesystem(task.directory)
-    files = FileWriter(fs, directory, types.arrow_schema(lake), lake.key, task.cycle,
-                       local="://" not in task.directory)
-    try:
-        for batch in batches:
-            if batch.num_rows:
-                files.write(target_batch(rule, lake, batch))
-    except BaseException:
-        files.abandon()
-        raise
-    files.finish()
-    fault_point("lake.copy.task_written")
-    yield pa.RecordBatch.from_pydict({"file": [json.dumps(f) for f in files.files]},
-                                     schema=pa.schema([pa.field("file", pa.string())]))
