@@ -1,6 +1,6 @@
 """Materialize into Delta tables through a rule (rename, computed columns, a WHERE), under live writes that move
 rows in and out of the filter, with `workflow run` killed -9 during the copy and during replication: the Delta
-table ends equal to the rule applied to the source, each key once."""
+table ends equal to the rule applied to the source, each key once. And MoveTables with a rule, the refusals."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from sluicegate.errors import UsageError
 from sluicegate.position import parse_lsn
@@ -21,8 +23,8 @@ from sluicegate.targets.delta import cli as lake
 from sluicegate.targets.delta.state import Store, app_id
 
 from ..conftest import wait_for
-from .helpers import reap_group, slot_confirmed
-from .test_lake_movetables import delta_rows, kill_at, start_driver
+from .helpers import slot_confirmed
+from .test_lake_movetables import delta_rows, kill_at
 
 pytestmark = pytest.mark.spark
 
@@ -72,86 +74,6 @@ class OrderWriter(threading.Thread):
             self.error = exc
 
 
-def expected_rows(url: str) -> list[tuple]:
-    with psycopg.connect(url) as c:
-        return sorted(c.execute(EXPECTED).fetchall())
-
-
-def lake_rows(root: Path) -> list[tuple]:
-    return sorted((r["order_id"], r["name_uc"], r["total"], r["status"])
-                  for r in delta_rows(root, "public.orders_out"))
-
-
-def test_materialize_into_delta_through_a_rule_survives_kill_9(pair, spark, tmp_path):
-    pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
-             "price numeric(10,2) NOT NULL, status text NOT NULL)")
-    pair.src("""INSERT INTO orders SELECT g, 'item' || g, g % 7, (g % 13) + 0.99,
-                (ARRAY['new', 'paid', 'void', 'shipped'])[1 + g % 4] FROM generate_series(1, 2000) g""")
-    root = tmp_path / "lake"
-    target = f"delta:{root}"
-    moved, made = resolve(target).create_materialize("lr", pair.source, [RULE], {"cycle_rows": 1200,
-                                                                                  "chunk_rows": 300}, {}, [])
-    assert moved == ["public.orders_out"] and made[0] == f"Delta table {root / 'public' / 'orders_out'}"
-    store = Store(root)
-    wf = store.load("lr")
-    assert wf.kind == "Materialize" and wf.tables[0].rule and wf.tables[0].lake.key == ("order_id",)
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    schema = pa.schema(DeltaTable(str(root / "public" / "orders_out")).schema().to_arrow())
-    assert [(f.name, str(f.type)) for f in schema][:4] == [
-        ("order_id", "int64"), ("name_uc", "string"), ("total", "decimal128(21, 2)"), ("status", "string")]
-
-    writer = OrderWriter(pair.source, 2000)
-    writer.start()
-    log = tmp_path / "driver.log"
-    try:
-        # During the copy: a cycle's files written by its task, none committed.
-        kill_at(target, "lr", log, "lake.copy.task_written", tmp_path)
-        assert store.load("lr").state == "Copying"
-        # During replication: the batch merged into Delta, the state not told.
-        kill_at(target, "lr", log, "lake.replicate.before_state", tmp_path)
-        wf = store.load("lr")
-        assert wf.state == "Running"
-        confirmed = slot_confirmed(pair, wf.slot)
-        assert confirmed is None or confirmed <= wf.position
-
-        driver = start_driver(target, "lr", log)
-        try:
-            wait_for(lambda: store.load("lr").first_point, timeout=120, what="the first consistent point",
-                     describe=lambda: log.read_text()[-2000:])
-            writer.stop_event.set()
-            writer.join()
-            assert writer.error is None and writer.commits > 30
-            pair.src("UPDATE orders SET status = 'void' WHERE id % 10 = 1")  # out of the filter
-            pair.src("UPDATE orders SET status = 'paid' WHERE id % 10 = 2")  # into it
-            flushed = parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
-            wait_for(lambda: store.load("lr").position >= flushed, timeout=60, what="caught up",
-                     describe=lambda: log.read_text()[-2000:])
-            driver.terminate()
-            assert driver.wait(timeout=60) == 0, log.read_text()[-2000:]
-        finally:
-            reap_group(driver)
-    finally:
-        writer.stop_event.set()
-
-    wf = store.load("lr")
-    assert wf.state == "Running" and wf.message == "", wf.message
-    got, want = lake_rows(root), expected_rows(pair.source)
-    keys = [r[0] for r in got]
-    assert len(keys) == len(set(keys)), "duplicate keys"
-    assert len(want) > 1000 and any(r[2] == Decimal("0.00") for r in want)
-    assert got == want, f"{len(got)} rows in Delta, {len(want)} by the rule on the source"
-    t = wf.tables[0]
-    assert DeltaTable(str(root / "public" / "orders_out")).transaction_version(app_id("lr")) == t.applied
-    assert slot_confirmed(pair, wf.slot) <= wf.position
-    status = lake.status("lr", target)
-    assert [x["table"] for x in status["tables"]] == ["public.orders_out"]
-    with pytest.raises(UsageError, match="through rules"):
-        resolve(target).check_vdiff("lr", False)
-    lake.delete("lr", target)
-
-
 class LakeEngineThread:
     """`workflow run` of a Delta workflow in a thread of the test process, on the shared Spark session."""
 
@@ -187,24 +109,90 @@ def caught_up(pair, store, name: str) -> None:
     assert store.load(name).state == "Running", store.load(name).message
 
 
+def expected_rows(url: str) -> list[tuple]:
+    with psycopg.connect(url) as c:
+        return sorted(c.execute(EXPECTED).fetchall())
+
+
+def lake_rows(root: Path) -> list[tuple]:
+    return sorted((r["order_id"], r["name_uc"], r["total"], r["status"])
+                  for r in delta_rows(root, "public.orders_out"))
+
+
+def test_materialize_into_delta_through_a_rule_survives_kill_9(pair, spark, tmp_path):
+    pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
+             "price numeric(10,2) NOT NULL, status text NOT NULL)")
+    pair.src("""INSERT INTO orders SELECT g, 'item' || g, g % 7, (g % 13) + 0.99,
+                (ARRAY['new', 'paid', 'void', 'shipped'])[1 + g % 4] FROM generate_series(1, 2000) g""")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    moved, made = resolve(target).create_materialize("lr", pair.source, [RULE], {"cycle_rows": 1200,
+                                                                                  "chunk_rows": 300}, {}, [])
+    assert moved == ["public.orders_out"] and made[0] == f"Delta table {root / 'public' / 'orders_out'}"
+    store = Store(root)
+    wf = store.load("lr")
+    assert wf.kind == "Materialize" and wf.tables[0].rule and wf.tables[0].lake.key == ("order_id",)
+    schema = pa.schema(DeltaTable(str(root / "public" / "orders_out")).schema().to_arrow())
+    assert [(f.name, str(f.type)) for f in schema][:4] == [
+        ("order_id", "int64"), ("name_uc", "string"), ("total", "decimal128(21, 2)"), ("status", "string")]
+
+    writer = OrderWriter(pair.source, 2000)
+    writer.start()
+    log = tmp_path / "driver.log"
+    try:
+        # During the copy: a cycle's files written by its task, none committed.
+        kill_at(target, "lr", log, "lake.copy.task_written", tmp_path)
+        assert store.load("lr").state == "Copying"
+        # During replication: the batch merged into Delta, the state not told.
+        kill_at(target, "lr", log, "lake.replicate.before_state", tmp_path)
+        wf = store.load("lr")
+        assert wf.state == "Running"
+        confirmed = slot_confirmed(pair, wf.slot)
+        assert confirmed is None or confirmed <= wf.position
+
+        with LakeEngineThread(spark, target, "lr"):  # resumed (in this process: one JVM start less)
+            wait_for(lambda: store.load("lr").first_point, timeout=120, what="the first consistent point")
+            writer.stop_event.set()
+            writer.join()
+            assert writer.error is None and writer.commits > 30
+            pair.src("UPDATE orders SET status = 'void' WHERE id % 10 = 1")  # out of the filter
+            pair.src("UPDATE orders SET status = 'paid' WHERE id % 10 = 2")  # into it
+            caught_up(pair, store, "lr")
+    finally:
+        writer.stop_event.set()
+
+    wf = store.load("lr")
+    assert wf.state == "Running" and wf.message == "", wf.message
+    got, want = lake_rows(root), expected_rows(pair.source)
+    keys = [r[0] for r in got]
+    assert len(keys) == len(set(keys)), "duplicate keys"
+    assert len(want) > 1000 and any(r[2] == Decimal("0.00") for r in want)
+    assert got == want, f"{len(got)} rows in Delta, {len(want)} by the rule on the source"
+    t = wf.tables[0]
+    assert DeltaTable(str(root / "public" / "orders_out")).transaction_version(app_id("lr")) == t.applied
+    assert slot_confirmed(pair, wf.slot) <= wf.position
+    status = lake.status("lr", target)
+    assert [x["table"] for x in status["tables"]] == ["public.orders_out"]
+    with pytest.raises(UsageError, match="through rules"):
+        resolve(target).check_vdiff("lr", False)
+    lake.delete("lr", target)
+
+
 BIG = "(SELECT string_agg(md5({} || '.' || i), '') FROM generate_series(1, 200) i)"  # stored out of line
 
 
 def test_movetables_with_a_rule_moves_columns_into_delta(pair, spark, tmp_path):
-    """A rule that only picks and renames columns (no Spark per row), beside a table moved as it is, created
-    through the CLI; a row's unchanged TOAST value stays the Delta table's."""
+    """A rule that only picks and renames columns (no Spark per row), beside a table moved as it is; a row's
+    unchanged TOAST value stays the Delta table's."""
     pair.src("CREATE TABLE a (id int PRIMARY KEY, big text, v int)")
     pair.src("CREATE TABLE b (id int PRIMARY KEY, w int)")
     pair.src(f"INSERT INTO a SELECT g, {BIG.format('g')}, g FROM generate_series(1, 300) g")
     pair.src("INSERT INTO b SELECT g, g FROM generate_series(1, 300) g")
     root = tmp_path / "lake"
     target = f"delta:{root}"
-    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "movetables", "create", "--workflow", "mv",
-                          "--source", pair.source, "--target", target, "--tables", "a,b",
-                          "--rule", "a_slim: SELECT id AS key, big AS body, v FROM a"],
-                         capture_output=True, text=True, timeout=180, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "public.a_slim" in out.stdout and "public.b" in out.stdout
+    moved, _ = resolve(target).create_movetables("mv", pair.source, ["a", "b"], None,
+                                                 ["a_slim: SELECT id AS key, big AS body, v FROM a"], {}, {}, {}, [])
+    assert moved == ["public.a_slim", "public.b"]
     store = Store(root)
     with LakeEngineThread(spark, target, "mv"):
         wait_for(lambda: store.load("mv").first_point, timeout=120, what="copied")
@@ -253,3 +241,8 @@ def test_delta_create_refuses_rules_it_cannot_keep(pair, spark, tmp_path):
         target.create_materialize("r2", pair.source, ["arr: SELECT id, array(v) AS vs FROM keyed"], {}, {}, [])
     assert not (tmp_path / "lake" / "public").exists() or not any((tmp_path / "lake" / "public").iterdir())
     assert not Store(tmp_path / "lake").names()
+    # The CLI reaches the Delta target's create (a malformed rule is refused before Spark starts)
+    out = subprocess.run([sys.executable, "-m", "sluicegate.cli.main", "materialize", "create", "--workflow", "r3",
+                          "--source", pair.source, "--target", f"delta:{tmp_path / 'lake'}",
+                          "--rule", "x SELECT id FROM keyed"], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0 and "is not 'TABLE: SELECT" in out.stderr, out.stderr
