@@ -142,7 +142,7 @@ def _thresholds(engine, wf: LakeWorkflow, lakes: list[Table]) -> list[int]:
 
 def _stop(root: str, store, current: LakeWorkflow, lakes: list[Table]) -> None:
     """Stop for the controller at the current position: at its stop position, with the point there."""
-    from .player import _stop as stop_at
+    from .player import stop_for_controller
 
     def point() -> None:
         from deltalake import DeltaTable
@@ -151,7 +151,7 @@ def _stop(root: str, store, current: LakeWorkflow, lakes: list[Table]) -> None:
         versions = {lake.qualified: DeltaTable(loc.table(lake.schema, lake.name)).version() for lake in lakes}
         points.record(root, current.name, current.position, None, versions)
 
-    stop_at(store, current, current.position, point)
+    stop_for_controller(store, current, current.position, point)
 
 
 def _run(engine, spec: LakeBatch, runners: dict) -> dict:
