@@ -244,11 +244,17 @@ def materialize() -> None:
 def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows, chunk_rows, target_standbys):
     """Check every rule with Spark's analyzer, then create the target tables and the workflow."""
     from ..rules.udfs import parse_udfs
-    from ..workflow.create import create_materialize
 
-    created = create_materialize(name, source, target, _all_rules(rules, rules_file),
-                                 _options(cycle_rows, chunk_rows, target_standbys), parse_udfs(list(udfs)))
-    _created(name, f"{len(created)} tables ({', '.join(created)})", sources=[source])
+    where = targets.resolve(target)
+    notes: list[str] = []
+    created, made = where.create_materialize(name, source, _all_rules(rules, rules_file),
+                                             _options(cycle_rows, chunk_rows, target_standbys),
+                                             parse_udfs(list(udfs)), notes)
+    for line in made:
+        click.echo(f"created {line}")
+    _created(name, f"{len(created)} tables ({', '.join(created)})", where.hint(), [source])
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
 
 
 @cli.group()

@@ -45,6 +45,11 @@ class Target:
         """(the moved tables, lines saying what else was made); `notes`: what the target leaves out."""
         raise NotImplementedError
 
+    def create_materialize(self, name: str, source: str, rules: list[str], options: dict, udfs: dict,
+                           notes: list[str]) -> tuple[list[str], list[str]]:
+        """A workflow of rules only: (the target tables, lines saying what else was made)."""
+        raise NotImplementedError
+
     def run(self, name: str, spark_master, conf: dict, stop: threading.Event, runners: list, progress,
             say: Callable[[str], None], lock=None) -> str:
         """Run the workflow until stopped; its final state. `progress(kind, url)` starts the progress view of

@@ -73,7 +73,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             superuser = check_source_role(src)
             described = catalog.resolve_tables(src, tables) if kind == "MoveTables" else []
             described = catalog.exclude_tables(described, exclude)
-            compiled = _compile_rules(src, specs, described, kind, udfs) if specs else {}
+            compiled = compile_rules(src, specs, described, kind, udfs) if specs else {}
             if compiled:  # rules replay the whole stream through Spark SQL, row by key (rule_player.py)
                 catalog.refuse_keyless(described, "a workflow with rules applies changes by key; move it in a "
                                                   "workflow without --rule")
@@ -107,7 +107,7 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
     return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]
 
 
-def _compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str,
+def compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str,
                    udfs: dict | None = None) -> dict:
     """Qualified source name -> CompiledRule, each checked by Spark's analyzer against its source table."""
     from ..rules.compile import compile_rule, from_name

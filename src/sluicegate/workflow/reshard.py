@@ -26,7 +26,7 @@ from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
 from ..sharding.keyrange import KeyRange, check_partition
 from . import state as st
-from .create import _compile_rules, prepare_empty_target
+from .create import compile_rules, prepare_empty_target
 from .create_checks import (
     check_no_leftovers,
     check_not_the_source,
@@ -86,7 +86,7 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
                 check_table_rights(conn, described)
             replication.check_replication_access(source_shards[shard])
         columns = _sharding_columns(described, shard_keys)
-        compiled = _compile_rules(sources[first][0], specs, described, "MoveTables", udfs) if specs else {}
+        compiled = compile_rules(sources[first][0], specs, described, "MoveTables", udfs) if specs else {}
         compiled = {t.qualified: compiled.get(t.qualified) or _identity(t) for t in described}
         for t, c in zip(described, columns):  # each stream clears only its own rows: it must find them
             if ("raw", c) not in compiled[t.qualified].outputs:

@@ -172,7 +172,7 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
     task = spec.task
     if not spec.active:  # no table takes changes yet (all wait for their copy): only the position moves
         return _apply_without_rows(spec)
-    parts = [_table_frame(engine, spec, runners, i).select(F.lit(i).alias("__sg_t"), "*") for i in spec.active]
+    parts = [table_frame(engine, spec, runners, i).select(F.lit(i).alias("__sg_t"), "*") for i in spec.active]
     batch = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     try:
         rows = _collect(engine, batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string"),
@@ -182,7 +182,7 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
 
         if not spark_errors.is_data_error(exc):
             raise  # a lost worker, a cancelled job: the engine retries
-        raise _diagnose(engine, spec, runners, exc) from None
+        raise diagnose(engine, spec, runners, exc) from None
     summary = json.loads(rows[0][0])
     if summary.get("error"):
         raise pickle.loads(base64.b64decode(summary["error"]))
@@ -200,7 +200,7 @@ def _collect(engine, frame, description: str) -> list:
         sc.removeJobTag(engine.tag)
 
 
-def _table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int, int] | None = None,
+def table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int, int] | None = None,
                  ruled: bool = True):
     """Table i's changes of the batch after its rule: a struct `__sg_o{i}` of the rule's output (raw
     columns first, as the copy's), the change's own columns, and KEEP. `seq`: only changes [lo, hi)."""
@@ -213,7 +213,7 @@ def _table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int,
     runner = runners.get((table.schema, table.name))
     owner = runner.session if runner is not None else engine.runner.spark
     raw = owner.range(0, 1, 1, numPartitions=1).mapInArrow(partial(read_changes, spec, i, seq=seq),
-                                                           _raw_schema(table))
+                                                           raw_schema(table))
     n = len(table.columns)
     if runner is None or not ruled:
         return raw.select(F.struct(*[F.col(RAW.format(j)) for j in range(n)]).alias(f"__sg_o{i}"),
@@ -228,7 +228,7 @@ def _table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int,
 MAX_PROBES = 40
 
 
-def _diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> TerminalError:
+def diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> TerminalError:
     """A rule failed on a row (Spark says how, not where): find the table and the row by halving the batch's
     changes, each half a small Spark job (the peek is replayable), and name its key. An error path: the
     stream stops in Error here, so the seconds this takes are spent once."""
@@ -243,7 +243,7 @@ def _diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Ter
             continue
         label = runner.rule.rule.split(":", 1)[0]
         try:
-            n = _count(engine, _table_frame(engine, spec, runners, i, ruled=False))
+            n = _count(engine, table_frame(engine, spec, runners, i, ruled=False))
             if _fails(engine, spec, runners, i, (0, n)) is None:
                 continue
             lo, hi = 0, n
@@ -282,7 +282,7 @@ def _fails(engine, spec, runners, i, seq) -> BaseException | None:
     from ..spark import errors as spark_errors
 
     try:
-        _count(engine, _table_frame(engine, spec, runners, i, seq))
+        _count(engine, table_frame(engine, spec, runners, i, seq))
         return None
     except Exception as exc:
         if spark_errors.is_data_error(exc):
@@ -294,7 +294,7 @@ def _key_at(engine, spec, runners, i, seq_no: int) -> list | None:
     from ..rules.compile import RAW
 
     table = Table.from_json(spec.task.tables[i][0])
-    frame = _table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
+    frame = table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
     rows = _collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW.format(j)] for j in table.key_indices]),
                     "find the row a rule fails on")
     return list(rows[0]) if rows else None
@@ -313,7 +313,7 @@ def _apply_without_rows(spec: BatchSpec) -> dict:
     return summary
 
 
-def _raw_schema(table: Table):
+def raw_schema(table: Table):
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     from ..rules.compile import RAW
@@ -410,7 +410,7 @@ def _read(spec: BatchSpec, index: int, builder):
                 recent[key] = new
                 yield from builder.add("U", new, unchanged)
                 if builder.past:
-                    break  # a probe's range is read (_diagnose)
+                    break  # a probe's range is read (diagnose)
             elif isinstance(ev, Begin):
                 taking = True  # in_range passed it: its commit record begins in [start, upto)
             elif isinstance(ev, Commit):
@@ -445,7 +445,7 @@ class _Rows:
         self.n = len(Table.from_json(spec.task.tables[index][0]).columns)
         self.columns: list[list] = [[] for _ in range(self.n + 4)]
         self.seq = 0
-        self.range = seq  # only these changes (a probe of _diagnose)
+        self.range = seq  # only these changes (a probe of diagnose)
 
     @property
     def past(self) -> bool:

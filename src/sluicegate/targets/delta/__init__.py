@@ -34,7 +34,7 @@ def _sink_kind():
 class DeltaTarget(Target):
     kind = "delta"
     has_standbys = False  # its files are durable once written
-    takes_rules = False
+    takes_rules = True
     probed = False
     takes_keyspace = False
 
@@ -69,7 +69,15 @@ class DeltaTarget(Target):
         self._no_standbys(options.pop(OPTION, None))
         options.pop("defer_indexes", None)  # (a Delta table has no indexes to defer)
         return lake.create(name, source, self.url, tables, excluded, rules,
-                           options | lake.housekeeping_options(schedule), notes)
+                           options | lake.housekeeping_options(schedule), notes, udfs=udfs)
+
+    def create_materialize(self, name, source, rules, options, udfs, notes):
+        from ...postgres.standby_flush import OPTION
+        from . import cli as lake
+
+        self._no_standbys(options.pop(OPTION, None))
+        return lake.create(name, source, self.url, None, None, rules, options | lake.housekeeping_options({}),
+                           notes, kind="Materialize", udfs=udfs)
 
     def run(self, name, spark_master, conf, stop, runners, progress, say, lock=None) -> str:
         from . import cli as lake

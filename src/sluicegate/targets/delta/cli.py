@@ -33,15 +33,22 @@ from .types import arrow_schema
 
 
 def create(name: str, source_url: str, target: str, tables: list[str] | None, exclude: list[str] | None,
-           rules: list[str], options: dict, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """Check the source and the tables, then make each empty Delta table and the workflow's state.
+           rules: list[str], options: dict, notes: list[str] | None = None, kind: str = "MoveTables",
+           udfs: dict | None = None) -> tuple[list[str], list[str]]:
+    """Check the source, the tables and the rules (compiled as for a PostgreSQL target: workflow/create.py),
+    then make each empty Delta table (a rule's: of its output, rules.py) and the workflow's state.
     Returns (moved tables, lines saying what was made); `notes` gets what the Delta tables leave out."""
     from deltalake import DeltaTable
 
+    from ...rules.spec import parse_rules
+    from ...workflow.create import compile_rules
+    from .rules import check_keyed, lake_table
+
     pg_state.check_name(name)
     config.check_options(options)
-    if rules:
-        raise UsageError("a Delta target moves tables as they are: --rule is for PostgreSQL targets")
+    specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
+    if kind == "Materialize" and not specs:
+        raise UsageError("materialize needs at least one --rule 'TARGET: SELECT … FROM source_table …'")
     loc = location.parse(target)
     store = open_store(loc)
     if store.exists(name):
@@ -49,21 +56,33 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
                          f"`sluicegate workflow delete {name} --target {target}`")
     with connect(source_url, role="source", autocommit=True) as src:
         try:
-            described = check_source_tables(src, source_url, tables, exclude)
+            described = check_source_tables(src, source_url, tables, exclude) if kind == "MoveTables" else []
+            compiled = compile_rules(src, specs, described, kind, udfs) if specs else {}
+            if kind == "Materialize":  # the rules' FROM tables, checked as a MoveTables' are
+                described = check_source_tables(src, source_url, [r.source.qualified for r in compiled.values()],
+                                                None)
             check_no_leftovers(src, name)
-            left_out = generated_columns(src, described)
+            left_out = generated_columns(src, [t for t in described if t.qualified not in compiled])
             capture_note = _ddl_capture_note(src, options)
         except psycopg.Error as exc:
             raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+    lakes = {}  # qualified source name -> the Delta table's description
     for t in described:
-        if not t.key:
+        rule = compiled.get(t.qualified)
+        if rule is not None:
+            check_keyed(rule)
+            lakes[t.qualified] = lake_table(rule)
+        elif not t.key:
             raise UsageError(f"table {t.qualified} has no primary key (or unique non-null replica identity): "
                              f"a Delta target merges changes by key (tables without one, REPLICA IDENTITY FULL, "
                              f"move to PostgreSQL targets only); add one on the source")
-        arrow_schema(t)  # every column has a mapping (types.py): fails here, not at the first row
-        path = loc.table(t.schema, t.name)
+        else:
+            lakes[t.qualified] = t
+    for q, lake in lakes.items():
+        arrow_schema(lake)  # every column has a mapping (types.py): fails here, not at the first row
+        path = loc.table(lake.schema, lake.name)
         if _is_delta(path) and DeltaTable(path).file_uris():
-            raise UsageError(f"Delta table {path} already has rows: MoveTables fills empty tables; "
+            raise UsageError(f"Delta table {path} already has rows: {kind} fills empty tables; "
                              f"remove it or name another target")
     if notes is not None:
         notes += capture_note
@@ -71,20 +90,24 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
             notes.append(f"table {q}: generated column{'s' if len(cols) > 1 else ''} {', '.join(cols)} "
                          f"left out of its Delta table (logical replication does not send them); compute "
                          f"{'them' if len(cols) > 1 else 'it'} in the reader")
+        if compiled:
+            notes.append("a Delta table written through a rule follows no schema change of its source table")
     lines = []
-    for t in described:
-        path = loc.table(t.schema, t.name)
+    for lake in lakes.values():
+        path = loc.table(lake.schema, lake.name)
         if loc.local:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        DeltaTable.create(path, arrow_schema(t), mode="overwrite" if _is_delta(path) else "error",
-                          name=t.qualified)
+        DeltaTable.create(path, arrow_schema(lake), mode="overwrite" if _is_delta(path) else "error",
+                          name=lake.qualified)
         lines.append(f"Delta table {path}")
     slot = pg_state.object_name("sg", name)
-    wf = LakeWorkflow(name=name, source_url=source_url, slot=slot, publication=slot,
-                      tables=[TableState(t.to_json()) for t in described], options=dict(options))
+    states = [TableState(t.to_json(), rule=compiled[t.qualified].to_json() if t.qualified in compiled else None)
+              for t in described]
+    wf = LakeWorkflow(name=name, source_url=source_url, slot=slot, publication=slot, tables=states, kind=kind,
+                      options=dict(options))
     store.create(wf)
     lines.append(f"state {store.describe(name)}")
-    return [t.qualified for t in described], lines
+    return [lakes[t.qualified].qualified for t in described], lines
 
 
 def _ddl_capture_note(src, options: dict) -> list[str]:
@@ -237,13 +260,13 @@ def status(name: str, target: str) -> dict:
     if source_error:
         out["source_error"] = source_error
     for t in wf.tables:
-        spec = t.spec
+        spec = t.lake
         path = loc.table(spec.schema, spec.name)
         version = applied = None
         if DeltaTable.is_deltatable(path):
             dt = DeltaTable(path)
             version, applied = dt.version(), dt.transaction_version(app)
-        out["tables"].append({"table": t.qualified, "path": str(path), "rows_copied": t.rows_copied,
+        out["tables"].append({"table": spec.qualified, "path": str(path), "rows_copied": t.rows_copied,
                               "copied": t.done, "delta_version": version,
                               "applied_position": format_lsn(applied) if applied else None})
     if wf.kind == "Replicate":  # safe time, the caps, every sink's slot (sink.py)
@@ -329,7 +352,7 @@ def delete(name: str, target: str, drop_tables: bool = False) -> list[str]:
         dropped = capture.drop_capture(src, wf.slot, wf.publication)
     if drop_tables:
         for t in wf.tables:
-            spec = t.spec
+            spec = t.lake
             path = loc.table(spec.schema, spec.name)
             fs, on_fs = location.filesystem(path)
             if fs.get_file_info(on_fs).type != FileType.NotFound:

@@ -45,10 +45,12 @@ class LakeCopyTask:
     directory: str  # the Delta table's directory or URI
     cycle: int
     label: str = ""  # the source session shows it and the rows read so far (workflow/live.py)
+    rule: dict | None = None  # a rule that only moves columns (CompiledRule.to_json()): its columns are read
 
 
-def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str, cycle: int) -> list[LakeCopyTask]:
-    return [LakeCopyTask(source_url, r.table, snapshot, r.lo, r.hi, r.pages, directory, cycle)
+def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str, cycle: int,
+              rule: dict | None = None) -> list[LakeCopyTask]:
+    return [LakeCopyTask(source_url, r.table, snapshot, r.lo, r.hi, r.pages, directory, cycle, rule=rule)
             for r in plan.tasks(source_url, "", table, snapshot)]
 
 
@@ -66,13 +68,17 @@ def output_text(column) -> sql.Composable:
     return sql.SQL("{}::text").format(ident)
 
 
-def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable, label: str = ""):
+def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable, label: str = "",
+                     columns=None, into: Table | None = None):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read. `label`: the
-    session shows it with the rows read so far as its application_name (live.py), until the last one."""
+    session shows it with the rows read so far as its application_name (live.py), until the last one.
+    `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that only moves
+    columns."""
     from ...workflow.live import source_label
 
-    cols = sql.SQL(", ").join(output_text(c) for c in table.columns)
+    into = into or table
+    cols = sql.SQL(", ").join(output_text(c) for c in (columns or table.columns))
     select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
     with connect(source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -86,7 +92,7 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
                 rows += len(chunk)
                 if label:
                     src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, rows),))
-                yield record_batch(table, chunk)
+                yield record_batch(into, chunk)
         if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
             src.execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
@@ -95,48 +101,74 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
 def copy_range(task: LakeCopyTask) -> list[dict]:
     """Runs in a Spark task: the range's rows as Parquet files in the table's directory; their add actions
     (as dicts) for the driver to commit."""
-    import pyarrow.parquet as pq
 
     from .location import filesystem
 
     table = Table.from_json(task.table)
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
                                         task.pages))
-    schema = arrow_schema(table)
+    lake, columns = table, None
+    if task.rule is not None:  # a rule that only moves columns: read its columns, under its names
+        from ...rules.compile import CompiledRule
+        from .rules import lake_table
+
+        rule = CompiledRule.from_json(task.rule, table)
+        lake, columns = lake_table(rule), [table.columns[ref] for _, ref in rule.outputs]
+    schema = arrow_schema(lake)
     fs, directory = filesystem(task.directory)
-    files: list[dict] = []
-    writer, path, name, rows = None, "", "", 0
-    bounds = KeyBounds(schema, table.key)
-
-    def close() -> None:
-        writer.close()
-        if "://" not in task.directory:  # on disk before the driver's commit names it
-            durable.sync_file(path)
-        info = fs.get_file_info(path)
-        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-        files.append({"path": name, "size": info.size, "mtime": int(mtime * 1000), "rows": rows,
-                      **bounds.take()})
-
+    files = FileWriter(fs, directory, schema, lake.key, task.cycle, local="://" not in task.directory)
     try:
-        for batch in snapshot_batches(task.source_url, task.snapshot, table, where, task.label):
-            if writer is None:
-                name = f"part-c{task.cycle:05d}-{uuid.uuid4().hex}.parquet"
-                path = f"{directory.rstrip('/')}/{name}"
-                writer, rows = pq.ParquetWriter(path, schema, filesystem=fs), 0
-            writer.write_batch(batch)
-            bounds.add(batch)
-            rows += batch.num_rows
-            if rows >= FILE_ROWS:
-                close()
-                writer = None
-        if writer is not None:
-            close()
-            writer = None
-    finally:
-        if writer is not None:  # failed mid-file: the file is no part of any commit
-            writer.close()
+        for batch in snapshot_batches(task.source_url, task.snapshot, table, where, task.label, columns, lake):
+            files.write(batch)
+    except BaseException:
+        files.abandon()
+        raise
+    files.finish()
     fault_point("lake.copy.task_written")
-    return files
+    return files.files
+
+
+class FileWriter:
+    """A copy task's Parquet files in the table's directory, of up to FILE_ROWS rows each; `files`: their add
+    actions (as dicts) for the driver to commit."""
+
+    def __init__(self, fs, directory: str, schema, key, cycle: int, local: bool):
+        self.fs, self.directory, self.schema, self.cycle, self.local = fs, directory, schema, cycle, local
+        self.files: list[dict] = []
+        self.writer, self.path, self.name, self.rows = None, "", "", 0
+        self.bounds = KeyBounds(schema, key)
+
+    def write(self, batch) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.name = f"part-c{self.cycle:05d}-{uuid.uuid4().hex}.parquet"
+            self.path = f"{self.directory.rstrip('/')}/{self.name}"
+            self.writer, self.rows = pq.ParquetWriter(self.path, self.schema, filesystem=self.fs), 0
+        self.writer.write_batch(batch)
+        self.bounds.add(batch)
+        self.rows += batch.num_rows
+        if self.rows >= FILE_ROWS:
+            self.finish()
+
+    def finish(self) -> None:
+        """The file being written closed, synced and listed."""
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.writer = None
+        if self.local:  # on disk before the driver's commit names it
+            durable.sync_file(self.path)
+        info = self.fs.get_file_info(self.path)
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        self.files.append({"path": self.name, "size": info.size, "mtime": int(mtime * 1000), "rows": self.rows,
+                           **self.bounds.take()})
+
+    def abandon(self) -> None:
+        """After a failure mid-file: the file is no part of any commit."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 class KeyBounds:
@@ -208,3 +240,74 @@ def commit_cycle(dt, table: Table, files: list[dict], copy_app: str, outcome: di
     before = dt.version()
     dt.create_write_transaction(actions, mode, arrow_schema(table), commit_properties=props)
     durable.sync_versions(dt.table_uri, before, dt.version())  # (the files were synced by their tasks too)
+
+
+# -- the copy through a rule that computes: a Spark job over the cycle's key ranges ------------------------
+@dataclass(frozen=True)
+class RuleFiles:
+    """What each writing task needs: the rule, and where the cycle's files go."""
+
+    rule: dict  # CompiledRule.to_json()
+    source: dict  # its source Table.to_json()
+    directory: str  # the Delta table's directory or URI
+    cycle: int
+
+
+def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, rule, ranges: list,
+                            directory: str, cycle: int) -> list[dict]:
+    """The cycle's key ranges read as text (one Spark partition each: the PostgreSQL copy's reader,
+    workflow/copier.py), the rule's SELECT over them in Spark, each partition's output written as Parquet files
+    into the table's directory; their add actions, for the driver's one commit (copy.commit_cycle)."""
+    from functools import partial
+
+    from ...rules.evaluate import RuleRunner
+    from ...spark import errors as spark_errors
+    from ...workflow.copier import RuleRead, read_ranges, rule_failure
+
+    if not ranges:
+        return []
+    rules = RuleRunner(runner.spark, rule)
+    read = RuleRead(source_url, rule.source.to_json(), snapshot, ranges)
+    write = RuleFiles(rule.to_json(), rule.source.to_json(), directory, cycle)
+    raw = rules.session.range(0, len(ranges), 1, numPartitions=len(ranges)).mapInArrow(
+        partial(read_ranges, read), rules.schema)
+    out = rules.transform(raw).mapInArrow(partial(write_files, write), "file string")
+    sc = runner.sc
+    sc.setJobDescription(f"copy {rule.source.qualified} through its rule")
+    sc.addJobTag(tag)
+    try:
+        rows = out.collect()
+    except Exception as exc:
+        if not spark_errors.is_data_error(exc):
+            raise  # a lost worker, a cancelled job: classified by the engine
+        raise rule_failure(rule, exc, None) from None
+    finally:
+        sc.removeJobTag(tag)
+    return [json.loads(r[0]) for r in rows]
+
+
+def write_files(task: RuleFiles, batches):
+    """Runs in a Spark task: the rule's output for one partition as Parquet files (copy.FileWriter), nothing
+    committed; one row per file (its add action as JSON)."""
+    from ...rules.compile import CompiledRule
+    from .location import filesystem
+    from .rules import lake_table, target_batch
+
+    rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
+    lake = lake_table(rule)
+    fs, directory = filesystem(task.directory)
+    files = FileWriter(fs, directory, arrow_schema(lake), lake.key, task.cycle,
+                       local="://" not in task.directory)
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                files.write(target_batch(rule, lake, batch))
+    except BaseException:
+        files.abandon()
+        raise
+    files.finish()
+    fault_point("lake.copy.task_written")
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"file": [json.dumps(f) for f in files.files]},
+                                     schema=pa.schema([pa.field("file", pa.string())]))

@@ -34,7 +34,7 @@ from ...postgres.snapshot import take_snapshot
 from ...workflow import copier, live
 from ...workflow.loop import StreamLoop
 from ...workflow.schema_changes import source_columns
-from . import apply, control, durable, location
+from . import apply, control, durable, location, rule_player
 from . import copy as lake_copy
 from .player import LakePlayTask, added_only, play
 from .state import (
@@ -141,34 +141,42 @@ class LakeEngine(StreamLoop):
         if current is None:
             self._start_running(wf)
             return
-        table = current.spec
-        dt = DeltaTable(self._dir(table))
+        table, lake, rule = current.spec, current.lake, current.compiled
+        dt = DeltaTable(self._dir(lake))
         cycle = current.cycles + 1
         copy_app = copy_app_id(wf.name)
         outcome = lake_copy.committed_cycle(dt, copy_app, cycle)
         if outcome is None:
             settings = Settings.from_options(wf.options, f"workflow {wf.name}")
+            computes = rule is not None and not rule.moves_only  # the cycle is a Spark SQL job (rules.py)
             with take_snapshot(wf.source_url, table, stop=self.stop) as snap:
-                if current.cycles == 0:
+                if current.cycles == 0 and rule is None:  # (a rule reads the columns it was made for)
                     table = self._adopt_added_columns(wf, table, dt, snap.conn)
                 plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
-                                         slots=self.runner.parallelism(), by_pages=True)
-                # What the progress view adds to rows_copied while the cycle runs (workflow/live.py)
-                progress = live.cycle_started(self.target, wf.name, 1, current.qualified, current.rows_copied,
-                                              self.runner.counter())
-                tasks = [replace(t, label=progress.label)
-                         for t in lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(table), cycle)]
-                log.info("copying %s cycle %d in %d tasks", table.qualified, cycle, len(tasks))
-                files = [f for out in self.runner.map(lake_copy.copy_range, tasks, f"copy {table.qualified}",
-                                                      tag=self.tag, counter=progress.finished,
-                                                      count=lake_copy.rows_written) for f in out]
+                                         slots=self.runner.parallelism(), by_pages=not computes)
+                if computes:
+                    log.info("copying %s cycle %d through its rule in %d tasks", table.qualified, cycle,
+                             len(plan.ranges))
+                    files = lake_copy.copy_cycle_through_rule(self.runner, self.tag, wf.source_url, snap.name,
+                                                              rule, plan.ranges, self._dir(lake), cycle)
+                else:
+                    # What the progress view adds to rows_copied while the cycle runs (workflow/live.py)
+                    progress = live.cycle_started(self.target, wf.name, 1, current.qualified, current.rows_copied,
+                                                  self.runner.counter())
+                    tasks = [replace(t, label=progress.label)
+                             for t in lake_copy.tasks_for(plan, wf.source_url, table, snap.name, self._dir(lake),
+                                                          cycle, current.rule)]
+                    log.info("copying %s cycle %d in %d tasks", table.qualified, cycle, len(tasks))
+                    files = [f for out in self.runner.map(lake_copy.copy_range, tasks, f"copy {table.qualified}",
+                                                          tag=self.tag, counter=progress.finished,
+                                                          count=lake_copy.rows_written) for f in out]
                 outcome = {"cycle": cycle, "lastpk": plan.new_lastpk, "done": plan.done,
                            "rows": sum(f["rows"] for f in files), "position": snap.position}
                 if self.stop.is_set():
                     return
                 # A copy's first cycle replaces whatever the table holds: a Replicate sink's rows under
                 # --overwrite, or a re-bootstrap's stale ones (sink.py)
-                lake_copy.commit_cycle(dt, table, files, copy_app, outcome,
+                lake_copy.commit_cycle(dt, lake, files, copy_app, outcome,
                                        mode="overwrite" if current.lastpk is None else "append")
         fault_point("lake.copy.before_progress")
         with self.store.update(wf.name) as w:
@@ -232,6 +240,9 @@ class LakeEngine(StreamLoop):
         if self.stop.is_set():
             return
         slice_seconds = math.inf if settings.slice_seconds is None else settings.slice_seconds
+        if rule_player.takes(wf):  # through the rules: a Spark job a batch, driven from here
+            rule_player.play(self, wf, settings.batch_changes, min(slice_seconds, until_due))
+            return
         task = LakePlayTask(self.target, wf.name, wf.position, max_seconds=min(slice_seconds, until_due),
                             batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
                             commit_every=settings.commit_every)

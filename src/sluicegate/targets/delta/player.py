@@ -156,7 +156,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                     decision = control.decide(current.state, current.stop_position, current.stop_reason,
                                               result.position)
                     if decision.action == control.STOP:
-                        _stop(store, current, result.position, lambda: _point_here(root, wf.name, tables,
+                        stop_for_controller(store, current, result.position, lambda: _point_here(root, wf.name, tables,
                                                                                   result.position))
                         result.interrupted = control.stopped_message(result.position, current.stop_reason)
                         return result
@@ -270,7 +270,7 @@ def _point_here(root, workflow: str, tables: _Tables, position: int) -> None:
     points.record(root, workflow, position, None, tables.versions())
 
 
-def _stop(store, current: LakeWorkflow, position: int, record_point) -> None:
+def stop_for_controller(store, current: LakeWorkflow, position: int, record_point) -> None:
     """Stop for the controller at `position`, the final one: at its stop position, record the point there
     first (even when nothing merged); then Stopped, while the fields are still those decided on."""
     if current.stop_position == position:

@@ -86,10 +86,28 @@ class TableState:
     copy_from: int | None = None  # snapshot position of the table's first copy cycle
     copied_to: int | None = None  # snapshot position of its last one
     applied: int | None = None  # the last batch end position committed to this table
+    rule: dict | None = None  # the table's rule (CompiledRule.to_json()): its Delta table holds the rule's output
 
     @property
     def spec(self) -> Table:
+        """The source table."""
         return Table.from_json(self.table)
+
+    @property
+    def compiled(self):
+        """The table's CompiledRule, or None."""
+        from ...rules.compile import CompiledRule
+
+        return CompiledRule.from_json(self.rule, self.spec) if self.rule else None
+
+    @property
+    def lake(self) -> Table:
+        """The Delta table's description: the source table's, or its rule's output (rules.py)."""
+        if not self.rule:
+            return self.spec
+        from .rules import lake_table
+
+        return lake_table(self.compiled)
 
     @property
     def qualified(self) -> str:

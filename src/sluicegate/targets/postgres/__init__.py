@@ -27,6 +27,11 @@ class PostgresTarget(Target):
             raise UsageError(f"{', '.join(given)}: housekeeping is for a Delta target (--target delta:PATH)")
         return create_movetables(name, source, self.url, tables, rules, options, udfs, excluded, notes=notes), []
 
+    def create_materialize(self, name, source, rules, options, udfs, notes):
+        from ...workflow.create import create_materialize
+
+        return create_materialize(name, source, self.url, rules, options, udfs), []
+
     def metrics(self, name: str, port: int, addr: str, tls: dict):
         from ...workflow.metrics import MetricsServer
 
