@@ -17,7 +17,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..rules.compile import CompiledRule
 from ..rules.evaluate import RuleRunner, target_columns
-from ..workflow.copier import RuleRead, read_ranges
+from ..workflow.rule_copy import RuleRead, read_ranges
 from . import store
 from .compare import _import_snapshot, join_compare, new_stage
 

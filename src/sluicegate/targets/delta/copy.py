@@ -262,7 +262,7 @@ def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, ru
 
     from ...rules.evaluate import RuleRunner
     from ...spark import errors as spark_errors
-    from ...workflow.copier import RuleRead, read_ranges, rule_failure
+    from ...workflow.rule_copy import RuleRead, read_ranges, rule_failure
 
     if not ranges:
         return []
