@@ -13,6 +13,7 @@ reads its pages in order with no index walk, whatever the key's type. Many small
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from dataclasses import dataclass, replace
@@ -438,17 +439,11 @@ class Copier:
                 ranges = plan.tasks(stream.source_url, self.target_url, table, snap.name)
                 tasks = [replace(prepare(t), origin=origin, label=progress.label) for t in ranges]
                 log.info("copying %s in %d tasks", table.qualified, len(tasks))
-                rows = sum(self.engine.runner.map(copy_range, tasks, f"copy {table.qualified}", tag=self.engine.tag,
-                                           counter=progress.finished))
-            # The rows were read as the primary has them; a failover may lose what its standby never had.
-            capture.wait_standbys(snap.conn, snap.position, self.engine.stop)
-            fault_point("copy.before_progress")
-            with connect(self.target_url, role="target") as dst:
-                state, position = st.lock_stream(dst, stream.id)
-                if state != st.COPYING or position != snap.position:
-                    return  # moved under us: the next turn re-reads and redoes the cycle
-                if not st.save_copy_progress(dst, stream.id, table.qualified, current.lastpk, plan.new_lastpk,
-                                             rows, plan.done):
+                rows = sum(self.engine.runner.map(copy_range, tasks, f"copy {table.qualified}",
+                                                  tag=self.engine.tag, counter=progress.finished))
+            with self._recording(stream, snap) as dst:
+                if dst is None or not st.save_copy_progress(dst, stream.id, table.qualified, current.lastpk,
+                                                            plan.new_lastpk, rows, plan.done):
                     return
                 self._copied_as_of[stream.id] = (snap.position, snap.xids)
                 if current.deferred_indexes:  # with the cycle: a kill before this commit redoes the cycle
@@ -481,20 +476,17 @@ class Copier:
         tables = [t.table for t in group]
         progress = [live.cycle_started(self.target_url, wf.name, stream.id, t.table.qualified, t.rows_copied)
                     for t in group]
-        tasks = group_tasks(stream.source_url, self.target_url, tables, snap.name,
-                                   self.engine.runner.parallelism(), origin, live.APP_PREFIX + f"{len(tables)} tables")
+        tasks = group_tasks(stream.source_url, self.target_url, tables, snap.name, self.engine.runner.parallelism(),
+                            origin, live.APP_PREFIX + f"{len(tables)} tables")
         log.info("copying %d tables (%s … %s) in %d tasks", len(tables), tables[0].qualified, tables[-1].qualified,
                  len(tasks))
         copied: dict[str, int] = {}
-        for result in self.engine.runner.map(copy_tables, tasks, f"copy {len(tables)} tables", tag=self.engine.tag,
-                                      counter=self.engine.runner.counter(), count=rows_of):
+        for result in self.engine.runner.map(copy_tables, tasks, f"copy {len(tables)} tables",
+                                             tag=self.engine.tag, counter=self.engine.runner.counter(), count=rows_of):
             copied.update(result)
-        capture.wait_standbys(snap.conn, snap.position, self.engine.stop)
-        fault_point("copy.before_progress")
-        with connect(self.target_url, role="target") as dst:
-            state, position = st.lock_stream(dst, stream.id)
-            if state != st.COPYING or position != snap.position:
-                return  # moved under us: the next turn re-reads and redoes the cycle
+        with self._recording(stream, snap) as dst:
+            if dst is None:
+                return
             if not st.save_tables_copied(dst, stream.id, copied):
                 dst.rollback()  # one of them moved meanwhile: the next turn re-reads and redoes the cycle
                 return
@@ -510,6 +502,17 @@ class Copier:
             live.cycle_recorded(entry, t.rows_copied)
         log.info("copied %d rows of %d tables (%s … %s)", sum(copied.values()), len(tables), tables[0].qualified,
                  tables[-1].qualified)
+
+    @contextlib.contextmanager
+    def _recording(self, stream: st.Stream, snap):
+        """The target transaction that records a cycle, under the stream's row lock, once the source's standbys
+        have the snapshot's position (the rows were read as the primary has them: a failover may lose what its
+        standby never had). Gives None when the stream moved meanwhile: the next turn re-reads and redoes it."""
+        capture.wait_standbys(snap.conn, snap.position, self.engine.stop)
+        fault_point("copy.before_progress")
+        with connect(self.target_url, role="target") as dst:
+            state, position = st.lock_stream(dst, stream.id)
+            yield dst if state == st.COPYING and position == snap.position else None
 
     def _confirm_slot(self, stream: st.Stream) -> None:
         """Confirm the slot up to the stream's position (saved on the target) before a first copy cycle, which
