@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..postgres.catalog import Column
 
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
+NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 _EXACT = {  # PostgreSQL type -> Spark type, for casts that cannot fail on PostgreSQL's text
     "smallint": "SMALLINT", "integer": "INT", "bigint": "BIGINT", "real": "FLOAT", "double precision": "DOUBLE",
     "boolean": "BOOLEAN", "text": "STRING",
@@ -33,7 +33,7 @@ def spark_expr(column: Column, raw: str) -> str:
     t = column.type_sql
     if t in _EXACT:
         return f"CAST({raw} AS {_EXACT[t]})"
-    m = _NUMERIC.fullmatch(t)
+    m = NUMERIC.fullmatch(t)
     if m and int(m.group(1)) <= 38:
         return f"CAST({raw} AS DECIMAL({m.group(1)},{m.group(2)}))"
     base = re.sub(r"\(\d+\)", "", t)  # timestamp(3) without time zone -> timestamp without time zone

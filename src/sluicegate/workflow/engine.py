@@ -129,7 +129,7 @@ class Engine(StreamLoop):
         if stream.state == st.INIT:
             self.init_stream(wf, stream)
         elif stream.state == st.COPYING:
-            self.copy_step(wf, stream)
+            self.copier.copy_next(wf, stream)
         elif stream.state == st.RUNNING:
             self.replicate_step(wf, stream)
         else:
@@ -149,9 +149,6 @@ class Engine(StreamLoop):
                                                 (stream.id,))} - {t.table.qualified for t in stream.tables}
             if state == st.INIT and not joined:
                 st.save_position(dst, stream.id, start, state=st.COPYING)
-
-    def copy_step(self, wf: st.Workflow, stream: st.Stream) -> None:
-        self.copier.copy_next(wf, stream)
 
     def replicate_step(self, wf: st.Workflow, stream: st.Stream) -> None:
         if self.vdiffs is not None:

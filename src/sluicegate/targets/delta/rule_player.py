@@ -62,6 +62,8 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
     store = engine.store
     deadline = time.monotonic() + max_seconds
     lakes = [t.lake for t in wf.tables]
+    lakes_json = tuple(lake.to_json() for lake in lakes)
+    rules = {t.qualified: t.rule for t in wf.tables if t.rule}
     runners = {}
     for t in wf.tables:
         rule = t.compiled
@@ -110,10 +112,8 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
             task = PlayTask(wf.source_url, engine.target, wf.name, 0, wf.slot, wf.publication,
                             [(t.table, "replicate", None) for t in wf.tables], position, RUNNING, "slice",
                             batch_changes=batch_changes)
-            rules = {t.qualified: t.rule for t in wf.tables if t.rule}
             spec = LakeBatch(engine.target, wf.name,
-                             rule_player.BatchSpec(task, rules, position, upto, None, active),
-                             tuple(lake.to_json() for lake in lakes), stop)
+                             rule_player.BatchSpec(task, rules, position, upto, None, active), lakes_json, stop)
             summary = _run(engine, spec, runners)
             if summary["interrupted"]:
                 return

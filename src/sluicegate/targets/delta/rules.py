@@ -8,7 +8,6 @@ as a PostgreSQL table of those types, so the one text -> Arrow conversion of the
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import pyarrow as pa
@@ -16,6 +15,7 @@ import pyarrow as pa
 from ...errors import UsageError
 from ...postgres.catalog import Column, Table
 from ...rules.compile import CompiledRule
+from ...rules.types import NUMERIC
 from . import types
 
 # A computed column's PostgreSQL type (one of rules/types.pg_type's) -> its type oid, for types.arrow_type.
@@ -25,13 +25,12 @@ _OIDS = {
     "timestamp with time zone": types.TIMESTAMPTZ, "timestamp without time zone": types.TIMESTAMP,
     "bytea": types.BYTEA,
 }
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 
 
 def computed_column(label: str, column: Column) -> Column:
     """A rule's computed column as a Delta column: its type oid and typmod from its PostgreSQL type, or a
     UsageError naming the rule, the column and the way out (a CAST)."""
-    m = _NUMERIC.fullmatch(column.type_sql)
+    m = NUMERIC.fullmatch(column.type_sql)
     if m:  # numeric(p,s): atttypmod is ((p << 16) | s) + 4
         p, s = int(m.group(1)), int(m.group(2))
         return replace(column, type_oid=types.NUMERIC, typmod=((p << 16) | s) + 4)
