@@ -96,7 +96,7 @@ def classify(err: BaseException) -> str:
     import psycopg2
     import psycopg2.errors
 
-    # psycopg2 carries the replication stream and the copy's passthrough: the same classes, its own types.
+    # psycopg2 carries the copy's passthrough (Spark copy tasks): the same classes, its own types.
     if isinstance(err, psycopg2.Error):
         if isinstance(err, (psycopg2.OperationalError, psycopg2.errors.SerializationFailure,
                             psycopg2.errors.DeadlockDetected, psycopg2.errors.LockNotAvailable,

@@ -206,8 +206,8 @@ def judge_slot(conn: psycopg.Connection, name: str, info: SlotInfo | None, posit
         raise TerminalError(f"replication slot {name} was invalidated (WAL removed); {way_out}")
     if info.invalidated:  # e.g. rows_removed: a standby's copy whose catalog rows its primary removed
         raise TerminalError(f"replication slot {name} was invalidated by the source ({info.invalidated}); {way_out}")
-    # Sluicegate confirms only what its reader durably handled (replication.py keeps psycopg2 from
-    # acknowledging keepalives on its own): a slot further on was read by someone else, and changes may be gone.
+    # Sluicegate confirms only what its reader durably handled (replication.py answers keepalives with that
+    # position, never theirs): a slot further on was read by someone else, and changes may be gone.
     if info.confirmed_flush is not None and info.confirmed_flush > position:
         raise TerminalError(
             f"replication slot {name} was consumed up to {format_lsn(info.confirmed_flush)}, past {consumer} "

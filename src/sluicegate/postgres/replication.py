@@ -2,12 +2,13 @@
 
 START_REPLICATION keeps one walsender decoding forward for the life of a play task, instead of
 re-decoding from the slot's restart_lsn at every batch as `pg_logical_slot_peek_binary_changes` must.
-psycopg 3 has no replication protocol (PLATFORM.md), so this uses psycopg2's LogicalReplicationConnection;
-everything it yields is plain (lsn, pgoutput bytes), decoded elsewhere by the pure decoder.
+psycopg 3 has no replication API (PLATFORM.md); its libpq layer (`psycopg.pq`) carries the copy stream,
+and the protocol's messages are read and written by `walsender` (pure). Everything yielded is plain
+(lsn, pgoutput bytes), decoded elsewhere by the pure decoder.
 
 Positions: the server's `wal_end` (from keepalives) means every transaction that committed before it has
-been sent; `confirm()` reports the position the target has durably committed (guarantee 7) — the
-streaming twin of capture.advance_slot.
+been sent; `confirm()` reports the position the target has durably committed (guarantee 7), and only that:
+the streaming twin of capture.advance_slot.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import psycopg2
-import psycopg2.errors
-import psycopg2.extras
+import psycopg
+from psycopg import pq, sql
+from psycopg.conninfo import make_conninfo
 
 from ..errors import RetryableError, UsageError
 from ..position import format_lsn
+from . import walsender
 from .connect import (
     connect_failure,
     connect_hint,
     describe,
-    describe_conn,
     primary_only,
     redact,
     session_options,
@@ -41,7 +42,7 @@ BEGIN, COMMIT = ord("B"), ord("C")
 STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
 _FRAMING = frozenset((BEGIN, COMMIT, STREAM_START, STREAM_STOP, STREAM_COMMIT))  # a row's message is none
 _END_LSN = struct.Struct(">Q")
-NO_STATUS_FEEDBACK = 24 * 3600  # seconds: psycopg2 would otherwise send feedback of its own every 10 s
+_OBJECT_IN_USE = b"55006"  # the slot is active for another process
 
 
 class ChangeStream:
@@ -61,39 +62,34 @@ class ChangeStream:
         self.in_transaction = False
         self.ended_by = ""
         self.boundary = start
-        self.last_start = 0  # WAL position of the last commit read: at most psycopg2's last_msg_data_start
-        try:
-            # The walsender formats pgoutput's text values with its session settings: the same ones as
-            # every other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
-            self.conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                         connect_timeout=10, application_name="sluicegate", **primary_only(url),
-                                         **session_options(url, f"-c logical_decoding_work_mem={decoding_work_mem}"
-                                                           if decoding_work_mem else ""))
-        except psycopg2.OperationalError as exc:
-            raise _connect_error(url, exc) from None
+        self.wal_end = 0  # the newest keepalive's
+        # The walsender formats pgoutput's text values with its session settings: the same ones as every
+        # other Sluicegate session (ISO dates, UTC), whatever the server's defaults.
+        self.pg = _open(url, session_options(url, f"-c logical_decoding_work_mem={decoding_work_mem}"
+                                             if decoding_work_mem else ""))
         # Of a URL that lists several hosts, the one libpq chose: the primary now (status shows it).
-        self.where = describe_conn(self.conn)
+        self.where = f"{_text(self.pg.host)}:{_text(self.pg.port)}/{_text(self.pg.db)}"
+        origin = {"origin": "none"} if skip_origins and self.pg.server_version >= 160000 else {}
+        options = {"proto_version": "2" if streaming else "1", "publication_names": publication,
+                   **({"streaming": "on"} if streaming else {}), **origin, **({"messages": "true"} if messages else {})}
+        command = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
+            sql.Identifier(slot), sql.SQL(format_lsn(start)),
+            sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in options.items()))
         try:
-            self.cur = self.conn.cursor()
-            origin = {"origin": "none"} if skip_origins and self.conn.server_version >= 160000 else {}
-            # No feedback of psycopg2's own (see confirm()): only positions the target has committed are sent.
-            # The server asks for a reply only after wal_sender_timeout/2 without one; confirm() answers sooner.
-            self.cur.start_replication(
-                slot_name=slot, decode=False, start_lsn=format_lsn(start), status_interval=NO_STATUS_FEEDBACK,
-                options={"proto_version": "2" if streaming else "1", "publication_names": publication,
-                         **({"streaming": "on"} if streaming else {}), **origin,
-                         **({"messages": "true"} if messages else {})},
-            )
-        except psycopg2.errors.ObjectInUse:
+            res = self.pg.exec_(command.as_bytes(None))
+        except psycopg.OperationalError as exc:
             self.close()
-            raise RetryableError(f"replication slot {slot} is still in use by an earlier reader; will retry") from None
-        except psycopg2.Error as exc:  # e.g. the slot was dropped or invalidated: the caller checks the slot
-            self.close()
-            text = " ".join(str(exc).split())
-            raise RetryableError(f"cannot stream from replication slot {slot}: {redact(text)}") from None
+            raise RetryableError(f"cannot stream from replication slot {slot}: {redact(str(exc))}") from None
         except BaseException:
             self.close()
             raise
+        if res.status != pq.ExecStatus.COPY_BOTH:
+            self.close()
+            if res.error_field(pq.DiagnosticField.SQLSTATE) == _OBJECT_IN_USE:
+                raise RetryableError(f"replication slot {slot} is still in use by an earlier reader; will retry")
+            # e.g. the slot was dropped or invalidated: the caller checks the slot
+            text = " ".join(_text(res.error_message).split())
+            raise RetryableError(f"cannot stream from replication slot {slot}: {redact(text)}")
 
     def messages(self, nchanges: int, idle: float, max_seconds: float, until: int = 0) -> Iterator[tuple[int, bytes]]:
         """Messages as they come, ending at a transaction boundary: once everything committed before `until`
@@ -103,7 +99,7 @@ class ChangeStream:
         start = last = time.monotonic()
         count = 0
         received = False  # since `last`: its time is taken when the next read finds nothing (not per row)
-        read = self.cur.read_message
+        read = self._read
         self.ended_by = ""
         while True:
             if not self.in_transaction and until and self.sent_upto >= until and (
@@ -117,14 +113,9 @@ class ChangeStream:
                 if time.monotonic() - start >= max_seconds:
                     self.ended_by = "time"
                     return
-            try:
-                msg = read()
-            except psycopg2.Error as exc:
-                text = str(exc).strip()
-                raise RetryableError(f"replication connection to {self.where} lost: "
-                                     f"{redact(text.splitlines()[0] if text else 'closed')}") from None
+            msg = read()
             if msg is not None:
-                payload = msg.payload  # bytes: the stream was started with decode=False
+                start_lsn, payload = msg
                 kind = payload[0]
                 if kind not in _FRAMING:
                     pass  # a row, most of the time
@@ -132,9 +123,6 @@ class ChangeStream:
                     self.in_transaction = True
                 elif kind == COMMIT:
                     self.in_transaction = False
-                    # Kept at commits only (rows are most messages): never past psycopg2's last message start,
-                    # so confirm() trusting it is only ever more careful.
-                    self.last_start = msg.data_start
                     # Commit: flags, commit_lsn, end_lsn, time. Everything committing before end_lsn is read.
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 10)[0])
                 elif kind == STREAM_START:  # a block is not cut either (its changes carry no framing of their own)
@@ -145,7 +133,7 @@ class ChangeStream:
                     self.boundary = max(self.boundary, _END_LSN.unpack_from(payload, 14)[0])
                 count += 1
                 received = True
-                yield msg.data_start, payload
+                yield start_lsn, payload
                 continue
             if received:
                 last, received = time.monotonic(), False
@@ -153,42 +141,66 @@ class ChangeStream:
             if wait <= 0 and not self.in_transaction:
                 self.ended_by = "idle"
                 return
-            select.select([self.conn], [], [], max(wait, 0.01))
+            select.select([self.pg.socket], [], [], max(wait, 0.01))
+
+    def _read(self) -> tuple[int, bytes] | None:
+        """The next XLogData message's (data start, pgoutput bytes), or None when none has arrived yet. A
+        keepalive moves `wal_end`, and is answered when the server asks (before wal_sender_timeout ends the
+        session) with the confirmed position: never with the keepalive's own."""
+        pg, consumed = self.pg, False
+        try:
+            while True:
+                n, data = pg.get_copy_data(1)
+                if n == 0:
+                    if consumed:
+                        return None
+                    # Read the socket only once the buffer is empty: a busy server cannot grow it without bound.
+                    pg.consume_input()
+                    consumed = True
+                    continue
+                if n < 0:  # the server ended the stream: its last result says why
+                    res = pg.get_result()
+                    raise psycopg.OperationalError(_text(res.error_message) if res is not None else "closed")
+                kind = data[0]
+                if kind == walsender.XLOG_DATA:
+                    return walsender.data_start(data), bytes(data[walsender.XLOG_HEADER:])
+                if kind == walsender.KEEPALIVE:
+                    wal_end, reply = walsender.keepalive(data)
+                    self.wal_end = max(self.wal_end, wal_end)
+                    if reply:
+                        self._send(self.confirmed)
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+
+    def _send(self, position: int) -> None:
+        try:
+            self.pg.put_copy_data(walsender.standby_status(position))
+            self.pg.flush()
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+
+    def _lost(self, exc: Exception) -> RetryableError:
+        text = str(exc).strip()
+        return RetryableError(f"replication connection to {self.where} lost: "
+                              f"{redact(text.splitlines()[0] if text else 'closed')}")
 
     @property
     def sent_upto(self) -> int:
         """Every transaction committing before this position has been read: the end of the last commit read,
-        or the server's keepalive wal_end when it says more (psycopg2 also sets wal_end from data messages,
-        to their start, which never passes the last commit's end)."""
+        or the server's keepalive wal_end when it says more."""
         if self.in_transaction:
             return 0
-        return max(self.boundary, int(self.cur.wal_end or 0))
+        return max(self.boundary, self.wal_end)
 
-    def confirm(self, position: int, exact: bool = True) -> bool:
-        """Tell the server the target has durably applied everything before `position`.
-
-        psycopg2 moves its flush position to a keepalive's WAL end on its own once every message received was
-        confirmed, and sends that with the next feedback (ours or its periodic one, which start() turns off).
-        Harmless for data (the server had sent nothing before it), but the slot would pass the target's
-        position, and a fast-forward stops at an exact one: while the server has said it is past `position`,
-        send nothing and keep the slot where it is — unless a message read after `position` is still unconfirmed
-        (an older position a target's standbys have just flushed: postgres/standby_flush.py), which keeps
-        psycopg2 from forwarding. `exact=False` (a VStream client's acknowledgement) lets it pass: psycopg2
-        forwards only once every message received was confirmed, so nothing unread is passed. False: not sent,
-        for that reason (a later confirm of it, or of a later position, may be).
-        """
-        if exact and int(self.cur.wal_end or 0) > position and position >= self.last_start:
-            return False
+    def confirm(self, position: int) -> None:
+        """Tell the server the target has durably applied everything before `position`: the slot moves to
+        exactly there (a fast-forward stops at an exact position), never further."""
         if position > self.confirmed:
-            self.cur.send_feedback(write_lsn=position, flush_lsn=position, force=True)
+            self._send(position)
             self.confirmed = position
-        return True
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001, S110 - closing a broken connection: nothing to tell
-            pass
+        self.pg.finish()  # a broken connection too: nothing to tell
 
     def __enter__(self) -> Self:
         return self
@@ -199,16 +211,27 @@ class ChangeStream:
 
 def check_replication_access(url: str) -> None:
     """A replication connection works (pg_hba.conf entry, REPLICATION role, max_wal_senders), or say how."""
-    try:
-        conn = psycopg2.connect(url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                connect_timeout=10, **primary_only(url))
-    except psycopg2.OperationalError as exc:
-        raise _connect_error(url, exc) from None
-    conn.close()
+    _open(url, {}).finish()
 
 
-def _connect_error(url: str, exc: psycopg2.OperationalError) -> Exception:
-    text = redact(" ".join(str(exc).split()))
+def _open(url: str, options: dict) -> pq.PGconn:
+    """A replication connection (`replication=database`) to the primary `url` names."""
+    info = make_conninfo(url, replication="database", connect_timeout=10, application_name="sluicegate",
+                         **primary_only(url), **options)
+    pg = pq.PGconn.connect(info.encode())
+    if pg.status != pq.ConnStatus.OK:
+        text = _text(pg.error_message)
+        pg.finish()
+        raise _connect_error(url, text)
+    return pg
+
+
+def _text(value: bytes | None) -> str:
+    return (value or b"").decode("utf-8", "replace")
+
+
+def _connect_error(url: str, text: str) -> Exception:
+    text = redact(" ".join(text.split()))
     where = describe(url)
     if "no password supplied" in text:
         return connect_failure("source", url, text)

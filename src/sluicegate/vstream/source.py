@@ -166,7 +166,7 @@ def _confirm(stream: ChangeStream, position: int) -> None:
     the previous acknowledgement, and the client gets those transactions again (whole) when it resumes."""
     if position > stream.confirmed:
         try:
-            stream.confirm(position, exact=False)
+            stream.confirm(position)
         except Exception as exc:  # noqa: BLE001 - see above: at least once, never lost
             log.info("slot %s not confirmed up to %s: %s", stream.slot, format_lsn(position), exc)
 

@@ -111,7 +111,6 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
         gate = StandbyGate(task.confirm_after_standbys)
-        unsent = None  # a released position the stream could not confirm yet (ChangeStream.confirm)
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
         if info.confirmed_flush is not None and info.confirmed_flush < task.position:
@@ -206,14 +205,16 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     fault_point("replicate.before_commit")
                     dst.commit()
                     last_write = now
-                    unsent = _confirm(stream, gate.recorded(dst, new_position), unsent, gate)
+                    if (ready := gate.recorded(dst, new_position)) is not None:
+                        stream.confirm(ready)
                     if reshaped:
                         task = _reshaped(task, reshaped)
                         follower.changed = {}
                 else:
                     dst.rollback()
                     # The standbys may have caught up since the last commit.
-                    unsent = _confirm(stream, gate.release(dst), unsent, gate)
+                    if (ready := gate.release(dst)) is not None:
+                        stream.confirm(ready)
                 result.position = new_position
                 if stopping:
                     result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
@@ -226,15 +227,6 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     return result
                 if time.monotonic() >= deadline:
                     return result
-
-
-def _confirm(stream: ChangeStream, ready: int | None, unsent: int | None, gate: StandbyGate) -> int | None:
-    """Confirm the newest of `ready` and `unsent`; what is still unsent (see ChangeStream.confirm). Without the
-    gate the next commit's position comes soon and covers it; with it, a released one is kept for a retry."""
-    position = max(p for p in (ready, unsent, 0) if p is not None)
-    if position and not stream.confirm(position) and gate.enabled:
-        return position
-    return None
 
 
 def way_out(task: PlayTask) -> str:
