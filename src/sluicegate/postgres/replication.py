@@ -42,7 +42,8 @@ BEGIN, COMMIT = ord("B"), ord("C")
 STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
 _FRAMING = frozenset((BEGIN, COMMIT, STREAM_START, STREAM_STOP, STREAM_COMMIT))  # a row's message is none
 _END_LSN = struct.Struct(">Q")
-_OBJECT_IN_USE = b"55006"  # the slot is active for another process
+_OBJECT_IN_USE = b"55006"
+_XLOG_DATA, _XLOG_HEADER, _DATA_START = walsender.XLOG_DATA, walsender.XLOG_HEADER, walsender.START.unpack_from  # the slot is active for another process
 
 
 class ChangeStream:
@@ -147,7 +148,7 @@ class ChangeStream:
         """The next XLogData message's (data start, pgoutput bytes), or None when none has arrived yet. A
         keepalive moves `wal_end`, and is answered when the server asks (before wal_sender_timeout ends the
         session) with the confirmed position: never with the keepalive's own."""
-        pg, consumed = self.pg, False
+        pg, consumed, start = self.pg, False, _DATA_START
         try:
             while True:
                 n, data = pg.get_copy_data(1)
@@ -162,8 +163,8 @@ class ChangeStream:
                     res = pg.get_result()
                     raise psycopg.OperationalError(_text(res.error_message) if res is not None else "closed")
                 kind = data[0]
-                if kind == walsender.XLOG_DATA:
-                    return walsender.data_start(data), bytes(data[walsender.XLOG_HEADER:])
+                if kind == _XLOG_DATA:  # most messages: no call more than needed
+                    return start(data, 1)[0], bytes(data[_XLOG_HEADER:])
                 if kind == walsender.KEEPALIVE:
                     wal_end, reply = walsender.keepalive(data)
                     self.wal_end = max(self.wal_end, wal_end)

@@ -14,7 +14,7 @@ import time
 
 XLOG_DATA, KEEPALIVE = ord("w"), ord("k")
 XLOG_HEADER = 1 + 8 + 8 + 8  # kind, data start, WAL end, send time
-_START = struct.Struct(">Q")
+START = struct.Struct(">Q")  # an XLogData's data start, at offset 1
 _KEEPALIVE = struct.Struct(">QQB")  # WAL end, send time, reply requested
 _STATUS = struct.Struct(">cQQQqB")  # 'r', written, flushed, applied, client time, reply requested
 _PG_EPOCH = 946_684_800  # 2000-01-01 in Unix seconds: the protocol's timestamps count from it
@@ -22,7 +22,7 @@ _PG_EPOCH = 946_684_800  # 2000-01-01 in Unix seconds: the protocol's timestamps
 
 def data_start(message) -> int:
     """The WAL position of an XLogData message's pgoutput payload (`message[XLOG_HEADER:]`)."""
-    return _START.unpack_from(message, 1)[0]
+    return START.unpack_from(message, 1)[0]
 
 
 def keepalive(message) -> tuple[int, bool]:
