@@ -177,10 +177,10 @@ def versions_pair(request):
     yield from _versions_pair(request)
 
 
-@pytest.fixture(params=["15", "15-18", pytest.param("18", marks=pytest.mark.slow)])
+@pytest.fixture(params=["15-18", *(pytest.param(v, marks=pytest.mark.slow) for v in ("15", "18"))])
 def versions_pair_sampled(request):
-    """versions_pair for a longer test: 18 to 18 only in the slow set (SLUICEGATE_ALL_TESTS=1); 18 as a
-    source is in the default set through test_table_shapes."""
+    """versions_pair for a longer test: from 15 to 18 in the default set (15 to 15 is what every other test
+    runs), 15 to 15 and 18 to 18 in the slow set (SLUICEGATE_ALL_TESTS=1)."""
     yield from _versions_pair(request)
 
 

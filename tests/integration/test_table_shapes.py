@@ -104,7 +104,7 @@ class ShapeWriter(threading.Thread):
 
 def test_shapes_move_and_every_change_lands(versions_pair_sampled, tmp_path):
     """kill -9 of `workflow run` in the copy and in replication, under live writes to every shape."""
-    pair = versions_pair_sampled  # 15, 15 -> 18; 18 -> 18 in the slow set
+    pair = versions_pair_sampled  # 15 -> 18; 15 -> 15 and 18 -> 18 in the slow set
     for statement in SHAPES.split(";\n"):
         if statement.strip():
             pair.src(statement)
