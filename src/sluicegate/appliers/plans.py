@@ -36,8 +36,9 @@ _FACTS = """CASE WHEN {rel} IS NOT NULL THEN md5(concat_ws('|',
        FROM pg_attribute a WHERE a.attrelid = {rel} AND a.attnum > 0 AND NOT a.attisdropped),
     (SELECT string_agg(concat_ws(',', i.indexrelid, i.indisunique, i.indisprimary), ';' ORDER BY i.indexrelid)
        FROM pg_index i WHERE i.indrelid = {rel}),
-    (SELECT string_agg(f.oid::text, ';' ORDER BY f.oid) FROM pg_constraint f
-      WHERE f.confrelid = {rel} AND f.contype = 'f'),
+    -- a foreign key that references the table has its triggers on it (pg_constraint has no index on confrelid)
+    (SELECT string_agg(g.tgconstraint::text, ';' ORDER BY g.oid) FROM pg_trigger g
+      WHERE g.tgrelid = {rel} AND g.tgisinternal AND g.tgconstraint <> 0),
     current_setting('session_replication_role'))) END"""
 
 _CHECK = ("SELECT v.n, " + _FACTS.format(rel="c.r") + """, to_regclass(v.stage)::oid
