@@ -199,12 +199,13 @@ class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
                  chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None,
                  unplaced=None, plans: TablePlans | None = None):
-        """`plans`: table plans kept across the appliers (transactions) of one play task (plans.py); None:
-        made for this applier alone. `schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
+        """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
         table's, once everything staged before it is written: the table's new description, after bringing the
         target table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not
         change. `unplaced`: given a Relation that names none of the tables, returns if its changes may be
-        passed over, else raises (the stream may never drop a change it cannot place); None: passed over."""
+        passed over, else raises (the stream may never drop a change it cannot place); None: passed over.
+        `plans`: table plans kept across the appliers (transactions) of one play task (plans.py); None: made
+        for this applier alone."""
         self.conn = conn
         self.schema_changes = schema_changes
         self.unplaced = unplaced
