@@ -539,6 +539,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds any one wait may take")
     parser.add_argument("--out", help="also write the JSON line to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temporary directory and its logs")
+    parser.set_defaults(profile=None)  # run.py's copy profile (its --profile): not part of this bench
     args = parser.parse_args()
     if args.quick:
         args.scale, args.rates, args.seconds = 1, [500, 1000], 8

@@ -254,3 +254,44 @@ def test_exec_ignore_goes_on_past_a_failing_statement_and_exec_stops(pair, spark
     row = stream_row(pair, "onward")
     assert "CREATE INDEX items_name" in row["message"] and "42P07" in row["message"], row
     assert pair.dst("SELECT DISTINCT qty FROM items WHERE id <= 5") == [(80,)]
+
+
+def swap_names(url: str, a: int, b: int) -> None:
+    """Exchange two rows' values of the unique `name` in one transaction: applied set-based, an update that
+    the unique index refuses row by row (the applier's plan must know of the index: appliers/plans.py)."""
+    with psycopg.connect(url) as c:
+        na, nb = (c.execute("SELECT name FROM items WHERE id = %s", (k,)).fetchone()[0] for k in (a, b))
+        c.execute("UPDATE items SET name = 'swapping' WHERE id = %s", (a,))
+        c.execute("UPDATE items SET name = %s WHERE id = %s", (na, b))
+        c.execute("UPDATE items SET name = %s WHERE id = %s", (nb, a))
+
+
+def test_kept_plans_follow_a_unique_index_and_columns_under_exec(pair, spark):
+    """Many batches with plans kept across them (appliers/plans.py) while statements change the table: a new
+    unique index (then an exchange of its values), an added and a dropped column; the target equals the source."""
+    load(pair, 500)
+    # rows of their own for the exchanges: the writes touch positive keys only
+    pair.src("INSERT INTO items (id, qty, name) SELECT -g, 0, 'neg ' || g FROM generate_series(1, 4) g")
+    install(pair)
+    create_movetables("kp", pair.source, pair.target, ["items"], [], {"on_ddl": "exec"})
+    with EngineThread(spark, pair.target, "kp"):
+        wait_for(lambda: stream_row(pair, "kp")["state"] == "Running", what="Running")
+        writes = Writes(pair.source, 501)
+        writes.start()
+        wait_for(lambda: writes.commits > 20, what="writes")
+        pair.src("CREATE UNIQUE INDEX items_name ON items (name)")
+        swap_names(pair.source, -1, -2)
+        pair.src("ALTER TABLE items ADD COLUMN extra int DEFAULT 3")
+        wait_for(lambda: writes.commits > 40, what="writes after the index")
+        swap_names(pair.source, -3, -4)
+        pair.src("ALTER TABLE items DROP COLUMN legacy")
+        swap_names(pair.source, -1, -3)
+        wait_for(lambda: writes.commits > 60, what="writes after the columns changed")
+        writes.finish()
+        settled(pair, "kp")
+        assert stream_row(pair, "kp")["state"] == "Running", stream_row(pair, "kp")
+        assert columns(pair.target) == columns(pair.source)
+        assert indexes(pair.target) == indexes(pair.source)
+        assert assert_same(pair, "public.items", ["id"]) > 500
+        assert pair.dst("SELECT name FROM items WHERE id < 0 ORDER BY id") == \
+            [("neg 3",), ("neg 2",), ("neg 1",), ("neg 4",)]

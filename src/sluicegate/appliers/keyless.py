@@ -24,7 +24,7 @@ from psycopg import sql
 from ..errors import TerminalError
 from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
-from .identity import overriding_clause, writes_always_identity
+from .identity import overriding_clause
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _LINES_PER_WRITE = 1000
@@ -73,14 +73,6 @@ class KeylessRows:
             self._add(tuple(new), 1)
 
 
-def plan(conn: psycopg.Connection, table: Table, stage: sql.Identifier) -> dict:
-    """The statements that apply a staged delta to `table`; makes the staging table (per transaction)."""
-    # an identity column GENERATED ALWAYS takes the source's values, as the copy (COPY) wrote them
-    statements = compose_plan(table, stage, always=writes_always_identity(conn, table))
-    conn.execute(statements["create"])
-    return statements
-
-
 def compose_plan(table: Table, stage: sql.Identifier, *, always: bool = False) -> dict:
     """plan's statements (pure). `always`: the target has an identity column GENERATED ALWAYS among those
     written (writes_always_identity)."""
@@ -93,8 +85,10 @@ def compose_plan(table: Table, stage: sql.Identifier, *, always: bool = False) -
             sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(alias, c)) for c in table.column_names))
 
     return {
-        "create": sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS "
-                          "SELECT NULL::int AS _sg_n, {} FROM {} WITH NO DATA").format(stage, col_list, table.ident),
+        # kept across transactions, emptied by each commit, as a keyed table's (postgres.compose_plan)
+        "create": sql.SQL("DROP TABLE IF EXISTS pg_temp.{}; CREATE TEMP TABLE {} ON COMMIT DELETE ROWS AS "
+                          "SELECT NULL::int AS _sg_n, {} FROM {} WITH NO DATA").format(
+            stage, stage, col_list, table.ident),
         "copy": sql.SQL("COPY {} (_sg_n, {}) FROM STDIN").format(stage, col_list),
         # The k-th equal row (by ctid) is deleted while k <= the value's count of deletes (staged values that
         # render alike counted together); the rows are then fetched by a TID scan of the chunk's ctids, not
@@ -135,8 +129,7 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
     inserted = sum(n for _, n in items if n > 0)
     if inserted:
         cur.execute(plan["insert"])
-    cur.execute(plan["clear"])
-    return wanted + inserted
+    return wanted + inserted  # the caller empties the staging table before the next chunk (plan["clear"])
 
 
 def _line(n: int, values: tuple) -> str:

@@ -29,6 +29,7 @@ from ..postgres.pgoutput import UNCHANGED, Relation
 from ..postgres.relation_changes import classify
 from . import keyless
 from .identity import overriding_clause
+from .plans import Kept, TablePlans, facts_sql
 
 _ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
@@ -197,12 +198,14 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
 class PostgresApplier:
     def __init__(self, conn: psycopg.Connection, tables: list[TargetTable], *, chunk_rows: int = 20_000,
                  chunk_bytes: int = 32 << 20, executor: Executor | None = None, schema_changes=None,
-                 unplaced=None):
+                 unplaced=None, plans: TablePlans | None = None):
         """`schema_changes`: (Relation, Table) -> Table, given a Relation whose columns differ from its
         table's, once everything staged before it is written: the table's new description, after bringing the
         target table to it (workflow/schema_changes.SchemaFollower), or an error. None: columns must not
         change. `unplaced`: given a Relation that names none of the tables, returns if its changes may be
-        passed over, else raises (the stream may never drop a change it cannot place); None: passed over."""
+        passed over, else raises (the stream may never drop a change it cannot place); None: passed over.
+        `plans`: table plans kept across the appliers (transactions) of one play task (plans.py); None: made
+        for this applier alone."""
         self.conn = conn
         self.schema_changes = schema_changes
         self.unplaced = unplaced
@@ -214,7 +217,10 @@ class PostgresApplier:
             self.add_table(t)
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.pending_rows = self.pending_bytes = 0
-        self.staged: set[int] = set()
+        self.plans = TablePlans() if plans is None else plans
+        self._serial = self.plans.begin()
+        self._checked = False  # kept plans checked against the target in this transaction (plans.py)
+        self._filled: set[tuple] = set()  # tables whose staging table holds an earlier chunk of this transaction
         self.applied_rows = 0
 
     def add_table(self, t: TargetTable) -> None:
@@ -257,23 +263,21 @@ class PostgresApplier:
         """The table took a new shape (columns added): its plan and staging table are made again."""
         if table is t.table:
             return
-        t.table, t._plan = table, None
+        self._forget(t)
+        t.table = table
         t.order_of = None if table.keyless else key_order_getter(table)
-        if t.index in self.staged:
-            stage = sql.Identifier(f"sg_stage_{t.index}")
-            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
-            self.staged.discard(t.index)
+
+    def _forget(self, t: TargetTable) -> None:
+        """The table's plan is made again before its next chunk (its staging table with it)."""
+        t._plan = None
+        self.plans.forget(_plan_key(t))
 
     def forget_plan(self, source: tuple[str, str]) -> None:
         """A statement changed the target table (ddl/replay.py): its plan and staging table are made again
         (its columns, indexes and constraints may differ now). Nothing of it may be staged."""
         t = self.by_name.get(source)
-        if t is None:
-            return
-        t._plan = None
-        if t.index in self.staged:
-            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"sg_stage_{t.index}")))
-            self.staged.discard(t.index)
+        if t is not None:
+            self._forget(t)
 
     def reshape(self, source: tuple[str, str], table: Table) -> None:
         """A statement gave the table a new description (ddl/tables.py): rows after it are staged in it. A
@@ -281,14 +285,16 @@ class PostgresApplier:
         t = self.by_name.pop(source, None)
         if t is None:
             return
+        self._forget(t)
         self._retable(t, table)
-        t._plan = None
         self.by_name[(table.schema, table.name)] = t
         self._rels.clear()
 
     def drop_table(self, source: tuple[str, str]) -> None:
         """The table was dropped (ddl/tables.py): nothing of it is staged (the caller synced first)."""
-        if self.by_name.pop(source, None) is not None:
+        t = self.by_name.pop(source, None)
+        if t is not None:
+            self._forget(t)
             self._rels.clear()
 
     def change(self, ch: Change) -> None:
@@ -454,9 +460,13 @@ class PostgresApplier:
             writing.result()
 
     def sync(self) -> None:
-        """Everything collected so far is written: the connection is the caller's."""
+        """Everything collected so far is written: the connection is the caller's. What the caller runs on it
+        may change any table: plans are checked again before their next use (plans.py)."""
         self.flush()
         self.settle()
+        self._checked = False
+        for t in self.by_name.values():
+            t._plan = None
 
     def abandon(self) -> None:
         """The caller failed: let a chunk in flight finish (the caller rolls the transaction back) so the
@@ -473,13 +483,17 @@ class PostgresApplier:
             self._flush_table(t, rows, has_keep)
 
     def _flush_table(self, t: TargetTable, rows: dict, has_keep: bool) -> None:
-        if t.table.keyless:
-            plan = self._plan_for(t)
-            with self.conn.cursor() as cur:
-                self.applied_rows += keyless.flush(cur, t.table, plan, rows)
-            return
         plan = self._plan_for(t)
+        key = _plan_key(t)
         with self.conn.cursor() as cur:
+            # The staging table is emptied before a chunk, not after: the commit empties it after the last one
+            # (usually the only one of a batch).
+            if key in self._filled:
+                cur.execute(plan["clear"])
+            self._filled.add(key)
+            if t.table.keyless:
+                self.applied_rows += keyless.flush(cur, t.table, plan, rows)
+                return
             ordered, order = sort_by_key(rows, t.order_of)
             with cur.copy(plan["copy"]) as copy:
                 deletes = copy_text(ordered, len(t.table.columns), copy.write)
@@ -502,7 +516,6 @@ class PostgresApplier:
             elif upserts:
                 self._upsert(cur, t, plan, has_keep, span, upserts)
             self.applied_rows += len(rows)
-            cur.execute(plan["clear"])
 
     def _upsert(self, cur, t: TargetTable, plan: dict, has_keep: bool, span, upserts: int) -> None:
         updated = 0
@@ -569,33 +582,56 @@ class PostgresApplier:
         )
 
     def _plan_for(self, t: TargetTable) -> dict:
-        """Statements for one table, composed once per applier (cf. Vitess's table plans)."""
-        if t._plan is not None and t.index in self.staged:
+        """Statements for one table (cf. Vitess's table plans): kept across the task's batches (plans.py),
+        checked once a transaction; made when none is kept or it no longer holds."""
+        if t._plan is not None:  # made or checked in this transaction
             return t._plan
-        table = t.table
-        stage = sql.Identifier(f"sg_stage_{t.index}")
-        if table.keyless:
-            t._plan = keyless.plan(self.conn, table, stage)
-            self.staged.add(t.index)
-            return t._plan
-        # The target's own definition: a unique index besides the key (_flush_table), an identity column
-        # GENERATED ALWAYS among those written (the source's values are the ones to keep).
-        unique, always, cascades = self.conn.execute(
-            """SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = %s::regclass AND indisunique AND NOT indisprimary),
-                      EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity = 'a'
-                                                          AND attname = ANY(%s)),
-                      EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %s::regclass AND contype = 'f')
-                      AND current_setting('session_replication_role') <> 'replica'""",
-            (table.ident.as_string(self.conn),) * 2 + (list(table.column_names), table.ident.as_string(self.conn)),
-        ).fetchone()
-        staged = None if t.index in self.staged else staged_columns(self.conn, table)
-        plan = compose_plan(table, stage, mode=t.mode, lastpk=t.lastpk, staged=staged, unique=unique,
-                            always=always, referenced=cascades)
-        if plan["create"] is not None:
-            self.conn.execute(plan["create"])
-            self.staged.add(t.index)
+        if not self._checked:
+            self.plans.check(self.conn)
+            self._checked = True
+        key, made_for = _plan_key(t), (t.table, t.mode, t.lastpk)
+        plan = self.plans.use(key, made_for, self._serial)
+        if plan is None:
+            plan = self._make_plan(t, key, made_for)
         t._plan = plan
         return plan
+
+    def _make_plan(self, t: TargetTable, key: tuple, made_for: tuple) -> dict:
+        table = t.table
+        name = f"sg_stage_{self.plans.number(key, self._serial)}"
+        stage, qualified = sql.Identifier(name), sql.Identifier("pg_temp", name).as_string(self.conn)
+        target = table.ident.as_string(self.conn)
+        # The target's own definition: a unique index besides the key (_flush_table), an identity column
+        # GENERATED ALWAYS among those written (the source's values are the ones to keep), foreign keys that
+        # reference it; the facts the plan is checked against later; domains' base types (staged_columns).
+        unique, always, cascades, facts, bases = self.conn.execute(
+            """SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = %(t)s::regclass AND indisunique AND NOT indisprimary),
+                      EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %(t)s::regclass AND attidentity = 'a'
+                                                          AND attname = ANY(%(cols)s)),
+                      EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(t)s::regclass AND contype = 'f')
+                      AND current_setting('session_replication_role') <> 'replica', """
+            + facts_sql("%(t)s::regclass::oid")
+            + f", (SELECT coalesce(json_object_agg(b.attname, b.base), '{{}}') FROM ({_DOMAIN_BASES_T}) b(attname, base))",
+            {"t": target, "cols": list(table.column_names)},
+        ).fetchone()
+        if table.keyless:
+            plan = keyless.compose_plan(table, stage, always=always)
+        else:
+            plan = compose_plan(table, stage, mode=t.mode, lastpk=t.lastpk, staged=staged_columns_of(table, bases),
+                                unique=unique, always=always, referenced=cascades)
+        # Made anew, whatever the session has under that name (a rollback may have brought an older one back).
+        cur = self.conn.execute(plan["create"] + sql.SQL("; SELECT {}::regclass::oid").format(sql.Literal(qualified)))
+        while cur.nextset():  # the last statement's result: the staging table's oid
+            pass
+        stage_oid = cur.fetchone()[0]
+        self._filled.discard(key)
+        self.plans.keep(key, Kept(made_for, plan, target, qualified, facts, stage_oid, self._serial))
+        return plan
+
+
+def _plan_key(t: TargetTable) -> tuple:
+    """What a table's kept plan is found by: its source (a rule renames it) and target names."""
+    return t.source, t.table.schema, t.table.name
 
 
 def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", lastpk: list[str] | None = None,
@@ -607,12 +643,13 @@ def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", last
     `always`: an identity column GENERATED ALWAYS among those written; `referenced`: foreign keys point at it."""
     cols = [sql.Identifier(c) for c in table.column_names]
     col_list = sql.SQL(", ").join(cols)
-    # Per transaction (ON COMMIT DROP): no constraints, so deletes may leave non-key columns NULL;
-    # domains staged as their base types, or a NOT NULL domain would refuse those NULLs.
+    # Kept across transactions, emptied by each commit (ON COMMIT DELETE ROWS: plans.py); made anew, in place of
+    # any older one of that name. No constraints, so deletes may leave non-key columns NULL; domains staged as
+    # their base types, or a NOT NULL domain would refuse those NULLs.
     create = None if staged is None else sql.SQL(
-        """CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DROP AS
+        """DROP TABLE IF EXISTS pg_temp.{}; CREATE TEMP TABLE {} ON COMMIT DELETE ROWS AS
            SELECT NULL::"char" AS _sg_op, NULL::int[] AS _sg_keep, {} FROM {} WITH NO DATA"""
-    ).format(stage, staged, table.ident)
+    ).format(stage, stage, staged, table.ident)
     match = keyrange.key_equal(table, "d", "s")
     flt = sql.SQL("")
     if mode == "upto":
@@ -677,6 +714,10 @@ WITH RECURSIVE d(attname, typ, typmod) AS (
   UNION ALL
     SELECT d.attname, t.typbasetype, t.typtypmod FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype = 'd')
 SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype <> 'd'"""
+
+
+# _DOMAIN_BASES with the table as %(t)s, for a query of several parts
+_DOMAIN_BASES_T = _DOMAIN_BASES.replace("%s::regclass", "%(t)s::regclass")
 
 
 def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:

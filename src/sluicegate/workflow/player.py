@@ -16,7 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from .. import config
 from ..appliers.lww_applier import LwwApplier
+from ..appliers.plans import TablePlans
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..ddl.message import PREFIX as DDL_PREFIX
 from ..ddl.replay import DdlReplay
@@ -110,6 +112,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             dst.execute("SET deadlock_timeout = '20ms'")
         dst.commit()
         lww_plans: dict = {}  # LwwTables kept across the task's batches
+        plans = TablePlans()  # and the PostgreSQL applier's (appliers/plans.py)
         gate = StandbyGate(task.confirm_after_standbys)
         info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
         capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
@@ -164,7 +167,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                     wait_flushed(src_ctl, this.stop_at)
                 try:
                     batch = _apply_batch(this, stream, dst, framing, result.position, flushed, rules, writer,
-                                         follower, lww_plans, src_ctl)
+                                         follower, lww_plans, src_ctl, plans)
                 except SchemaStop as exc:
                     # A schema change the stream does not follow: what came before the transaction that met it
                     # is applied (the target is then made to match from a clean point), nothing of it.
@@ -278,7 +281,7 @@ class _Batch:
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,
                  rules: dict | None, writer=None, follower: SchemaFollower | None = None,
-                 lww_plans: dict | None = None, src=None) -> _Batch:
+                 lww_plans: dict | None = None, src=None, plans: TablePlans | None = None) -> _Batch:
     tables = [TargetTable(Table.from_json(spec), mode, lastpk) for spec, mode, lastpk in task.tables]
     placed = (lambda rel: check_placed(src, dst, task, rel)) if src is not None else None
     if task.clusters[0]:
@@ -300,7 +303,7 @@ def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, po
             t.source, t.table = (t.table.schema, t.table.name), runner.rule.target
             ruled[t.source] = (runner, t)
     base = applier = PostgresApplier(dst, tables, executor=writer, schema_changes=follower,
-                                     unplaced=placed)
+                                     unplaced=placed, plans=plans)
     rows = None
     if ruled:
         from ..rules.replicator import RuleReplicator  # with pyarrow: only where a table has a rule
@@ -346,6 +349,10 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     reached_stop = False
     meeting = None  # commit position of the transaction being read
     begin = getattr(applier, "begin", None)  # an applier that wants each transaction's commit time
+    # The fault point at each commit, its setting read once a batch: os.environ read at every commit showed
+    # in the replay's profile (bench/README.md).
+    mid_batch = f"{task.until}.mid_batch"
+    pause_mid_batch = config.from_env("fault_pause") == mid_batch
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
     try:
@@ -377,7 +384,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                     batch.transactions += 1
                     batch.commit_time = ev.commit_time
                     batch.commit_end = ev.end_lsn
-                fault_point(f"{task.until}.mid_batch")
+                if pause_mid_batch:
+                    fault_point(mid_batch)
                 if ddl is not None and (ddl.tables_changed or ddl.ends_batch):
                     # The stream's tables changed (a table joined, was dropped or renamed), or an enum label was
                     # added (usable once committed): the batch ends with this transaction, and the task with the
