@@ -164,7 +164,7 @@ class ChangeStream:
                     raise psycopg.OperationalError(_text(res.error_message) if res is not None else "closed")
                 kind = data[0]
                 if kind == _XLOG_DATA:  # most messages: no call more than needed
-                    return start(data, 1)[0], bytes(data[_XLOG_HEADER:])
+                    return start(data, 1)[0], data.tobytes()[_XLOG_HEADER:]
                 if kind == walsender.KEEPALIVE:
                     wal_end, reply = walsender.keepalive(data)
                     self.wal_end = max(self.wal_end, wal_end)
