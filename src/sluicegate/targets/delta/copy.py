@@ -2,7 +2,7 @@
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
 snapshot, reads its range as text (`col::text`, the same text the stream carries; targets/delta/types.py converts
-both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
+both) with one COPY in CSV and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
 in the task from the URI and the environment), not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
 table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
@@ -12,23 +12,27 @@ before a kill is found again by its app transaction and its state taken from tha
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import uuid
 from dataclasses import dataclass
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from ...faults import fault_point
 from ...postgres.catalog import FIRST_USER_OID, Table
 from ...postgres.connect import connect
 from ...workflow.copier import CopyRange, task_where
-from . import durable
-from .types import arrow_schema, record_batch
+from . import csvblock, durable
+from .types import arrow_schema, convert_text_arrays
 
 CYCLE_KEY = "sluicegate.copy_cycle"
-FETCH_ROWS = 20_000
+# The COPY text a copy or vdiff task parses at once (~80k pgbench rows): memory stays bounded by it, the
+# Parquet writer's row group and one file's key bounds, whatever the range's size.
+BLOCK_BYTES = 8 << 20
 # Rows per Parquet file a copy task writes. A MERGE rewrites every file that holds a row it changes, whole: a
 # batch that touches a key range then rewrites the files that range spans, not a task's whole share.
 FILE_ROWS = 250_000
@@ -72,30 +76,43 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
                      columns=None, into: Table | None = None):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read. `label`: the
-    session shows it with the rows read so far as its application_name (live.py), until the last one.
-    `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that only moves
-    columns."""
+    session's application_name while it reads (live.py: its COPY's rows are counted by the server), until the
+    last batch. `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that
+    only moves columns.
+
+    One `COPY (SELECT …) TO STDOUT (FORMAT csv)`, its rows gathered into blocks of about BLOCK_BYTES, each
+    parsed by Arrow's CSV reader (csvblock.py) and converted column by column (types.convert_text_arrays): no
+    Python object per value where Arrow reads the type exactly as the per-value converter does."""
     from ...workflow.live import source_label
 
     into = into or table
-    cols = sql.SQL(", ").join(output_text(c) for c in (columns or table.columns))
-    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
+    read = columns or table.columns
+    cols = sql.SQL(", ").join(output_text(c) for c in read)
+    copy = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(cols, table.scan, where)
+    schema = arrow_schema(into)
     with connect(source_url, role="source") as src:
         src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         src.read_only = True
         src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-        rows = 0
-        with src.cursor(name="sg_lake_read") as cur:
-            cur.itersize = FETCH_ROWS
-            cur.execute(select)
-            while chunk := cur.fetchmany(FETCH_ROWS):
-                rows += len(chunk)
-                if label:
-                    src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, rows),))
-                yield record_batch(into, chunk)
+        if label:  # no statement can run during the COPY: the server counts its rows (pg_stat_progress_copy)
+            src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, 0),))
+        with src.cursor().copy(copy) as out:
+            block = io.BytesIO()
+            for row in out:  # one CopyData message a row: a block always ends at a row's end
+                block.write(row)
+                if block.tell() >= BLOCK_BYTES:
+                    yield _batch(into, schema, len(read), block)
+                    block = io.BytesIO()
+            if block.tell():
+                yield _batch(into, schema, len(read), block)
         if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
             src.execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
+
+
+def _batch(into: Table, schema, columns: int, block: io.BytesIO):
+    texts = csvblock.string_arrays(columns, block.getbuffer())
+    return pa.RecordBatch.from_arrays(convert_text_arrays(into, texts), schema=schema)
 
 
 def copy_range(task: LakeCopyTask) -> list[dict]:
