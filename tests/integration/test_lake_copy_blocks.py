@@ -1,8 +1,9 @@
 """A Delta copy task's read (copy.snapshot_batches: one COPY in CSV, cut into blocks, parsed and cast by Arrow)
-against a real server gives the batches the per-value path gives over the same rows read as text tuples:
-text with quotes, delimiters, newlines, carriage returns, backslashes, `\\.`, unicode, '' and NULL, floats,
-numerics, dates and timestamps with their edge values; blocks cut anywhere; and while the COPY runs the
-source session carries the cycle's label and the server's row count (live.in_flight_reads)."""
+against a real server gives the batches the per-value path gives over the same rows read as text tuples
+through copy.output_text: text with quotes, delimiters, newlines, carriage returns, backslashes, `\\.`,
+unicode, '' and NULL; floats, numerics, dates and timestamps with their edge values; char(n), inet, a domain, an
+enum, an array (the COPY writes bare columns: their output functions' text). Blocks cut anywhere. While the COPY
+runs, the source session carries the cycle's label and the server counts its rows (live.in_flight_reads)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ TEXTS = ["", " ", "a,b", 'say "hi"', '"', "line\nbreak", "cr\r\nlf", "back\\slas
 
 
 def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
+    pair.src("CREATE DOMAIN code5 AS char(5); CREATE TYPE mood AS ENUM ('ok', 'a \"b\", c')")
     pair.src("""CREATE TABLE quirks (id bigint PRIMARY KEY, t text, f4 real, f8 float8, n numeric(12,2),
-                                      u numeric, d date, ts timestamp, tz timestamptz, b bytea, ok boolean)""")
+                                      u numeric, d date, ts timestamp, tz timestamptz, b bytea, ok boolean,
+                                      c5 char(5), ip inet, dc code5, m mood, a text[])""")
     pair.src("""INSERT INTO quirks SELECT g, (%s::text[])[1 + g %% %s],
                   CASE g %% 5 WHEN 0 THEN 'NaN' WHEN 1 THEN '-Infinity' WHEN 2 THEN NULL ELSE g / 7.0 END,
                   CASE g %% 4 WHEN 0 THEN '-0' WHEN 1 THEN 'Infinity' ELSE g * 1e300 / 3 END,
@@ -34,7 +37,11 @@ def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
                   CASE g %% 7 WHEN 0 THEN 'infinity' WHEN 1 THEN '0001-01-01 00:00:00+00 BC'
                               ELSE '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 min' END,
                   CASE g %% 3 WHEN 0 THEN NULL WHEN 1 THEN ''::bytea ELSE '\\x0a2c22'::bytea END,
-                  CASE g %% 3 WHEN 0 THEN NULL ELSE g %% 2 = 0 END
+                  CASE g %% 3 WHEN 0 THEN NULL ELSE g %% 2 = 0 END,
+                  CASE g %% 3 WHEN 0 THEN NULL WHEN 1 THEN '' ELSE 'ab' END,
+                  ('10.0.' || (g %% 250) || '.1')::inet, 'x,y', CASE g %% 2 WHEN 0 THEN 'ok' ELSE 'a "b", c' END::mood,
+                  ARRAY['a "q"', NULL, '', 'l
+2']
                 FROM generate_series(1, 5000) g""", (TEXTS + [None], len(TEXTS) + 1))
     pair.src("CREATE TABLE big (id int PRIMARY KEY, f text)")
     pair.src("INSERT INTO big SELECT g, repeat(md5(g::text), 32) FROM generate_series(1, 20000) g")
@@ -76,4 +83,6 @@ def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
         else:
             assert got.column(name).equals(want.column(name)), name
     assert set(got.column("t").to_pylist()) == set(TEXTS) | {None}
+    assert set(got.column("c5").to_pylist()) == {None, "     ", "ab   "}  # char(n) keeps its padding
+    assert got.column("ip").to_pylist()[:2] == ["10.0.1.1", "10.0.2.1"]  # an inet host: no /32
     assert first.num_rows <= during.get(label, 0) < 20_000 and label not in after

@@ -1,8 +1,8 @@
 """The copy into Delta: cycles of key ranges above lastpk, each cycle inside one exported snapshot.
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
-snapshot, reads its range as text (`col::text`, the same text the stream carries; targets/delta/types.py converts
-both) with one COPY in CSV and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
+snapshot, reads its range as text (one COPY in CSV: each column as its output function writes it, the same text
+the stream carries; targets/delta/types.py converts both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
 in the task from the URI and the environment), not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
 table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
@@ -64,8 +64,9 @@ _CAST_DIFFERS = {1042, 869}
 
 
 def output_text(column) -> sql.Composable:
-    """The column's value as its type's output function writes it (the stream's text), NULL as NULL. A
-    user type (a domain over char(n) or inet, say) may cast as its base type does: format() too."""
+    """The column's value as its type's output function writes it (the stream's text), NULL as NULL, in a
+    SELECT (the copy's COPY writes bare columns so). A user type (a domain over char(n) or inet, say) may
+    cast as its base type does: format() too."""
     ident = sql.Identifier(column.name)
     if column.type_oid in _CAST_DIFFERS or column.type_oid >= FIRST_USER_OID:
         return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE format('%s', {}) END").format(ident, ident)
@@ -87,7 +88,9 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
 
     into = into or table
     read = columns or table.columns
-    cols = sql.SQL(", ").join(output_text(c) for c in read)
+    # bare columns: COPY writes each with its type's output function, the stream's text (what output_text
+    # gives a SELECT: char(n) padded, inet as inet's output, booleans as 't'/'f'), without a cast per value
+    cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in read)
     copy = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(cols, table.scan, where)
     schema = arrow_schema(into)
     with connect(source_url, role="source") as src:

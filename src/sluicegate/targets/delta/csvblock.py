@@ -1,6 +1,6 @@
 """A block of `COPY (SELECT …) TO STDOUT (FORMAT csv)` output as Arrow string arrays, parsed in C.
 
-The copy reads each column as its output function's text (copy.output_text); PostgreSQL's CSV then writes a
+The copy reads each column as its type's output function writes it (copy.snapshot_batches); the CSV writes a
 NULL as an unquoted empty field and the empty string as `""`, and quotes any value holding the delimiter, a
 quote (doubled inside), a newline or a carriage return. Backslashes are data in CSV. So: no escape
 character, quoted newlines allowed, an unquoted empty field NULL and a quoted one never, and an empty line a
