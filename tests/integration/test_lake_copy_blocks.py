@@ -7,15 +7,21 @@ runs, the source session carries the cycle's label and the server counts its row
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pyarrow as pa
+import pytest
 from psycopg import sql
 
+from sluicegate.errors import RetryableError
 from sluicegate.postgres.catalog import describe_table
 from sluicegate.postgres.connect import connect
 from sluicegate.targets.delta import copy
 from sluicegate.targets.delta.types import record_batch
 from sluicegate.workflow import live
+
+from ..conftest import wait_for
 
 TEXTS = ["", " ", "a,b", 'say "hi"', '"', "line\nbreak", "cr\r\nlf", "back\\slash", "\\.", "\\N", "NULL",
          "ünïcødé ✓ 日本", "\t", "x" * 3000]
@@ -72,6 +78,13 @@ def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
             during = live.in_flight_reads(watcher)
             assert sum(b.num_rows for b in batches) + first.num_rows == 20_000
             after = live.in_flight_reads(watcher)
+            # a reader that stops early (an error in the task): the COPY cancelled, its thread and session gone
+            stopped = copy.snapshot_batches(pair.source, snapshot, big, where, label + "x")
+            next(stopped)
+            stopped.close()
+            assert not any(t.name == "sg-copy-out" for t in threading.enumerate())
+            wait_for(lambda: label + "x" not in {n for (n,) in watcher.execute(
+                "SELECT application_name FROM pg_stat_activity")}, timeout=10, what="the stopped reader's session")
     finally:
         holder.close()
     assert len(got.to_batches()) > 10
@@ -86,3 +99,11 @@ def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
     assert set(got.column("c5").to_pylist()) == {None, "     ", "ab   "}  # char(n) keeps its padding
     assert got.column("ip").to_pylist()[:2] == ["10.0.1.1", "10.0.2.1"]  # an inet host: no /32
     assert first.num_rows <= during.get(label, 0) < 20_000 and label not in after
+
+
+def test_a_snapshot_gone_is_retryable(pair):
+    pair.src("CREATE TABLE t (id int PRIMARY KEY)")
+    with psycopg.connect(pair.source) as c:
+        table = describe_table(c, "public", "t")
+    with pytest.raises(RetryableError, match="snapshot 00000003-0000001B-1 is gone"):
+        next(copy.snapshot_batches(pair.source, "00000003-0000001B-1", table, sql.SQL("true")))

@@ -12,20 +12,21 @@ before a kill is found again by its app transaction and its state taken from tha
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import uuid
 from dataclasses import dataclass
 
-import psycopg
+import psycopg2.errors
 import pyarrow as pa
 from psycopg import sql
 
 from ...faults import fault_point
+from ...postgres import passthrough
 from ...postgres.catalog import FIRST_USER_OID, Table
-from ...postgres.connect import connect
+from ...postgres.connect import describe_conn
 from ...workflow.copier import CopyRange, task_where
+from ...workflow.copy_task import snapshot_gone
 from . import csvblock, durable
 from .types import arrow_schema, convert_text_arrays
 
@@ -81,9 +82,10 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
     last batch. `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that
     only moves columns.
 
-    One `COPY (SELECT …) TO STDOUT (FORMAT csv)`, its rows gathered into blocks of about BLOCK_BYTES, each
-    parsed by Arrow's CSV reader (csvblock.py) and converted column by column (types.convert_text_arrays): no
-    Python object per value where Arrow reads the type exactly as the per-value converter does."""
+    One `COPY (SELECT …) TO STDOUT (FORMAT csv)`, its rows gathered into blocks of about BLOCK_BYTES
+    (passthrough.copy_blocks), each parsed by Arrow's CSV reader (csvblock.py) and converted column by column
+    (types.convert_text_arrays): no Python object per value where Arrow reads the type exactly as the
+    per-value converter does."""
     from ...workflow.live import source_label
 
     into = into or table
@@ -93,28 +95,26 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in read)
     copy = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(cols, table.scan, where)
     schema = arrow_schema(into)
-    with connect(source_url, role="source") as src:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        src.read_only = True
-        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+    src = passthrough.connect(source_url, "source")  # psycopg2: the COPY's loop runs in C (copy_blocks)
+    try:
+        src.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        try:
+            src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+        except psycopg2.errors.InvalidParameterValue:
+            raise snapshot_gone(snapshot, describe_conn(src)) from None
         if label:  # no statement can run during the COPY: the server counts its rows (pg_stat_progress_copy)
-            src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, 0),))
-        with src.cursor().copy(copy) as out:
-            block = io.BytesIO()
-            for row in out:  # one CopyData message a row: a block always ends at a row's end
-                block.write(row)
-                if block.tell() >= BLOCK_BYTES:
-                    yield _batch(into, schema, len(read), block)
-                    block = io.BytesIO()
-            if block.tell():
-                yield _batch(into, schema, len(read), block)
+            src.cursor().execute("SELECT set_config('application_name', %s, false)", (source_label(label, 0),))
+        for block in passthrough.copy_blocks(src, copy.as_string(None), BLOCK_BYTES):
+            yield _batch(into, schema, len(read), block)
         if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
-            src.execute("SELECT set_config('application_name', 'sluicegate', false)")
+            src.cursor().execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
+    finally:
+        src.close()
 
 
-def _batch(into: Table, schema, columns: int, block: io.BytesIO):
-    texts = csvblock.string_arrays(columns, block.getbuffer())
+def _batch(into: Table, schema, columns: int, block: bytes):
+    texts = csvblock.string_arrays(columns, block)
     return pa.RecordBatch.from_arrays(convert_text_arrays(into, texts), schema=schema)
 
 
