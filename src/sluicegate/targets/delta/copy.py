@@ -1,9 +1,10 @@
 """The copy into Delta: cycles of key ranges above lastpk, each cycle inside one exported snapshot.
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
-snapshot, reads its range as text (one COPY in CSV: each column as its output function writes it, the same text
-the stream carries; targets/delta/types.py converts both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
-in the task from the URI and the environment), not committing anything. The driver then adds
+snapshot, reads its range as text (one COPY in CSV: each column as its output function writes it, the same
+text the stream carries; targets/delta/types.py converts both) and writes Parquet files into the table's
+directory (through the pyarrow filesystem of its URI, rebuilt in the task from the URI and the environment),
+not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
 table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
 the table (only files no log entry references, which `lake vacuum` removes), and a cycle committed just
