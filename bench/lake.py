@@ -74,7 +74,7 @@ class LakeBench(Bench):
         args.skip = [s for s in args.skip]
         # run.py's options this bench does not offer: its defaults
         for k, v in {"cycle_rows": None, "chunk_rows": None, "keep_indexes": False, "rule": None,
-                     "drop_caches": False, "timeout": args.timeout}.items():
+                     "drop_caches": False, "timeout": args.timeout, "profile": None, "target_settings": []}.items():
             setattr(args, k, getattr(args, k, v))
         super().__init__(args)
         self.root = self.tmp / "lake"

@@ -95,13 +95,15 @@ def test_one_cycle_copy_moves_at_its_real_rate(pair, tmp_path):
 
 def test_delta_run_writes_progress_lines(pair, tmp_path):
     pair.src("CREATE TABLE big (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
-    pair.src("INSERT INTO big SELECT g, 0, md5(g::text) FROM generate_series(1, 300000) g")
+    # ~250-byte notes: the 2 tasks read 300k narrow rows in ~0.3 s, too quick for lines 0.1 s apart to see
+    # the count move in between
+    pair.src("INSERT INTO big SELECT g, 0, repeat(md5(g::text), 8) FROM generate_series(1, 300000) g")
     pair.src("ANALYZE big")
     target = f"delta:{tmp_path / 'lake'}"
     # one cycle of 2 tasks: the rows move as the tasks read them, not only when one ends
     lake.create("d", pair.source, target, None, None, [], {"chunk_rows": 150_000})
     out, log = tmp_path / "stdout", tmp_path / "driver.log"
-    proc = driver("d", target, out, log, interval="0.2")
+    proc = driver("d", target, out, log, interval="0.1")
     try:
         wait_for(lambda: "replicate stream 1: lag" in out.read_text(), timeout=180,
                  what="a replicate line", describe=lambda: log.read_text()[-3000:])

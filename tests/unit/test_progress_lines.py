@@ -197,13 +197,13 @@ def test_a_one_cycle_copy_moves_every_line_at_its_true_rate():
     assert with_live(status, entry, {}, 110.0)["rows_copied"] == 2_000_000
 
 
-def test_rows_read_by_running_tasks_from_their_session_names():
+def test_rows_read_by_running_tasks_from_their_session_names_and_copies():
     from sluicegate.workflow.live import reads, source_label
 
     a, b = "sluicegate copy 0123456789ab", "sluicegate copy ba9876543210"
-    names = [source_label(a, 20_000), source_label(a, 40_000), source_label(b, 5), "sluicegate copy x",
-             "sluicegate", a]
-    assert reads(names) == {a: 60_000, b: 5}
+    sessions = [(source_label(a, 20_000), 0), (source_label(a, 0), 40_000), (source_label(b, 5), 7),
+                ("sluicegate copy x", 9), ("sluicegate", 11), (a, 13)]
+    assert reads(sessions) == {a: 60_000, b: 12}
     assert len(source_label(a, 10**12)) <= 63  # PostgreSQL keeps 63 bytes of an application_name
 
 

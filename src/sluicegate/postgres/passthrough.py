@@ -6,14 +6,19 @@ loop in C against a file object, so the rows go libpq → an OS pipe → libpq, 
 pump (_copy_pump.c) is built and psycopg2's libpq can be found, the rows go from libpq to libpq with no
 Python at all, on the connections psycopg2 opened; SLUICEGATE_COPY_PUMP=python keeps the pipe. This module
 is the one place that copies that way; every other connection is psycopg 3. Errors come out as Sluicegate's
-own (terminal or retryable), named by side.
+own (terminal or retryable), named by side. `copy_blocks` reads a COPY's output into blocks the same way, for
+the copy into Delta (targets/delta/copy.py), which parses them with Arrow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
+import queue
 import threading
+from collections.abc import Iterator
 
 import psycopg2
 import psycopg2.errors
@@ -84,6 +89,69 @@ def pipe(source, select: str, target, insert: str) -> int:
     if consumed is not None:
         raise _translate(consumed, "target", target.dsn)
     return rows
+
+
+def copy_blocks(conn, select: str, size: int) -> Iterator[bytes]:
+    """Run `select` (a COPY … TO STDOUT) on `conn` and yield its output in blocks of about `size` bytes, each
+    ending where a row ends (PostgreSQL sends one CopyData message a row; psycopg2 one write() each).
+    psycopg2 runs the COPY's loop in C, while psycopg 3 runs several Python frames a row (twice the client's
+    CPU on narrow rows): the loop runs in a thread that hands whole blocks over through a queue of one, so at
+    most three blocks are held whatever the COPY's size, and a consumer that stops early cancels the COPY.
+    The source's errors come out as raised (psycopg2's, with their SQLSTATE)."""
+    handed: queue.Queue = queue.Queue(maxsize=1)
+    sink = _BlockSink(handed, size)
+    producer = threading.Thread(target=sink.run, args=(conn, select), name="sg-copy-out", daemon=True)
+    producer.start()
+    ended = False
+    try:
+        while (block := handed.get()) is not None:
+            if isinstance(block, BaseException):
+                ended = True
+                raise block
+            yield block
+        ended = True
+    finally:
+        if not ended:  # the consumer stopped early or failed: the COPY is cancelled, the thread drained
+            sink.stopped.set()
+            conn.cancel()
+            while producer.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    handed.get(timeout=0.05)
+        producer.join()
+
+
+class _Stopped(Exception):
+    """Ends a COPY whose blocks nobody reads any more (copy_blocks)."""
+
+
+class _BlockSink:
+    """The file object copy_expert writes the COPY's rows to: whole blocks go to `handed`, then None."""
+
+    def __init__(self, handed: queue.Queue, size: int):
+        self.handed, self.size = handed, size
+        self.stopped = threading.Event()
+        self.block = io.BytesIO()
+
+    def write(self, row: bytes) -> None:
+        self.block.write(row)
+        if self.block.tell() >= self.size:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self.stopped.is_set():
+            raise _Stopped
+        self.handed.put(self.block.getvalue())
+        self.block = io.BytesIO()
+
+    def run(self, conn, select: str) -> None:
+        try:
+            conn.cursor().copy_expert(select, self, size=_BLOCK)
+            if self.block.tell():
+                self._hand_over()
+            self.handed.put(None)
+        except BaseException as exc:  # noqa: BLE001 - raised by the consumer's thread
+            if not self.stopped.is_set():
+                self.handed.put(exc)
 
 
 def _translate(exc: BaseException, role: str, dsn: str) -> BaseException:

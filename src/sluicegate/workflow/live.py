@@ -5,8 +5,8 @@ that fits in one cycle would show 0 rows until it is done. The views add what th
 the rows of its finished Spark tasks (a Spark accumulator: it reaches the driver from executors on any host
 with each task's result) and the rows of its tasks still running: on a PostgreSQL target, what their COPYs
 have written (`pg_stat_progress_copy` on the target, found by the application_name the cycle gives its
-sessions); into Delta, what they have read, which each task's source session shows in its application_name
-(`label N`). Advisory only: nothing here is read back by the engine, and copy_state stays the truth.
+sessions); into Delta, what they have read: each task's source session is named by its application_name
+(`label N`) and its running COPY counted by the server (`pg_stat_progress_copy`). Advisory only: nothing here is read back by the engine, and copy_state stays the truth.
 """
 
 from __future__ import annotations
@@ -98,16 +98,21 @@ def source_label(label: str, rows: int) -> str:
 
 
 def in_flight_reads(conn) -> dict[str, int]:
-    """label -> rows read so far by the running tasks of copy cycles on this source (`source_label`)."""
-    return reads([name for (name,) in conn.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s", (APP_PREFIX + "%",))])
+    """label -> rows read so far by the running tasks of copy cycles on this source: what a session's
+    application_name says (`source_label`) plus what its running COPY has sent (a task's session cannot
+    rename itself during a COPY; the server counts its rows)."""
+    return reads(conn.execute(
+        """SELECT a.application_name, coalesce(p.tuples_processed, 0)::bigint
+           FROM pg_stat_activity a LEFT JOIN pg_stat_progress_copy p ON p.pid = a.pid AND p.command = 'COPY TO'
+           WHERE a.application_name LIKE %s""", (APP_PREFIX + "%",)).fetchall())
 
 
-def reads(names: list[str]) -> dict[str, int]:
-    """label -> rows, from the application_names of running tasks' source sessions (`source_label`)."""
+def reads(sessions: list[tuple[str, int]]) -> dict[str, int]:
+    """label -> rows, from the (application_name, rows its COPY sent) of running tasks' source sessions
+    (`source_label`)."""
     out: dict[str, int] = {}
-    for name in names:
+    for name, copied in sessions:
         label, _, rows = name.rpartition(" ")
         if label.startswith(APP_PREFIX) and rows.isdigit():
-            out[label] = out.get(label, 0) + int(rows)
+            out[label] = out.get(label, 0) + int(rows) + int(copied)
     return out

@@ -1,9 +1,10 @@
 """The copy into Delta: cycles of key ranges above lastpk, each cycle inside one exported snapshot.
 
 The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Each Spark task imports the
-snapshot, reads its range as text (`col::text`, the same text the stream carries; targets/delta/types.py converts
-both) and writes Parquet files into the table's directory (through the pyarrow filesystem of its URI, rebuilt
-in the task from the URI and the environment), not committing anything. The driver then adds
+snapshot, reads its range as text (one COPY in CSV: each column as its output function writes it, the same
+text the stream carries; targets/delta/types.py converts both) and writes Parquet files into the table's
+directory (through the pyarrow filesystem of its URI, rebuilt in the task from the URI and the environment),
+not committing anything. The driver then adds
 every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
 table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
 the table (only files no log entry references, which `lake vacuum` removes), and a cycle committed just
@@ -17,18 +18,23 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import psycopg
+import psycopg2.errors
+import pyarrow as pa
 from psycopg import sql
 
 from ...faults import fault_point
+from ...postgres import passthrough
 from ...postgres.catalog import FIRST_USER_OID, Table
-from ...postgres.connect import connect
+from ...postgres.connect import describe_conn
 from ...workflow.copier import CopyRange, task_where
-from . import durable
-from .types import arrow_schema, record_batch
+from ...workflow.copy_task import snapshot_gone
+from . import csvblock, durable
+from .types import arrow_schema, convert_text_arrays
 
 CYCLE_KEY = "sluicegate.copy_cycle"
-FETCH_ROWS = 20_000
+# The COPY text a copy or vdiff task parses at once (~80k pgbench rows): memory stays bounded by it, the
+# Parquet writer's row group and one file's key bounds, whatever the range's size.
+BLOCK_BYTES = 8 << 20
 # Rows per Parquet file a copy task writes. A MERGE rewrites every file that holds a row it changes, whole: a
 # batch that touches a key range then rewrites the files that range spans, not a task's whole share.
 FILE_ROWS = 250_000
@@ -60,8 +66,9 @@ _CAST_DIFFERS = {1042, 869}
 
 
 def output_text(column) -> sql.Composable:
-    """The column's value as its type's output function writes it (the stream's text), NULL as NULL. A
-    user type (a domain over char(n) or inet, say) may cast as its base type does: format() too."""
+    """The column's value as its type's output function writes it (the stream's text), NULL as NULL, in a
+    SELECT (the copy's COPY writes bare columns so). A user type (a domain over char(n) or inet, say) may
+    cast as its base type does: format() too."""
     ident = sql.Identifier(column.name)
     if column.type_oid in _CAST_DIFFERS or column.type_oid >= FIRST_USER_OID:
         return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE format('%s', {}) END").format(ident, ident)
@@ -72,30 +79,44 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
                      columns=None, into: Table | None = None):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
     converted to Arrow batches of the Delta table's schema: what a copy task and a vdiff task read. `label`: the
-    session shows it with the rows read so far as its application_name (live.py), until the last one.
-    `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that only moves
-    columns."""
+    session's application_name while it reads (live.py: its COPY's rows are counted by the server), until the
+    last batch. `columns` (of `table`, in the Delta table's order) and `into` (the Delta table): a rule's that
+    only moves columns.
+
+    One `COPY (SELECT …) TO STDOUT (FORMAT csv)`, its rows gathered into blocks of about BLOCK_BYTES
+    (passthrough.copy_blocks), each parsed by Arrow's CSV reader (csvblock.py) and converted column by column
+    (types.convert_text_arrays): no Python object per value where Arrow reads the type exactly as the
+    per-value converter does."""
     from ...workflow.live import source_label
 
     into = into or table
-    cols = sql.SQL(", ").join(output_text(c) for c in (columns or table.columns))
-    select = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table.scan, where)
-    with connect(source_url, role="source") as src:
-        src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        src.read_only = True
-        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-        rows = 0
-        with src.cursor(name="sg_lake_read") as cur:
-            cur.itersize = FETCH_ROWS
-            cur.execute(select)
-            while chunk := cur.fetchmany(FETCH_ROWS):
-                rows += len(chunk)
-                if label:
-                    src.execute("SELECT set_config('application_name', %s, false)", (source_label(label, rows),))
-                yield record_batch(into, chunk)
+    read = columns or table.columns
+    # bare columns: COPY writes each with its type's output function, the stream's text (what output_text
+    # gives a SELECT: char(n) padded, inet as inet's output, booleans as 't'/'f'), without a cast per value
+    cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in read)
+    copy = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(cols, table.scan, where)
+    schema = arrow_schema(into)
+    src = passthrough.connect(source_url, "source")  # psycopg2: the COPY's loop runs in C (copy_blocks)
+    try:
+        src.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        try:
+            src.cursor().execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+        except psycopg2.errors.InvalidParameterValue:
+            raise snapshot_gone(snapshot, describe_conn(src)) from None
+        if label:  # no statement can run during the COPY: the server counts its rows (pg_stat_progress_copy)
+            src.cursor().execute("SELECT set_config('application_name', %s, false)", (source_label(label, 0),))
+        for block in passthrough.copy_blocks(src, copy.as_string(None), BLOCK_BYTES):
+            yield _batch(into, schema, len(read), block)
         if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
-            src.execute("SELECT set_config('application_name', 'sluicegate', false)")
+            src.cursor().execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
+    finally:
+        src.close()
+
+
+def _batch(into: Table, schema, columns: int, block: bytes):
+    texts = csvblock.string_arrays(columns, block)
+    return pa.RecordBatch.from_arrays(convert_text_arrays(into, texts), schema=schema)
 
 
 def copy_range(task: LakeCopyTask) -> list[dict]:

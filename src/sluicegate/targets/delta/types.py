@@ -336,25 +336,16 @@ def convert_columns(table: Table, columns: list[list]) -> list[pa.Array]:
 
 
 def convert_text_arrays(table: Table, texts: list[pa.Array]) -> list[pa.Array]:
-    """`convert_columns` of string arrays: text, integer and boolean columns by Arrow compute (their
-    PostgreSQL text is what Arrow's parsers read), any other column (or an integer column Arrow cannot
-    parse) value by value, as convert_columns does."""
+    """`convert_columns` of string arrays: a column whose every value Arrow's cast reads exactly as the
+    per-value converter does (`_vectorized`) by Arrow compute, any other column (or one with a value Arrow's
+    cast refuses: NaN in a numeric, a BC date, infinity) value by value, as convert_columns does."""
     rows = len(texts[0]) if texts else 0
     special = has_special(table)
     extra: list[list | None] | None = None
     arrays = []
     for column, text in zip(table.columns, texts):
         dtype = arrow_type(column, table.type_tree)
-        array = None
-        if pa.types.is_string(dtype):
-            array = text
-        elif pa.types.is_boolean(dtype):  # _bool: 't' or 'true'
-            array = pc.or_(pc.equal(text, "t"), pc.equal(text, "true"))
-        elif pa.types.is_integer(dtype):
-            try:
-                array = pc.cast(text, dtype)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                array = None
+        array = _vectorized(dtype, text)
         if array is None:
             if extra is None:
                 extra = [None] * rows
@@ -363,6 +354,28 @@ def convert_text_arrays(table: Table, texts: list[pa.Array]) -> list[pa.Array]:
     if special:
         arrays.append(pa.nulls(rows, SPECIAL_TYPE) if extra is None else pa.array(extra, type=SPECIAL_TYPE))
     return arrays
+
+
+def _vectorized(dtype: pa.DataType, text: pa.Array) -> pa.Array | None:
+    """The column's string array as `dtype` by Arrow compute, or None where that could differ from the
+    per-value converter. Arrow's casts read PostgreSQL's output of these types as the converters do: integers;
+    floats ('NaN', 'Infinity', '-0' too; float4 through float64, as Python's float() and pa.array round);
+    numeric(p,s) (its text has exactly s decimals; NaN and infinities are refused, so go value by value);
+    dates and timestamps of years 1-9999 AD (ISO, ' ' separator, '+00' under TimeZone UTC; BC, 5-digit years
+    and infinities are refused). Any refusal: the whole column value by value (rare values, same result)."""
+    if pa.types.is_string(dtype):
+        return text
+    if pa.types.is_boolean(dtype):  # _bool: 't' or 'true'
+        return pc.or_(pc.equal(text, "t"), pc.equal(text, "true"))
+    if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype)
+            or pa.types.is_date32(dtype) or pa.types.is_timestamp(dtype)):
+        return None  # bytea (hex), structures, intervals: value by value
+    try:
+        if pa.types.is_float32(dtype):
+            return pc.cast(pc.cast(text, pa.float64()), dtype)
+        return pc.cast(text, dtype)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
 
 
 def _convert_one(table: Table, column: Column, texts: list, extra: list, special: bool) -> pa.Array:
