@@ -1,6 +1,6 @@
 """A Delta copy task's read (copy.snapshot_batches: one COPY in CSV, cut into blocks, parsed and cast by Arrow)
 against a real server gives the batches the per-value path gives over the same rows read as text tuples
-through copy.output_text: text with quotes, delimiters, newlines, carriage returns, backslashes, `\\.`,
+through helpers.output_text: text with quotes, delimiters, newlines, carriage returns, backslashes, `\\.`,
 unicode, '' and NULL; floats, numerics, dates and timestamps with their edge values; char(n), inet, a domain, an
 enum, an array (the COPY writes bare columns: their output functions' text). Blocks cut anywhere. While the COPY
 runs, the source session carries the cycle's label and the server counts its rows (live.in_flight_reads)."""
@@ -22,6 +22,7 @@ from sluicegate.targets.delta.types import record_batch
 from sluicegate.workflow import live
 
 from ..conftest import wait_for
+from .helpers import output_text
 
 TEXTS = ["", " ", "a,b", 'say "hi"', '"', "line\nbreak", "cr\r\nlf", "back\\slash", "\\.", "\\N", "NULL",
          "ünïcødé ✓ 日本", "\t", "x" * 3000]
@@ -60,7 +61,7 @@ def test_blocks_equal_the_per_value_read_and_show_progress(pair, monkeypatch):
         pair.src("UPDATE quirks SET t = 'after the snapshot'")  # not seen by either read
         where = sql.SQL("id > 0")
         # the per-value path: the same text as tuples (the read before the COPY)
-        cols = sql.SQL(", ").join(copy.output_text(c) for c in table.columns)
+        cols = sql.SQL(", ").join(output_text(c) for c in table.columns)
         with connect(pair.source, role="source") as src:
             src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))

@@ -23,7 +23,6 @@ from sluicegate.postgres.connect import connect
 from sluicegate.spark.runner import SparkRunner
 from sluicegate.targets.delta import cli as lake
 from sluicegate.targets.delta import vdiff
-from sluicegate.targets.delta.copy import output_text
 from sluicegate.targets.delta.engine import LakeEngine
 from sluicegate.targets.delta.pgtext import days_from_civil
 from sluicegate.targets.delta.read import arrow_tables_as_of, tables_as_of
@@ -31,6 +30,7 @@ from sluicegate.targets.delta.state import Store
 from sluicegate.targets.delta.types import DATE_INFINITY, SPECIAL, TS_INFINITY, record_batch
 
 from ..conftest import wait_for
+from .helpers import output_text
 
 pytestmark = pytest.mark.spark
 

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from ...faults import fault_point
 from ...postgres import passthrough
-from ...postgres.catalog import FIRST_USER_OID, Table
+from ...postgres.catalog import Table
 from ...postgres.connect import describe_conn
 from ...workflow.copier import CopyRange, task_where
 from ...workflow.copy_task import snapshot_gone
@@ -60,21 +60,6 @@ def tasks_for(plan, source_url: str, table: Table, snapshot: str, directory: str
             for r in plan.tasks(source_url, "", table, snapshot)]
 
 
-# Types whose cast to text differs from their output function, which is what pgoutput sends: char(n) keeps its
-# padding ('ab   ', not 'ab'), an inet host its bare address ('10.0.0.1', not '10.0.0.1/32').
-_CAST_DIFFERS = {1042, 869}
-
-
-def output_text(column) -> sql.Composable:
-    """The column's value as its type's output function writes it (the stream's text), NULL as NULL, in a
-    SELECT (the copy's COPY writes bare columns so). A user type (a domain over char(n) or inet, say) may
-    cast as its base type does: format() too."""
-    ident = sql.Identifier(column.name)
-    if column.type_oid in _CAST_DIFFERS or column.type_oid >= FIRST_USER_OID:
-        return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE format('%s', {}) END").format(ident, ident)
-    return sql.SQL("{}::text").format(ident)
-
-
 def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Composable, label: str = "",
                      columns=None, into: Table | None = None):
     """The table's rows matching `where`, read in the exported `snapshot` as text (the stream's form) and
@@ -91,8 +76,8 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
 
     into = into or table
     read = columns or table.columns
-    # bare columns: COPY writes each with its type's output function, the stream's text (what output_text
-    # gives a SELECT: char(n) padded, inet as inet's output, booleans as 't'/'f'), without a cast per value
+    # bare columns: COPY writes each with its type's output function, the stream's text (char(n) padded, inet
+    # as inet's output, booleans as 't'/'f'), without a cast per value (`::text` differs for char(n) and inet)
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in read)
     copy = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(cols, table.scan, where)
     schema = arrow_schema(into)
