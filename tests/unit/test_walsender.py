@@ -26,7 +26,7 @@ COMMIT_END = 0x15076B0
 def test_keepalive_and_xlogdata_fields():
     assert walsender.keepalive(RECORDED[1]) == (0x15075A0, False)
     assert walsender.keepalive(RECORDED[1][:-1] + b"\x01") == (0x15075A0, True)
-    assert walsender.data_start(RECORDED[2]) == 0x15075A0
+    assert walsender.START.unpack_from(RECORDED[2], 1)[0] == 0x15075A0
     assert RECORDED[2][walsender.XLOG_HEADER:][:1] == b"B"
 
 

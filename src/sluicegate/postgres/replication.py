@@ -42,8 +42,8 @@ BEGIN, COMMIT = ord("B"), ord("C")
 STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
 _FRAMING = frozenset((BEGIN, COMMIT, STREAM_START, STREAM_STOP, STREAM_COMMIT))  # a row's message is none
 _END_LSN = struct.Struct(">Q")
-_OBJECT_IN_USE = b"55006"
-_XLOG_DATA, _XLOG_HEADER, _DATA_START = walsender.XLOG_DATA, walsender.XLOG_HEADER, walsender.START.unpack_from  # the slot is active for another process
+_OBJECT_IN_USE = b"55006"  # the slot is active for another process
+_XLOG_DATA, _XLOG_HEADER, _DATA_START = walsender.XLOG_DATA, walsender.XLOG_HEADER, walsender.START.unpack_from
 
 
 class ChangeStream:

@@ -20,11 +20,6 @@ _STATUS = struct.Struct(">cQQQqB")  # 'r', written, flushed, applied, client tim
 _PG_EPOCH = 946_684_800  # 2000-01-01 in Unix seconds: the protocol's timestamps count from it
 
 
-def data_start(message) -> int:
-    """The WAL position of an XLogData message's pgoutput payload (`message[XLOG_HEADER:]`)."""
-    return START.unpack_from(message, 1)[0]
-
-
 def keepalive(message) -> tuple[int, bool]:
     """A primary keepalive's (WAL end, whether the server asks for a reply now)."""
     wal_end, _sent, reply = _KEEPALIVE.unpack_from(message, 1)
