@@ -27,8 +27,10 @@ Stopped): a later `workflow run` replays from P on.
 
 The comparison, in Spark: the source side is read by Spark tasks, each importing the snapshot and reading one
 key range as text, converted by targets/delta/types.py exactly as the copy and the stream convert it (so numeric is
-compared as decimal, timestamptz as a UTC timestamp, json as text...); the Delta side is targets/delta/read.py's
-`tables_as_of` at P. A full outer join on the key says which rows are missing, extra or mismatched.
+compared as decimal, timestamptz as a UTC timestamp, json as text...); for a table written through a rule, those
+rows go through the rule as the copy's do (rule_vdiff.py). The Delta side is targets/delta/read.py's
+`tables_as_of` at P. A full outer join on the Delta table's key says which rows are missing, extra or
+mismatched. The report names each table as the workflow does (its source table, as a PostgreSQL target's vdiff).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ...faults import fault_point
 from ...position import format_lsn
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
-from . import control, location, pins
+from . import control, location, pins, rule_player, rule_vdiff
 from .player import LakePlayTask, play
 from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
 from .types import SPECIAL
@@ -65,6 +67,7 @@ class SourceRange:
     snapshot: str
     lo: list | None
     hi: list | None
+    rule: dict | None = None  # a rule that only moves columns (CompiledRule.to_json()), as copy.LakeCopyTask's
 
 
 def read_range(task: SourceRange):
@@ -73,7 +76,15 @@ def read_range(task: SourceRange):
     from .copy import snapshot_batches
 
     table = Table.from_json(task.table)
-    yield from snapshot_batches(task.source_url, task.snapshot, table, keyrange.in_range(table, task.lo, task.hi))
+    columns = into = None
+    if task.rule is not None:  # its columns, under its names: as copy.copy_range reads them
+        from ...rules.compile import CompiledRule
+        from .rules import lake_table
+
+        rule = CompiledRule.from_json(task.rule, table)
+        into, columns = lake_table(rule), [table.columns[ref] for _, ref in rule.outputs]
+    yield from snapshot_batches(task.source_url, task.snapshot, table, keyrange.in_range(table, task.lo, task.hi),
+                                columns=columns, into=into)
 
 
 def _read_tasks(batches):
@@ -86,12 +97,6 @@ def _read_tasks(batches):
 
 def check_comparable(store, name: str) -> None:
     wf = store.load(name)
-    ruled = [t.qualified for t in wf.tables if t.rule]
-    if ruled:  # the source side would have to run each rule over its snapshot: not built for Delta yet
-        raise UsageError(f"workflow {name} writes {', '.join(ruled)} through rules: a vdiff of a Delta target "
-                         f"compares tables moved as they are (a rule's comparison is built for PostgreSQL targets only); "
-                         f"compare the rule's SELECT over the source with the Delta table's rows at a consistent "
-                         f"point (sluicegate.lake.read) instead")
     if wf.state in (INIT, COPYING) or any(not t.done for t in wf.tables):
         done = sum(t.done for t in wf.tables)
         raise UsageError(f"workflow {name} is still copying ({done} of {len(wf.tables)} tables done): run vdiff "
@@ -160,9 +165,7 @@ def _at_point(name, target, store, runner, tables, sample, range_rows, stop, loc
             try:
                 control.play_to(store, name, reason, position)
                 if lock is not None:
-                    result = runner.map(play, [LakePlayTask(target, name, held.position)],
-                                        f"vdiff {name}: play to {format_lsn(position)}")[0]
-                    log.debug("vdiff %s: %s", name, result.interrupted)
+                    _play_to(target, store.load(name), held.position, position, runner, stop)
                 _wait_stopped(store, name, reason, position, POINT_SECONDS, f"stop at {format_lsn(position)}",
                               stop, lock)
                 # Each table's version now (the stream stands at P): a direct write since the log's point counts
@@ -178,6 +181,23 @@ def _at_point(name, target, store, runner, tables, sample, range_rows, stop, loc
                 pins.remove(store, name, vid)
     finally:
         control.release(store, name, reason, *back)
+
+
+def _play_to(target: str, wf, held: int, position: int, runner, stop) -> None:
+    """The vdiff's own play of the stream (no driver runs) to the position it set, by the driver's player:
+    the socket player, or the rule player for a workflow written through rules (engine.replicate_step's
+    choice). It returns once the stream stopped there; _wait_stopped says if it did not."""
+    if rule_player.takes(wf):
+        from ...config import Settings
+        from .engine import LakeEngine
+
+        engine = LakeEngine(target, wf.name, runner, stop=stop)  # the vdiff holds the run lock for it
+        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
+        rule_player.play(engine, wf, settings.batch_changes, POINT_SECONDS)
+        return
+    result = runner.map(play, [LakePlayTask(target, wf.name, held)],
+                        f"vdiff {wf.name}: play to {format_lsn(position)}")[0]
+    log.debug("vdiff %s: %s", wf.name, result.interrupted)
 
 
 HOLD_WAIT_SECONDS = 60.0  # the driver's way to its next batch boundary: one batch
@@ -230,23 +250,31 @@ def _point_now(target: str, wf, position: int):
     from .read import Point
 
     loc = location.parse(target)
-    versions = {t.qualified: DeltaTable(loc.table(t.spec.schema, t.spec.name)).version() for t in wf.tables}
+    lakes = [t.lake for t in wf.tables]  # (the points name a table written through a rule by its Delta table)
+    versions = {lake.qualified: DeltaTable(loc.table(lake.schema, lake.name)).version() for lake in lakes}
     return Point(wf.name, position, format_lsn(position), None, versions)
 
 
 def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point=None) -> dict:
     root = location.parse(target).uri
     position = snap.position
-    specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}  # added columns
+    tables = {t.qualified: t for t in wf.tables if t.qualified in chosen}  # added columns
+    lakes = {q: t.lake for q, t in tables.items()}  # a rule's output table, or the source table's
     report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
               "message": "", "source_position": format_lsn(position), "tables": {}}
     runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
-    frames = _delta_frames(runner.spark, root, name, list(specs), point or position)
-    for q, spec in specs.items():
+    frames = _delta_frames(runner.spark, root, name, [lake.qualified for lake in lakes.values()],
+                           point or position)
+    for q, t in tables.items():
         if stop is not None and stop.is_set():
             raise RetryableError("interrupted")
-        source = _source_frame(runner, wf.source_url, spec, snap, range_rows)
-        report["tables"][q] = compare(source, frames[q], spec, sample)
+        ranges = _ranges(runner, t.spec, snap, range_rows)
+        rule = t.compiled
+        if rule is None or rule.moves_only:  # (a rule's columns read under its names, as copy.copy_range)
+            source = moved_frame(runner, wf.source_url, t.spec, snap.name, ranges, lakes[q], t.rule)
+        else:  # through the rule in Spark, as its copy cycles run (copy.copy_cycle_through_rule)
+            source = rule_vdiff.source_frame(runner, wf.source_url, rule, snap.name, ranges)
+        report["tables"][q] = compare(source, frames[lakes[q].qualified], lakes[q], sample)
     report["differences"] = sum(t["missing"] + t["extra"] + t["mismatched"] for t in report["tables"].values())
     report["equal"] = report["differences"] == 0
     return report
@@ -264,25 +292,33 @@ def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
     return tables_as_of(spark, str(root), name, tables, point)
 
 
-def _source_frame(runner, source_url: str, spec: Table, snap, range_rows: int | None):
-    """The source's rows of `spec` in the snapshot, as a DataFrame read by Spark tasks (one per key range)."""
-    from dataclasses import asdict
-
-    from pyspark.sql.pandas.types import from_arrow_schema
-
+def _ranges(runner, spec: Table, snap, range_rows: int | None) -> list:
+    """The source table's key ranges in the snapshot, one Spark task each."""
     from ...vdiff.differ import plan_ranges
-    from .types import arrow_schema
 
     estimate = snap.conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                                  (spec.ident.as_string(snap.conn),)).fetchone()[0]
     estimate = max(estimate, spec.estimated_rows, 1)
     slots = max(1, int(runner.parallelism()))
     rows = range_rows or int(min(MAX_RANGE_ROWS, max(MIN_RANGE_ROWS, estimate / slots)))
-    ranges = plan_ranges(snap.conn, spec, None, rows, estimate)
-    tasks = [json.dumps(asdict(SourceRange(source_url, spec.to_json(), snap.name, lo, hi))) for lo, hi in ranges]
+    return plan_ranges(snap.conn, spec, None, rows, estimate)
+
+
+def moved_frame(runner, source_url: str, spec: Table, snapshot: str, ranges: list, lake: Table | None = None,
+                rule: dict | None = None):
+    """The source's rows of `spec` in `ranges` of the snapshot, as a DataFrame read by Spark tasks (one per
+    range), in the Delta table's schema; with a `rule` that only moves columns, its columns in its table's
+    (`lake`)."""
+    from dataclasses import asdict
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from .types import arrow_schema
+
+    tasks = [json.dumps(asdict(SourceRange(source_url, spec.to_json(), snapshot, lo, hi, rule))) for lo, hi in ranges]
     spark = runner.spark
     rdd = spark.sparkContext.parallelize([(t,) for t in tasks], len(tasks))
-    schema = from_arrow_schema(arrow_schema(spec))
+    schema = from_arrow_schema(arrow_schema(lake or spec))
     return spark.createDataFrame(rdd, "task string").mapInArrow(_read_tasks, schema)
 
 
