@@ -29,6 +29,14 @@ def test_running_or_stopped_without_driver_is_comparable(tmp_path, state):
     check_comparable(make(tmp_path, state), "w")
 
 
+def test_a_workflow_written_through_rules_is_comparable(tmp_path):
+    store = make(tmp_path, RUNNING)
+    with store.update("w") as w:
+        w.tables[0].rule = {"rule": "items_out: SELECT id FROM items"}  # (not compiled by the check)
+    assert store.load("w").tables[0].rule
+    check_comparable(store, "w")  # the rule runs over the source side (rule_vdiff.py)
+
+
 @pytest.mark.parametrize("state, done, words", [
     (COPYING, False, "still copying (0 of 1 tables done)"),
     (ERROR, True, "is in Error (boom)"),
