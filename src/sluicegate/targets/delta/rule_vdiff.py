@@ -39,8 +39,8 @@ def lake_rows(task: RuleRows, batches):
 
 
 def source_frame(runner, source_url: str, rule, snapshot: str, ranges: list):
-    """A rule that computes: its output over the source's `ranges` (vdiff's plan) in the exported `snapshot`, as a DataFrame
-    of the Delta table's schema. A rule that computes runs in a session of its own (rules.compile's
+    """A rule that computes: its output over the source's `ranges` (vdiff's plan) in the exported `snapshot`,
+    as a DataFrame of the Delta table's schema. The rule runs in a session of its own (rules.compile's
     rule_session); its frame joins the Delta side's all the same (one SparkContext)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -42,12 +42,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ...config import Settings
 from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ...faults import fault_point
 from ...position import format_lsn
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
 from . import control, location, pins, rule_player, rule_vdiff
+from .engine import LakeEngine
 from .player import LakePlayTask, play
 from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
 from .types import SPECIAL
@@ -188,9 +190,6 @@ def _play_to(target: str, wf, held: int, position: int, runner, stop) -> None:
     the socket player, or the rule player for a workflow written through rules (engine.replicate_step's
     choice). It returns once the stream stopped there; _wait_stopped says if it did not."""
     if rule_player.takes(wf):
-        from ...config import Settings
-        from .engine import LakeEngine
-
         engine = LakeEngine(target, wf.name, runner, stop=stop)  # the vdiff holds the run lock for it
         settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         rule_player.play(engine, wf, settings.batch_changes, POINT_SECONDS)
