@@ -117,6 +117,7 @@ class RateBench(Bench):
             setattr(args, k, getattr(args, k, v))
         super().__init__(args)
         self.out.update({"mode": args.mode, "step_seconds": args.seconds, "clients": args.clients,
+                         "rows_per_transaction": args.rows_per_transaction,
                          "uptime_start": uptime()})
         self.script = self.tmp / "update.sql"
         self.heartbeat_id = 0
@@ -136,9 +137,13 @@ class RateBench(Bench):
         from run import HEARTBEAT_DDL
         self.source.psql(HEARTBEAT_DDL, DB)
         self.rows = self.out["rows"] = one(self.source.url(DB), "SELECT count(*) FROM pgbench_accounts")[0]
-        # One statement, one row, one transaction (autocommit): the smallest change a replica can be asked for.
-        self.script.write_text(f"\\set aid random(1, {self.rows})\n"
-                               "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n")
+        # One statement a transaction (autocommit). With one row, the smallest change a replica can be asked
+        # for; with --rows-per-transaction N, N neighbouring rows in that one statement: N changes a commit,
+        # for a few microseconds more of the source's time, so the replicas' per-change work is what is tested.
+        n = self.args.rows_per_transaction
+        where = "aid = :aid" if n == 1 else f"aid BETWEEN :aid AND :aid + {n - 1}"
+        self.script.write_text(f"\\set aid random(1, {max(1, self.rows - n + 1)})\n"
+                               f"UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE {where};\n")
 
     # -- pausing and resuming a contender (sequential mode) ----------------------------------------------
     def pause(self, name: str) -> None:
@@ -400,6 +405,9 @@ class RateBench(Bench):
         log(f"every step held lag p99 <= {LAG_LIMIT_S:.0f} s up to: " + fmt(hi) + "; the highest step held: "
             + fmt({n: (v["highest_held"] or {}).get("rate") for n, v in self.out["highest_sustained"].items()}))
         print_table(steps)
+        if self.args.rows_per_transaction > 1:
+            log(f"each transaction changed {self.args.rows_per_transaction} rows: changes a second are that many "
+                "times the rates above")
         if self.args.py_spy and hi["sluicegate"] < hi["native"]:
             self.profile_step(steps)
 
@@ -526,6 +534,9 @@ def main() -> int:
                         help="the steps' rates, transactions a second (default 500,1000,...,64000)")
     parser.add_argument("--seconds", type=int, default=20, help="length of each contender's step")
     parser.add_argument("--clients", type=int, default=8, help="pgbench clients (-c)")
+    parser.add_argument("--rows-per-transaction", type=int, default=1,
+                        help="rows each transaction's one UPDATE changes (neighbouring keys): the steps' rates stay "
+                             "transactions a second; changes a second are this many times that")
     parser.add_argument("--mode", choices=("sequential", "side-by-side"), default="sequential",
                         help="sequential: each contender replicates alone during its own run of a step (the other "
                              "paused: subscription disabled, or `workflow run` stopped), so neither takes CPU "
