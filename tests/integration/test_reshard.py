@@ -60,7 +60,7 @@ def test_reshard_2_to_3_with_live_writes_and_kill_9_during_copy(keyspace, spark,
         _load(url, shard)
     created = create_reshard("rs", parse_shards("source", [f"{n}={u}" for n, u in ks["sources"].items()]),
                              parse_shards("target", [f"{n}={u}" for n, u in ks["targets"].items()]),
-                             None, {"events": "account_id"}, [], {"cycle_rows": 2000, "chunk_rows": 700})
+                             None, {"events": "account_id"}, [], {"cycle_rows": 4000, "chunk_rows": 1500})
     assert len(created) == 3
     # one stream per overlapping (source, target): -55 <- -80; 55-aa <- -80, 80-; aa- <- 80-
     assert sorted((t, s) for t, s, *_ in _streams(ks)) == [("-55", "-80"), ("55-aa", "-80"), ("55-aa", "80-"),

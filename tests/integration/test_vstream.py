@@ -529,7 +529,7 @@ def test_restart_with_the_same_client_id_resumes_after_its_acknowledgements(pair
         # The slot stands where run 1's last acknowledgement put it: the last resume point it printed.
         stopped_at = parse_lsn(last_position(json_lines(run1)))
         wait_for(lambda: confirmed(pair, "c1") == stopped_at, timeout=10, what="the slot at run 1's position",
-                 describe=lambda: format_lsn(confirmed(pair, "c1")))
+                 describe=lambda: f"slot {format_lsn(confirmed(pair, 'c1'))}, last printed {format_lsn(stopped_at)}")
         at_stop = len(writer.committed)
         wait_for(lambda: len(writer.committed) >= at_stop + 20, timeout=60, what="writes while stopped")
 
