@@ -119,6 +119,7 @@ def lake_rows(root: Path) -> list[tuple]:
                   for r in delta_rows(root, "public.orders_out"))
 
 
+@pytest.mark.slow  # ~31 s; the default set streams a rule into Delta beside a driver (test_lake_rule_vdiff.py)
 def test_materialize_into_delta_through_a_rule_survives_kill_9(pair, spark, tmp_path):
     pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
              "price numeric(10,2) NOT NULL, status text NOT NULL)")
@@ -215,6 +216,7 @@ def test_movetables_with_a_rule_moves_columns_into_delta(pair, spark, tmp_path):
     assert {q: t["rows_compared"] for q, t in report["tables"].items()} == {"public.a": 299, "public.b": 300}
 
 
+@pytest.mark.slow  # ~23 s; the default set has the PostgreSQL twin (test_rules.py) and the Delta rule player
 def test_a_row_brought_into_the_filter_without_its_toasted_value_stops_with_the_way_out(pair, spark, tmp_path):
     pair.src("CREATE TABLE items (id int PRIMARY KEY, region text, descr text)")
     pair.src(f"INSERT INTO items VALUES (1, 'us', {BIG.format(1)}), (2, 'eu', 'short')")
