@@ -22,7 +22,7 @@ from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
 from .test_lake_movetables import delta_rows
-from .test_lake_rules import EXPECTED, RULE, LakeEngineThread, caught_up
+from .test_lake_rules import EXPECTED, RULE, LakeEngineThread, caught_up, make_orders
 
 pytestmark = pytest.mark.spark
 
@@ -32,10 +32,7 @@ def no_control(wf) -> bool:
 
 
 def test_vdiff_of_a_delta_table_written_through_a_rule(pair, spark, tmp_path, caplog):
-    pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
-             "price numeric(10,2) NOT NULL, status text NOT NULL)")
-    pair.src("""INSERT INTO orders SELECT g, 'item' || g, g % 7, (g % 13) + 0.99,
-                (ARRAY['new', 'paid', 'void', 'shipped'])[1 + g % 4] FROM generate_series(1, 400) g""")
+    make_orders(pair, 400)
     root = tmp_path / "lake"
     target = f"delta:{root}"
     resolve(target).create_materialize("rv", pair.source, [RULE], {}, {}, [])

@@ -35,6 +35,14 @@ EXPECTED = "SELECT id, upper(name), qty * price, status FROM orders WHERE status
 STATUSES = ("new", "paid", "void", "shipped")
 
 
+def make_orders(pair, rows: int) -> None:
+    """The rule's source table, `rows` orders of every status."""
+    pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
+             "price numeric(10,2) NOT NULL, status text NOT NULL)")
+    pair.src("""INSERT INTO orders SELECT g, 'item' || g, g %% 7, (g %% 13) + 0.99,
+                (ARRAY['new', 'paid', 'void', 'shipped'])[1 + g %% 4] FROM generate_series(1, %s) g""", (rows,))
+
+
 class OrderWriter(threading.Thread):
     """Inserts, updates that move rows in and out of the rule's filter (status 'void'), key changes, deletes."""
 
@@ -121,10 +129,7 @@ def lake_rows(root: Path) -> list[tuple]:
 
 @pytest.mark.slow  # ~31 s; the default set streams a rule into Delta beside a driver (test_lake_rule_vdiff.py)
 def test_materialize_into_delta_through_a_rule_survives_kill_9(pair, spark, tmp_path):
-    pair.src("CREATE TABLE orders (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, "
-             "price numeric(10,2) NOT NULL, status text NOT NULL)")
-    pair.src("""INSERT INTO orders SELECT g, 'item' || g, g % 7, (g % 13) + 0.99,
-                (ARRAY['new', 'paid', 'void', 'shipped'])[1 + g % 4] FROM generate_series(1, 2000) g""")
+    make_orders(pair, 2000)
     root = tmp_path / "lake"
     target = f"delta:{root}"
     moved, made = resolve(target).create_materialize("lr", pair.source, [RULE], {"cycle_rows": 1200,
