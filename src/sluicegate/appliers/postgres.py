@@ -611,7 +611,7 @@ class PostgresApplier:
                       EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(t)s::regclass AND contype = 'f')
                       AND current_setting('session_replication_role') <> 'replica', """
             + facts_sql("%(t)s::regclass::oid")
-            + f", (SELECT coalesce(json_object_agg(b.attname, b.base), '{{}}') FROM ({_DOMAIN_BASES_T}) b(attname, base))",
+            + f", (SELECT coalesce(json_object_agg(b.attname, b.base), '{{}}') FROM ({_DOMAIN_BASES}) b(attname, base))",
             {"t": target, "cols": list(table.column_names)},
         ).fetchone()
         if table.keyless:
@@ -706,23 +706,20 @@ def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", last
     return plan
 
 
-# The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains.
+# The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains;
+# the table as %(t)s (a plan's query has it inside).
 _DOMAIN_BASES = """
 WITH RECURSIVE d(attname, typ, typmod) AS (
     SELECT a.attname, a.atttypid, a.atttypmod FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND t.typtype = 'd'
+    WHERE a.attrelid = %(t)s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND t.typtype = 'd'
   UNION ALL
     SELECT d.attname, t.typbasetype, t.typtypmod FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype = 'd')
 SELECT d.attname, format_type(d.typ, d.typmod) FROM d JOIN pg_type t ON t.oid = d.typ WHERE t.typtype <> 'd'"""
 
 
-# _DOMAIN_BASES with the table as %(t)s, for a query of several parts
-_DOMAIN_BASES_T = _DOMAIN_BASES.replace("%s::regclass", "%(t)s::regclass")
-
-
 def staged_columns(conn: psycopg.Connection, table: Table) -> sql.Composable:
     """The table's columns as the staging table has them: a domain's as its base type."""
-    return staged_columns_of(table, dict(conn.execute(_DOMAIN_BASES, (table.ident.as_string(conn),)).fetchall()))
+    return staged_columns_of(table, dict(conn.execute(_DOMAIN_BASES, {"t": table.ident.as_string(conn)}).fetchall()))
 
 
 def staged_columns_of(table: Table, bases: dict[str, str]) -> sql.Composable:

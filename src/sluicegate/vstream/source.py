@@ -164,11 +164,10 @@ def transactions(source_url: str, client_id: str, position: int = 0, tables: Ite
 def _confirm(stream: ChangeStream, position: int) -> None:
     """Confirm the slot up to an acknowledged position. A connection already broken cannot: the slot stays at
     the previous acknowledgement, and the client gets those transactions again (whole) when it resumes."""
-    if position > stream.confirmed:
-        try:
-            stream.confirm(position)
-        except Exception as exc:  # noqa: BLE001 - see above: at least once, never lost
-            log.info("slot %s not confirmed up to %s: %s", stream.slot, format_lsn(position), exc)
+    try:
+        stream.confirm(position)  # (sends only a position past the confirmed one)
+    except Exception as exc:  # noqa: BLE001 - see above: at least once, never lost
+        log.info("slot %s not confirmed up to %s: %s", stream.slot, format_lsn(position), exc)
 
 
 def _read(stream: ChangeStream, seg: Segmenter, start: int, heartbeat_seconds: float,

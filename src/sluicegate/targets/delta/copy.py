@@ -4,11 +4,11 @@ The cycle is planned as for a PostgreSQL target (workflow/copier.plan_cycle). Ea
 snapshot, reads its range as text (one COPY in CSV: each column as its output function writes it, the same
 text the stream carries; targets/delta/types.py converts both) and writes Parquet files into the table's
 directory (through the pyarrow filesystem of its URI, rebuilt in the task from the URI and the environment),
-not committing anything. The driver then adds
-every file of the cycle in ONE Delta commit, which carries the copy's app transaction (version = the
-table's cycle number) and the cycle's outcome in its commit metadata. So a killed cycle leaves no rows in
-the table (only files no log entry references, which `lake vacuum` removes), and a cycle committed just
-before a kill is found again by its app transaction and its state taken from that commit: never copied twice.
+not committing anything. The driver then adds every file of the cycle in ONE Delta commit, which carries the
+copy's app transaction (version = the table's cycle number) and the cycle's outcome in its commit metadata.
+So a killed cycle leaves no rows in the table (only files no log entry references, which `lake vacuum`
+removes), and a cycle committed just before a kill is found again by its app transaction and its state taken
+from that commit: never copied twice.
 """
 
 from __future__ import annotations
