@@ -45,7 +45,7 @@ class Stream:
         return applier
 
     def reshape(self, applier: PostgresApplier, ddl: str) -> None:
-        """A replayed statement that changes the table's columns: ddl/replay.py's order (sync, run, reshape)."""
+        """A replayed statement that changes the table's columns: workflow/ddl_replay.py's order (sync, run, reshape)."""
         applier.sync()
         self.conn.execute(ddl)
         self.table = describe_table(self.conn, "public", "t")

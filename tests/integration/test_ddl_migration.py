@@ -2,7 +2,7 @@
 copies and while it replicates, with `--on-ddl exec` and a kill -9 of `workflow run` in the middle: the
 target's schema (pg_dump -s of the moved tables) and rows end equal to the source's, vdiff finds nothing.
 Tables made in the moved schema join the workflow (published, copied, replayed); dropped and renamed tables
-leave or follow it (ddl/tables.py)."""
+leave or follow it (workflow/ddl_tables.py)."""
 
 from __future__ import annotations
 

@@ -20,11 +20,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "sluicegate"
 
 # (importer, imported) between packages: the imports that close the package cycles left.
-KNOWN_PACKAGE_EDGES = {
-    # DDL replay reads and writes the workflow's state (ddl/replay.py, ddl/tables.py: being edited elsewhere).
-    # SchemaStop is in postgres/relation_changes.py now; the state calls could come in as a callback.
-    ("ddl", "workflow"): "ddl/replay.py, ddl/tables.py: workflow.state, workflow.schema_changes",
-}
+KNOWN_PACKAGE_EDGES: dict[tuple[str, str], str] = {}
 
 # (importer, imported) between modules: the imports that close the module cycles left.
 KNOWN_MODULE_EDGES: dict[tuple[str, str], str] = {}

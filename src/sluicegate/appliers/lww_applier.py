@@ -9,7 +9,7 @@ sink): settle and abandon have nothing to wait for.
 Schema changes: a Relation whose columns differ from the table's description goes to `schema_changes` (the
 play task's SchemaFollower) once the rows staged before it are written, as in PostgresApplier: an added column
 follows, and so does a change the target table already has (the statement ran here first and this is the peer's
-copy of it coming back in the new shape). A replayed statement (ddl/replay.py) calls `sync`, then `reshape` or
+copy of it coming back in the new shape). A replayed statement (workflow/ddl_replay.py) calls `sync`, then `reshape` or
 `forget_plan`.
 """
 
@@ -64,7 +64,7 @@ class LwwApplier:
             self._checked[rel.oid] = rel
         return t
 
-    # -- what a replayed statement (ddl/replay.py) needs -----------------------------------------------------
+    # -- what a replayed statement (workflow/ddl_replay.py) needs -----------------------------------------------------
     def sync(self) -> None:
         self.flush()
 

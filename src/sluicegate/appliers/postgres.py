@@ -273,14 +273,14 @@ class PostgresApplier:
         self.plans.forget(_plan_key(t))
 
     def forget_plan(self, source: tuple[str, str]) -> None:
-        """A statement changed the target table (ddl/replay.py): its plan and staging table are made again
+        """A statement changed the target table (workflow/ddl_replay.py): its plan and staging table are made again
         (its columns, indexes and constraints may differ now). Nothing of it may be staged."""
         t = self.by_name.get(source)
         if t is not None:
             self._forget(t)
 
     def reshape(self, source: tuple[str, str], table: Table) -> None:
-        """A statement gave the table a new description (ddl/tables.py): rows after it are staged in it. A
+        """A statement gave the table a new description (workflow/ddl_tables.py): rows after it are staged in it. A
         renamed table is known by its new name from then on."""
         t = self.by_name.pop(source, None)
         if t is None:
@@ -291,7 +291,7 @@ class PostgresApplier:
         self._rels.clear()
 
     def drop_table(self, source: tuple[str, str]) -> None:
-        """The table was dropped (ddl/tables.py): nothing of it is staged (the caller synced first)."""
+        """The table was dropped (workflow/ddl_tables.py): nothing of it is staged (the caller synced first)."""
         t = self.by_name.pop(source, None)
         if t is not None:
             self._forget(t)

@@ -2,7 +2,7 @@
 
 Pure: a DdlMessage and what the reader streams in, a Statement (or None: the statement touches nothing the
 reader streams) out. Which streamed tables a statement touches, as the player's replay decides it
-(ddl/replay.py), without a target to ask:
+(workflow/ddl_replay.py), without a target to ask:
 
 - the tables its objects are or belong to (a column's, an index's table);
 - a dropped table by its own name (sql_drop names no table for it);

@@ -21,7 +21,6 @@ from ..appliers.lww_applier import LwwApplier
 from ..appliers.plans import TablePlans
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..ddl.message import PREFIX as DDL_PREFIX
-from ..ddl.replay import DdlReplay
 from ..errors import RetryableError, TerminalError
 from ..position import format_lsn
 from ..postgres import capture, durable, origins
@@ -33,6 +32,7 @@ from ..postgres.replication import ChangeStream
 from ..postgres.standby_flush import StandbyGate
 from . import state as st
 from . import stream_control
+from .ddl_replay import DdlReplay
 from .faults import fault_point
 from .schema_changes import SchemaFollower, SchemaStop
 
@@ -276,7 +276,7 @@ class _Batch:
     limited: bool = False
     commit_time: object = None
     commit_end: int = 0  # end of the last applied transaction's commit record on the source
-    tables_changed: bool = False  # a DDL statement changed the stream's set of tables (ddl/tables.py)
+    tables_changed: bool = False  # a DDL statement changed the stream's set of tables (workflow/ddl_tables.py)
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,

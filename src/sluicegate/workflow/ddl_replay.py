@@ -9,11 +9,11 @@ tables the stream moves are passed over (logged), in every mode.
   the workflow started again, the stream passes it. An ALTER TABLE that only adds columns is not stopped for:
   added columns follow from the Relation messages, as without capture.
 - ignore: passed over. Rows after it come in the new shape and meet the Relation handling of
-  workflow/schema_changes.py: added columns follow, anything else stops the stream there unless the target
+  schema_changes.py: added columns follow, anything else stops the stream there unless the target
   table already matches.
 - exec: rows staged before it are written first (old shape), then the statement runs on the target in the same
   transaction, then rows after it (new shape), so shape, rows and position commit together. A failure stops
-  the stream in Error before that transaction; a statement that cannot be replayed (statement.py) too.
+  the stream in Error before that transaction; a statement that cannot be replayed (ddl/statement.py) too.
 - exec-ignore: as exec, but a statement that fails (or cannot be replayed) is logged, noted in the stream's
   message, and passed over.
 
@@ -34,18 +34,19 @@ import logging
 import psycopg
 from psycopg import sql
 
+from ..ddl import both_ways, modes
+from ..ddl.message import BadDdlMessage, DdlMessage, parse
+from ..ddl.statement import NotReplayable, Statement, read, without_concurrently
+from ..ddl.tables import joins
+from ..ddl.touched import touched
 from ..errors import is_retryable
 from ..position import format_lsn
 from ..postgres import locks
 from ..postgres.connect import connect, first_line
 from ..postgres.pgoutput import LogicalMessage
-from ..workflow import state as st
-from ..workflow.schema_changes import SchemaStop
-from . import both_ways, modes
-from . import tables as ddl_tables
-from .message import BadDdlMessage, DdlMessage, parse
-from .statement import NotReplayable, Statement, read, without_concurrently
-from .touched import touched
+from ..postgres.relation_changes import SchemaStop
+from . import ddl_tables
+from . import state as st
 
 log = logging.getLogger("sluicegate")
 
@@ -61,9 +62,9 @@ class DdlReplay:
         """`applier`: the batch's PostgresApplier (its rows are written before a statement runs, and it
         forgets a table's plan after one). `renamed`: source tables the target writes under another name
         (rules): statements on them are not replayed. `src`: the play task's source connection, `publication`
-        the stream's (a new table joins through them, tables.py); `follower`: the batch's SchemaFollower,
+        the stream's (a new table joins through them, ddl_tables.py); `follower`: the batch's SchemaFollower,
         whose `changed` takes the descriptions a statement changed (the player keeps them with the batch).
-        `both_ways`: a direction of an active-active pair: only what both_ways.py allows is replayed."""
+        `both_ways`: a direction of an active-active pair: only what ddl/both_ways.py allows is replayed."""
         self.dst, self.target_url, self.workflow, self.stream_id = dst, target_url, workflow, stream_id
         self.both_ways = both_ways
         self.applier, self.renamed = applier, set(renamed)
@@ -87,7 +88,7 @@ class DdlReplay:
             return
         tables = self._moved(ddl)
         if not tables:
-            new = set() if self.both_ways else self._joining(ddl)  # fixed at create (both_ways.py)
+            new = set() if self.both_ways else self._joining(ddl)  # fixed at create (ddl/both_ways.py)
             if new and modes.current(self.dst, self.workflow) in (modes.EXEC, modes.EXEC_IGNORE):
                 self._exec(ddl, new, ", ".join(f"{s}.{n}" for s, n in sorted(new)),
                            ignore_failure=modes.current(self.dst, self.workflow) == modes.EXEC_IGNORE)
@@ -106,13 +107,13 @@ class DdlReplay:
         self._exec(ddl, tables, names, ignore_failure=(mode == modes.EXEC_IGNORE))
 
     def _joining(self, ddl: DdlMessage) -> set[tuple[str, str]]:
-        """The tables a CREATE TABLE made in a schema the workflow moves whole (tables.py)."""
+        """The tables a CREATE TABLE made in a schema the workflow moves whole (ddl_tables.py)."""
         if ddl.tag != "CREATE TABLE" or self.src is None or not self.publication:
             return set()
         options = self.dst.execute("SELECT options FROM sluicegate.workflows WHERE name = %s",
                                    (self.workflow,)).fetchone()[0]
         return {o.table for o in ddl.objects
-                if o.object_type == "table" and o.table is not None and ddl_tables.joins(options, *o.table)}
+                if o.object_type == "table" and o.table is not None and joins(options, *o.table)}
 
     # -- types and sequences --------------------------------------------------------------------------------
     def _object(self, ddl: DdlMessage) -> None:
@@ -231,7 +232,7 @@ class DdlReplay:
         return True
 
     def _follow(self, ddl: DdlMessage, stmt: Statement, tables: set[tuple[str, str]]) -> None:
-        """What the statement did to the stream's tables, recorded with it (tables.py)."""
+        """What the statement did to the stream's tables, recorded with it (ddl_tables.py)."""
         specs = {name: t.table for name, t in self.applier.by_name.items()}
         for name in sorted(tables):
             if stmt.kind == "create table":
