@@ -23,7 +23,7 @@ from ..appliers.postgres import PostgresApplier, TargetTable
 from ..ddl.message import PREFIX as DDL_PREFIX
 from ..errors import RetryableError, TerminalError
 from ..position import format_lsn
-from ..postgres import capture, durable, origins
+from ..postgres import capture, durable, origins, slot_reader
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table, quote_name
 from ..postgres.connect import connect
@@ -114,30 +114,25 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         lww_plans: dict = {}  # LwwTables kept across the task's batches
         plans = TablePlans()  # and the PostgreSQL applier's (appliers/plans.py)
         gate = StandbyGate(task.confirm_after_standbys)
-        info = capture.check_slot(src_ctl, task.slot, task.position, way_out(task))
-        capture.release_slot(src_ctl, task.slot, info)  # a reader left behind by a killed task
-        if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            ready = gate.recorded(dst, task.position)  # died between commit and confirm
-            if ready is not None:
+
+        def confirm_recorded(position: int) -> None:  # (the target's standbys first, when the task says so)
+            if (ready := gate.recorded(dst, position)) is not None:
                 capture.advance_slot(src_ctl, task.slot, ready)
+
+        slot_reader.take_slot(src_ctl, task.slot, task.position, way_out(task), confirm_recorded)
         framing = Framing()  # Relation messages of this task's decoding session
         task = _current_shapes(dst, task)
         follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
         last_write = 0.0
         counting = st.counts_applied(dst)
-        try:
-            # Logical messages carry the DDL capture's statements (ddl/).
-            stream = ChangeStream(task.source_url, task.slot, task.publication, result.position,
-                                  skip_origins=task.skip_origins, messages=True)
-        except RetryableError:
-            # Gone? Say so.
-            capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
-            raise
+        # Logical messages carry the DDL capture's statements (ddl/).
+        stream = slot_reader.open_stream(src_ctl, task.source_url, task.slot, task.publication, result.position,
+                                         way_out(task), skip_origins=task.skip_origins, messages=True)
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
             while True:
                 if task.until == "position" and result.position < task.stop_at:
-                    wait_flushed(src_ctl, task.stop_at)
+                    slot_reader.wait_flushed(src_ctl, task.stop_at)
                 flushed, source_now = capture.wal_flush_position(src_ctl)
                 control = st.lock_stream_control(dst, task.stream_id)
                 if control.state != task.expect_state or control.position != result.position:
@@ -164,7 +159,7 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 if action is stream_control.Action.PLAY_TO and (task.stop_at is None
                                                                 or control.stop_position < task.stop_at):
                     this = replace(task, stop_at=control.stop_position)
-                    wait_flushed(src_ctl, this.stop_at)
+                    slot_reader.wait_flushed(src_ctl, this.stop_at)
                 try:
                     batch = _apply_batch(this, stream, dst, framing, result.position, flushed, rules, writer,
                                          follower, lww_plans, src_ctl, plans)
@@ -345,9 +340,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 base, rows=None, ddl: DdlReplay | None = None) -> _Batch:
     batch = _Batch(position)
     skipping = False
-    last_end = None
-    reached_stop = False
-    meeting = None  # commit position of the transaction being read
+    reader = slot_reader.BatchReader(stream, position, task.stop_at)
     begin = getattr(applier, "begin", None)  # an applier that wants each transaction's commit time
     # The fault point at each commit, its setting read once a batch: os.environ read at every commit showed
     # in the replay's profile (bench/README.md).
@@ -356,8 +349,8 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
     # Up to what the source had flushed when the batch began (as peek did), or the fast-forward's point.
     raw = stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=task.stop_at or flushed)
     try:
-        for ev in assemble(raw, framing, rows, origins=task.skip_origins,
-                           messages=DDL_PREFIX if ddl is not None else None):
+        for ev in reader.events(assemble(raw, framing, rows, origins=task.skip_origins,
+                                         messages=DDL_PREFIX if ddl is not None else None)):
             if isinstance(ev, Change):
                 if not skipping:
                     applier.change(ev)
@@ -365,11 +358,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
             elif isinstance(ev, Begin):
                 if begin is not None:
                     begin(ev.commit_time)
-                if task.stop_at is not None and ev.final_lsn >= task.stop_at:
-                    reached_stop = True  # commits after the snapshot: not part of this fast-forward
-                    break
-                meeting = ev.final_lsn
-                skipping = ev.final_lsn < position  # applied by an earlier batch
+                skipping = reader.earlier
                 if rows is not None:
                     rows.active = not skipping
             elif isinstance(ev, Origin):
@@ -379,7 +368,6 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 if rows is not None:
                     rows.active = False
             elif isinstance(ev, Commit):
-                last_end = ev.end_lsn  # applied now or earlier: either way behind us
                 if not skipping:
                     batch.transactions += 1
                     batch.commit_time = ev.commit_time
@@ -398,37 +386,12 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 applier.flush()
                 ddl.met(ev)
     except SchemaStop as exc:
-        exc.before = meeting  # everything before this transaction may still be applied
+        exc.before = reader.commit_lsn or None  # everything before this transaction may still be applied
         raise
     applier.flush()
     base.settle()  # the batch's rows are on the target before its position is saved
     if rows is not None:
         batch.rows += rows.taken
-    # Caught up only when the server says it has sent everything before `until`: a quiet socket may just
-    # mean the walsender is still decoding a big transaction.
-    batch.limited = batch.tables_changed or (not reached_stop and stream.ended_by != "reached")
-    sent = stream.sent_upto  # every transaction committing before it has been read
-    if batch.tables_changed:  # read no further than the transaction that changed them
-        batch.position = max(position, last_end)
-    elif reached_stop or (task.stop_at is not None and sent >= task.stop_at):
-        batch.position = task.stop_at
-    elif batch.limited:
-        batch.position = max(position, last_end or position)
-    else:
-        batch.position = max(position, last_end or 0, min(sent, task.stop_at or sent))
+    end = reader.end(cut=batch.tables_changed)  # (a cut: no further than the transaction that changed them)
+    batch.position, batch.limited = end.position, end.limited
     return batch
-
-
-def wait_flushed(src_ctl, lsn: int, timeout: float = 30.0) -> None:
-    """Decoding reads only flushed WAL: wait until the snapshot's position is flushed."""
-    deadline = time.monotonic() + timeout
-    nudged = False
-    while capture.wal_flush_position(src_ctl)[0] < lsn:
-        if time.monotonic() > deadline:
-            raise RetryableError("source WAL was not flushed up to the snapshot position in time; will retry")
-        if not nudged:
-            # An idle server may leave the last records unflushed for a while; a tiny committed
-            # transaction (invisible to the publication) flushes them.
-            src_ctl.execute("SELECT pg_current_xact_id()")
-            nudged = True
-        time.sleep(0.01)

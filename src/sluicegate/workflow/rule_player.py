@@ -28,13 +28,13 @@ from functools import partial, reduce
 
 from ..errors import RetryableError, TerminalError, from_exception
 from ..faults import fault_point
-from ..postgres import capture, durable, peek
+from ..postgres import capture, durable, peek, slot_reader
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.standby_flush import StandbyGate
 from . import state as st
 from . import stream_control
-from .player import PlayResult, PlayTask, wait_flushed, way_out
+from .player import PlayResult, PlayTask, way_out
 from .schema_changes import rule_input
 
 log = logging.getLogger("sluicegate")
@@ -72,10 +72,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
             connect(task.target_url, role="target", autocommit=True) as dst:
         durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
         gate = _Gate(task, src, dst)
-        info = capture.check_slot(src, task.slot, task.position, way_out(task))
-        capture.release_slot(src, task.slot, info)  # a walsender left behind: a peek needs the slot
-        if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            gate.recorded(task.position)
+        slot_reader.take_slot(src, task.slot, task.position, way_out(task), gate.recorded)
         while True:
             if engine.stop.is_set():
                 result.interrupted = "stopping"
@@ -111,7 +108,7 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
                 gate.release()  # the target's standbys may have caught up since the last batch
                 engine.stop.wait(task.idle_poll)
                 continue
-            wait_flushed(src, upto)
+            slot_reader.wait_flushed(src, upto)
             _, source_now = capture.wal_flush_position(src)
             spec = BatchSpec(this, {name: runner.rule.to_json() for name, runner in _by_name(runners).items()},
                              result.position, upto, source_now, active)

@@ -22,14 +22,13 @@ from ...cluster.model import way_out as cluster_way_out
 from ...cluster.safetime import advance_safe_time
 from ...ddl.message import PREFIX as DDL_PREFIX
 from ...errors import RetryableError, TerminalError
-from ...postgres import capture
+from ...postgres import capture, slot_reader
 from ...postgres.assembler import Change, Framing, TruncateChange, assemble
 from ...postgres.catalog import Column, Table
 from ...postgres.connect import connect
-from ...postgres.pgoutput import Begin, Commit, LogicalMessage
+from ...postgres.pgoutput import Commit, LogicalMessage
 from ...postgres.replication import ChangeStream
 from ...workflow.faults import fault_point
-from ...workflow.player import wait_flushed
 from ...workflow.schema_changes import (
     SchemaStop,
     builtin_type_name,
@@ -116,21 +115,15 @@ def play(task: LakePlayTask) -> LakePlayResult:
     deadline = time.monotonic() + task.max_seconds
     with connect(wf.source_url, role="source", autocommit=True) as src_ctl:
         way_out = cluster_way_out(wf) or capture.rebootstrap(wf.name)  # a Replicate sink's: its bootstrap
-        info = capture.check_slot(src_ctl, wf.slot, task.position, way_out)
-        capture.release_slot(src_ctl, wf.slot, info)  # a reader left behind by a killed task
-        if info.confirmed_flush is not None and info.confirmed_flush < task.position:
-            capture.advance_slot(src_ctl, wf.slot, task.position)  # died between the state and the confirm
+        slot_reader.take_slot(src_ctl, wf.slot, task.position, way_out)
         tables = _Tables(root, wf, src_ctl)
         commits = durable.Versions(tables.dts)
         staging.clear(root, wf.name)  # a killed task's staged batch: it is read again from the slot
         framing = Framing()
         last_write = 0.0
-        try:
-            # Logical messages carry the DDL capture's statements (ddl/); none come from a source without it.
-            stream = ChangeStream(wf.source_url, wf.slot, wf.publication, task.position, messages=True)
-        except RetryableError:
-            capture.check_slot(src_ctl, wf.slot, task.position, way_out)
-            raise
+        # Logical messages carry the DDL capture's statements (ddl/); none come from a source without it.
+        stream = slot_reader.open_stream(src_ctl, wf.source_url, wf.slot, wf.publication, task.position, way_out,
+                                         messages=True)
         last_commit = -math.inf  # (monotonic) when this task last committed changes
         # The pause reads nothing from the replication connection: keep it well inside the server's
         # wal_sender_timeout, which ends a walsender whose client has not answered for that long.
@@ -142,7 +135,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                 if task.stop_at is not None:
                     if result.position >= task.stop_at:
                         return result
-                    wait_flushed(src_ctl, task.stop_at)
+                    slot_reader.wait_flushed(src_ctl, task.stop_at)
                 current = store.load(task.workflow)
                 if current.position != result.position:
                     result.interrupted = f"stream is {current.state} at {current.position}"
@@ -165,7 +158,7 @@ def play(task: LakePlayTask) -> LakePlayResult:
                         return result
                     if decision.action == control.PLAY_TO:
                         stop_at = decision.position
-                        wait_flushed(src_ctl, stop_at)
+                        slot_reader.wait_flushed(src_ctl, stop_at)
                 elif current.state not in (RUNNING, STOPPED):
                     result.interrupted = f"stream is {current.state} at {current.position}"
                     return result
@@ -286,23 +279,21 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 flushed: int, ddl: LakeDdl | None = None) -> _Batch:
     batch = _Batch(position, {}, reshaped={}, spills={})
     effects = batch.effects
-    commit_lsn = 0
-    last_end = None
     seen_rels: dict[int, object] = {}
     orders: dict[int, tuple] = {}  # relation oid -> (Relation, table, _order's)
     stop_at = task.stop_at
-    reached_stop = False
+    reader = slot_reader.BatchReader(stream, position, stop_at)
     # A table rewritten for a statement past the position (a kill came before the batch's MERGE) has the
     # shape after it: the batch reads at least past that statement, so its rows are merged in that shape.
     min_end = max((m for m in tables.markers.values() if m > position), default=None) if stop_at is None else None
-    ends = [None]  # the last commit's end, read by raw_messages
 
     def raw_messages():
         yield from stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=stop_at or flushed)
-        while min_end is not None and (ends[0] is None or ends[0] <= min_end):
+        while min_end is not None and (reader.last_end is None or reader.last_end <= min_end):
             yield from stream.messages(task.batch_changes, task.idle_poll, task.batch_seconds, until=flushed)
 
-    for ev in assemble(raw_messages(), framing, messages=DDL_PREFIX if ddl is not None else None):
+    for ev in reader.events(assemble(raw_messages(), framing, messages=DDL_PREFIX if ddl is not None else None)):
+        commit_lsn = reader.commit_lsn
         if isinstance(ev, Change):
             rel = ev.relation
             q = f"{rel.schema}.{rel.name}"
@@ -330,15 +321,8 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
             batch.in_memory += 1
             if batch.in_memory >= task.stage_rows:
                 _stage(tables.root, tables.workflow, batch)
-        elif isinstance(ev, Begin):
-            if stop_at is not None and ev.final_lsn >= stop_at:
-                reached_stop = True  # commits after the vdiff's snapshot: not part of this play
-                break
-            commit_lsn = ev.final_lsn
         elif isinstance(ev, Commit):
-            last_end = ev.end_lsn
-            ends[0] = last_end
-            if commit_lsn >= position:
+            if not reader.earlier:
                 batch.commit_time = ev.commit_time
             fault_point("lake.slice.mid_batch")
         elif isinstance(ev, LogicalMessage) and ddl is not None:  # a captured DDL statement, in its place
@@ -355,14 +339,8 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                     effects.setdefault(q, apply.NetEffect(tables.specs[q])).truncate()
                     if q in batch.spills:
                         batch.spills[q].discard()
-    batch.limited = not reached_stop and stream.ended_by != "reached"
-    sent = stream.sent_upto
-    if reached_stop or (stop_at is not None and sent >= stop_at):
-        batch.position = stop_at
-    elif batch.limited:
-        batch.position = max(position, last_end or position)
-    else:
-        batch.position = max(position, last_end or 0, sent)
+    end = reader.end()
+    batch.position, batch.limited = end.position, end.limited
     return batch
 
 

@@ -30,12 +30,12 @@ from functools import partial, reduce
 
 from ...errors import RetryableError, from_exception
 from ...faults import fault_point
-from ...postgres import capture
+from ...postgres import capture, slot_reader
 from ...postgres.catalog import Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import UNCHANGED
 from ...workflow import rule_player
-from ...workflow.player import PlayTask, wait_flushed
+from ...workflow.player import PlayTask
 from . import apply, control, durable, location, points
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 
@@ -74,10 +74,7 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
     thresholds = _thresholds(engine, wf, lakes)
     last_write = 0.0
     with connect(wf.source_url, role="source", autocommit=True) as src:
-        info = capture.check_slot(src, wf.slot, wf.position, capture.rebootstrap(wf.name))
-        capture.release_slot(src, wf.slot, info)  # a reader left behind by a killed job
-        if info.confirmed_flush is not None and info.confirmed_flush < wf.position:
-            capture.advance_slot(src, wf.slot, wf.position)  # died between the state and the confirm
+        slot_reader.take_slot(src, wf.slot, wf.position, capture.rebootstrap(wf.name))
         while not engine.stop.is_set():
             current = store.load(wf.name)
             if current.options != wf.options:
@@ -107,7 +104,7 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
                     return
                 engine.stop.wait(idle_poll)
                 continue
-            wait_flushed(src, upto)
+            slot_reader.wait_flushed(src, upto)
             active = tuple(i for i, th in enumerate(thresholds) if th <= position)
             task = PlayTask(wf.source_url, engine.target, wf.name, 0, wf.slot, wf.publication,
                             [(t.table, "replicate", None) for t in wf.tables], position, RUNNING, "slice",
