@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, Rea
 
 from sluicegate.errors import RetryableError, TerminalError
 from sluicegate.position import format_lsn, parse_lsn
+from sluicegate.postgres import peek
 from sluicegate.postgres.assembler import Change, TruncateChange, assemble
 from sluicegate.postgres.pgoutput import UNCHANGED, Begin, Commit
 from sluicegate.spark import stream_source
@@ -459,7 +460,7 @@ def test_read_errors_keep_type_and_sqlstate(pair, monkeypatch):
     [part] = reader.partitions(start, end)
 
     monkeypatch.setattr(stream_source, "ROWS_PER_ARROW_BATCH", 100)
-    monkeypatch.setattr(stream_source, "FETCH_ROWS", 50)
+    monkeypatch.setattr(peek, "FETCH_ROWS", 50)  # (the peek's cursor: rows a round trip)
     batches = reader.read(part)
     got = [r["after"] for r in next(batches).to_pylist()]  # a transaction handed over, 9 still on the server
     terminated = pair.src("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

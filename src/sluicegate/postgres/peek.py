@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import psycopg
+from psycopg import sql
 
 from ..position import format_lsn
 
@@ -27,11 +28,11 @@ def quote_publication(name: str) -> str:
 
 
 def peek(conn: psycopg.Connection, slot: str, publication: str, upto: int,
-         nchanges: int | None = None) -> Iterator[tuple[int, bytes]]:
+         nchanges: int | None = None, messages: bool = False) -> Iterator[tuple[int, bytes]]:
     """(lsn, pgoutput message) from the slot's confirmed position up to `upto`; the server stops after the
-    transaction that brings its row count to `nchanges`. `conn` must not be in autocommit (a named cursor);
-    the peek's transaction is rolled back at the end."""
-    cur, first = _open(conn, slot, publication, upto, nchanges)
+    transaction that brings its row count to `nchanges`; `messages`: logical messages too (the DDL capture's).
+    `conn` must not be in autocommit (a named cursor); the peek's transaction is rolled back at the end."""
+    cur, first = _open(conn, slot, publication, upto, nchanges, messages)
     try:
         yield from first
         yield from cur
@@ -41,15 +42,19 @@ def peek(conn: psycopg.Connection, slot: str, publication: str, upto: int,
             conn.rollback()
 
 
-def _open(conn, slot, publication, upto, nchanges):
+_PEEK = sql.SQL("SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
+               "%s, %s::pg_lsn, %s, 'proto_version', '1', 'publication_names', %s{})")
+
+
+def _open(conn, slot, publication, upto, nchanges, messages):
+    query = _PEEK.format(sql.SQL(", 'messages', 'true'") if messages else sql.SQL(""))
     deadline = time.monotonic() + SLOT_BUSY_TIMEOUT
     while True:
         cur = conn.cursor(name="sluicegate_peek", binary=True)
         cur.itersize = FETCH_ROWS
         try:
             cur.execute(
-                "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
-                "%s, %s::pg_lsn, %s, 'proto_version', '1', 'publication_names', %s)",
+                query,
                 (slot, format_lsn(upto), nchanges, quote_publication(publication)),
             )
             return cur, cur.fetchmany(FETCH_ROWS)  # the server decodes (taking the slot) at the first fetch

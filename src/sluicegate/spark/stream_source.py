@@ -85,7 +85,6 @@ ARROW_BATCH_BYTES = 16 << 20  # ... or fewer rows, once they came from this many
 # pgoutput bytes of one transaction held in memory (as Python rows, ~10x that); the rest waits in a temporary
 # file for the commit, whose end every row carries
 TXN_BUFFER_BYTES = 8 << 20
-FETCH_ROWS = 5000  # rows per round trip of the server-side cursor
 RETRY_SECONDS = 60.0  # how long a retryable error (connection lost, slot busy) is retried in place
 PLANNER, READER = "sluicegate stream planner", "sluicegate stream reader"  # application_name of each side
 
@@ -446,19 +445,6 @@ def _check_slot(conn, slot: str, start: int) -> None:
         f"then reads from where slot {slot} stands)"))
 
 
-def _peek(conn, settings: Settings, upto: int):
-    """A server-side cursor over the slot's changes from its confirmed position up to `upto`: (lsn, bytes).
-    `conn` must be inside a transaction."""
-    cur = conn.cursor(name="sluicegate_peek", binary=True)
-    cur.itersize = FETCH_ROWS
-    cur.execute(
-        "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes("
-        "%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
-        (settings.slot, format_lsn(upto), peek.quote_publication(settings.publication)),
-    )
-    return cur
-
-
 def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
     """The batch's rows as Arrow record batches, in commit order, in bounded memory: one peek up to `end`."""
     from ..ddl.message import PREFIX
@@ -469,31 +455,30 @@ def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
     conn = _connect(settings.source, READER)
     try:
         _check_slot(conn, settings.slot, start)  # a peek starts at the slot: it must not be past the batch
-        with conn.transaction():
-            published = {tuple(r) for r in conn.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-                (settings.publication,))}
-            cur = _peek(conn, settings, end)
-            txn: _TxnRows | None = None
-            begin: Begin | None = None
-            for event in assemble(peek.in_range(cur, start, end), messages=PREFIX):
-                if isinstance(event, Change):
-                    txn.add(_change_row(event, begin), event.size)
-                elif isinstance(event, LogicalMessage):
-                    for row in _ddl_rows(event, begin, published):
-                        txn.add(row, len(event.content))
-                elif isinstance(event, Begin):
-                    begin, txn = event, _TxnRows()
-                elif isinstance(event, Commit):
-                    commit_lsn = format_lsn(event.end_lsn)
-                    for rows_, nbytes in txn.drain():
-                        yield from builder.extend(rows_, nbytes, commit_lsn)
-                    txn = None
-                else:  # TruncateChange: a row per table
-                    for row in _truncate_rows(event, begin):
-                        txn.add(row, 0)
-            yield from builder.flush()
-            cur.close()
+        conn.autocommit = False  # (the peek reads through a named cursor: in a transaction, rolled back after)
+        published = {tuple(r) for r in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+            (settings.publication,))}
+        rows = peek.peek(conn, settings.slot, settings.publication, end, messages=True)
+        txn: _TxnRows | None = None
+        begin: Begin | None = None
+        for event in assemble(peek.in_range(rows, start, end), messages=PREFIX):
+            if isinstance(event, Change):
+                txn.add(_change_row(event, begin), event.size)
+            elif isinstance(event, LogicalMessage):
+                for row in _ddl_rows(event, begin, published):
+                    txn.add(row, len(event.content))
+            elif isinstance(event, Begin):
+                begin, txn = event, _TxnRows()
+            elif isinstance(event, Commit):
+                commit_lsn = format_lsn(event.end_lsn)
+                for rows_, nbytes in txn.drain():
+                    yield from builder.extend(rows_, nbytes, commit_lsn)
+                txn = None
+            else:  # TruncateChange: a row per table
+                for row in _truncate_rows(event, begin):
+                    txn.add(row, 0)
+        yield from builder.flush()
     finally:
         conn.close()
 
