@@ -8,11 +8,13 @@ data together with the new position in one target transaction — after checking
 the position is still the one this batch started from (exactly-once). Only then is the slot confirmed.
 A transaction's commit record starts at or after the position iff it is not yet applied; when the source
 is idle, the position moves to what the server says it has sent (heartbeats).
+
+The loop is every target's (play_loop.py); this module is the PostgreSQL target's side of it (_PostgresSink)
+and its batch: the appliers, DDL replay and schema changes met in the stream.
 """
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -21,7 +23,7 @@ from ..appliers.lww_applier import LwwApplier
 from ..appliers.plans import TablePlans
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..ddl.message import PREFIX as DDL_PREFIX
-from ..errors import RetryableError, TerminalError
+from ..errors import TerminalError
 from ..position import format_lsn
 from ..postgres import capture, durable, origins, slot_reader
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
@@ -30,10 +32,11 @@ from ..postgres.connect import connect
 from ..postgres.pgoutput import Begin, Commit, LogicalMessage, Origin
 from ..postgres.replication import ChangeStream
 from ..postgres.standby_flush import StandbyGate
+from . import play_loop, stream_control
 from . import state as st
-from . import stream_control
 from .ddl_replay import DdlReplay
 from .faults import fault_point
+from .play_loop import PlayResult
 from .schema_changes import SchemaFollower, SchemaStop
 
 
@@ -78,21 +81,8 @@ class PlayTask:
     confirm_after_standbys: bool = False
 
 
-@dataclass
-class PlayResult:
-    position: int
-    batches: int = 0
-    transactions: int = 0
-    rows: int = 0
-    caught_up: bool = False
-    interrupted: str = ""  # why it returned early: the stream's state or position moved
-
-
 def play(task: PlayTask, stop=None) -> PlayResult:
     """`stop`: an event that ends the task between batches."""
-    rules = _moves_only(task)
-    result = PlayResult(task.position)
-    deadline = time.monotonic() + task.max_seconds  # max_seconds may be inf: until interrupted
     with connect(task.source_url, role="source", autocommit=True) as src_ctl, \
             connect(task.target_url, role="target") as dst:
         # Who writes: a MoveTables' denial triggers (workflow/traffic.py) let its own applier through.
@@ -111,8 +101,6 @@ def play(task: PlayTask, stop=None) -> PlayResult:
             # its default, and its user needs no grant for it (preflight/needs.py).
             dst.execute("SET deadlock_timeout = '20ms'")
         dst.commit()
-        lww_plans: dict = {}  # LwwTables kept across the task's batches
-        plans = TablePlans()  # and the PostgreSQL applier's (appliers/plans.py)
         gate = StandbyGate(task.confirm_after_standbys)
 
         def confirm_recorded(position: int) -> None:  # (the target's standbys first, when the task says so)
@@ -120,111 +108,85 @@ def play(task: PlayTask, stop=None) -> PlayResult:
                 capture.advance_slot(src_ctl, task.slot, ready)
 
         slot_reader.take_slot(src_ctl, task.slot, task.position, way_out(task), confirm_recorded)
-        framing = Framing()  # Relation messages of this task's decoding session
-        task = _current_shapes(dst, task)
-        follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
-        last_write = 0.0
-        counting = st.counts_applied(dst)
         # Logical messages carry the DDL capture's statements (ddl/).
-        stream = slot_reader.open_stream(src_ctl, task.source_url, task.slot, task.publication, result.position,
+        stream = slot_reader.open_stream(src_ctl, task.source_url, task.slot, task.publication, task.position,
                                          way_out(task), skip_origins=task.skip_origins, messages=True)
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
-            while True:
-                if task.until == "position" and result.position < task.stop_at:
-                    slot_reader.wait_flushed(src_ctl, task.stop_at)
-                flushed, source_now = capture.wal_flush_position(src_ctl)
-                control = st.lock_stream_control(dst, task.stream_id)
-                if control.state != task.expect_state or control.position != result.position:
-                    dst.rollback()
-                    result.interrupted = f"stream is {control.state} at {control.position}"
-                    return result
-                # The stream's durable stop (stream_control.py) before the task's own limit: a vdiff's point
-                # may be the very position a fast-forward ends at.
-                action = stream_control.decide(result.position, control.stop_position, control.stop_reason)
-                if action is stream_control.Action.STOP:
-                    stream_control.mark_stopped(dst, task.stream_id, control)
-                    dst.commit()
-                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
-                    return result
-                if task.until == "position" and result.position >= task.stop_at:
-                    dst.rollback()
-                    result.caught_up = True
-                    return result
-                if stop is not None and stop.is_set():
-                    dst.rollback()
-                    result.interrupted = "stopping"
-                    return result
-                this = task
-                if action is stream_control.Action.PLAY_TO and (task.stop_at is None
-                                                                or control.stop_position < task.stop_at):
-                    this = replace(task, stop_at=control.stop_position)
-                    slot_reader.wait_flushed(src_ctl, this.stop_at)
-                try:
-                    batch = _apply_batch(this, stream, dst, framing, result.position, flushed, rules, writer,
-                                         follower, lww_plans, src_ctl, plans)
-                except SchemaStop as exc:
-                    # A schema change the stream does not follow: what came before the transaction that met it
-                    # is applied (the target is then made to match from a clean point), nothing of it.
-                    dst.rollback()
-                    if exc.before is not None and exc.before > result.position:
-                        stream.close()
-                        play(replace(task, position=result.position, until="position", stop_at=exc.before,
-                                     max_seconds=float("inf")))
-                    raise
-                except RetryableError:
-                    # The stream broke: the slot may be gone or invalidated — say so with the way out, never skip.
-                    capture.check_slot(src_ctl, task.slot, result.position, way_out(task))
-                    raise
-                result.batches += 1
-                result.transactions += batch.transactions
-                result.rows += batch.rows
-                new_position = batch.position
-                caught_up = not batch.limited and this.stop_at is None
-                stopping = (control.stop_reason and control.stop_position is not None
-                            and new_position >= control.stop_position)
-                now = time.monotonic()
-                reshaped = follower.changed  # tables whose columns followed the source: saved with the batch
-                if (new_position > result.position or batch.transactions or reshaped
-                        or now - last_write >= task.heartbeat_seconds):
-                    st.save_position(dst, task.stream_id, new_position,
-                                     caught_up_at=source_now if caught_up else None,
-                                     transaction_time=batch.commit_time,
-                                     applied=batch.rows if counting and batch.transactions else None,
-                                     safe=counting)
-                    if task.clear_message and result.batches == 1:
-                        st.set_message(dst, task.stream_id, "")
-                    if (note := gate.note_changed()) is not None:  # waits for the target's standbys, or no longer
-                        st.set_message(dst, task.stream_id, note)
-                    if task.origin and batch.transactions:  # the rows carry the source's commit time
-                        origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
-                    if stopping:  # at the durable stop: Stopped with the batch that reached it
-                        stream_control.mark_stopped(dst, task.stream_id, control)
-                    fault_point("replicate.before_commit")
-                    dst.commit()
-                    last_write = now
-                    if (ready := gate.recorded(dst, new_position)) is not None:
-                        stream.confirm(ready)
-                    if reshaped:
-                        task = _reshaped(task, reshaped)
-                        follower.changed = {}
-                else:
-                    dst.rollback()
-                    # The standbys may have caught up since the last commit.
-                    if (ready := gate.release(dst)) is not None:
-                        stream.confirm(ready)
-                result.position = new_position
-                if stopping:
-                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
-                    return result
-                if batch.tables_changed:
-                    result.interrupted = "a schema change changed the stream's tables or types"
-                    return result
-                if task.until == "caught_up" and not batch.limited:
-                    result.caught_up = True
-                    return result
-                if time.monotonic() >= deadline:
-                    return result
+            sink = _PostgresSink(task, src_ctl, dst, gate, writer)
+            limits = play_loop.Limits(task.stop_at if task.until == "position" else None,
+                                      caught_up=task.until == "caught_up", max_seconds=task.max_seconds,
+                                      heartbeat_seconds=task.heartbeat_seconds)
+            return play_loop.run(sink, stream, src_ctl, task.slot, way_out(task), task.position, limits, stop)
+
+
+class _PostgresSink(play_loop.Sink):
+    """The PostgreSQL target's side of the play loop: a batch's rows and its position commit in one target
+    transaction, under the stream's row lock, after checking that the position is still the batch's start."""
+
+    def __init__(self, task: PlayTask, src_ctl, dst, gate: StandbyGate, writer):
+        self.task = _current_shapes(dst, task)
+        self.src_ctl, self.dst, self.gate, self.writer = src_ctl, dst, gate, writer
+        self.rules = _moves_only(task)
+        self.lww_plans: dict = {}  # LwwTables kept across the task's batches
+        self.plans = TablePlans()  # and the PostgreSQL applier's (appliers/plans.py)
+        self.follower = SchemaFollower(src_ctl, dst, task.stream_id, task.workflow)
+        self.counting = st.counts_applied(dst)
+        self.batches = 0
+
+    def control(self, position: int):
+        control = st.lock_stream_control(self.dst, self.task.stream_id)
+        if control.state != self.task.expect_state or control.position != position:
+            return control, f"stream is {control.state} at {control.position}"
+        return control, ""
+
+    def leave(self) -> None:
+        self.dst.rollback()
+
+    def stop_here(self, control, position: int) -> str:
+        stream_control.mark_stopped(self.dst, self.task.stream_id, control)
+        self.dst.commit()
+        return stream_control.stopped_message(control.stop_position, control.stop_reason)
+
+    def apply(self, stream, framing, position, flushed, stop_at):
+        this = self.task if stop_at == self.task.stop_at else replace(self.task, stop_at=stop_at)
+        batch = _apply_batch(this, stream, self.dst, framing, position, flushed, self.rules, self.writer,
+                             self.follower, self.lww_plans, self.src_ctl, self.plans)
+        batch.wrote = bool(batch.transactions or self.follower.changed)  # (reshaped tables: saved with it)
+        return batch
+
+    def abandon(self) -> None:
+        self.dst.rollback()
+
+    def replay_before(self, position: int, before: int, stop_at: int | None) -> None:
+        play(replace(self.task, position=position, until="position", stop_at=before, max_seconds=float("inf")))
+
+    def record(self, batch, control, stop_at, stopping, source_now):
+        task, dst = self.task, self.dst
+        self.batches += 1
+        caught_up = not batch.limited and stop_at is None
+        reshaped = self.follower.changed  # tables whose columns followed the source
+        st.save_position(dst, task.stream_id, batch.position, caught_up_at=source_now if caught_up else None,
+                         transaction_time=batch.commit_time,
+                         applied=batch.rows if self.counting and batch.transactions else None, safe=self.counting)
+        if task.clear_message and self.batches == 1:
+            st.set_message(dst, task.stream_id, "")
+        if (note := self.gate.note_changed()) is not None:  # waits for the target's standbys, or no longer
+            st.set_message(dst, task.stream_id, note)
+        if task.origin and batch.transactions:  # the rows carry the source's commit time
+            origins.xact_setup(dst, format_lsn(batch.commit_end), batch.commit_time)
+        if stopping:  # at the durable stop: Stopped with the batch that reached it
+            stream_control.mark_stopped(dst, task.stream_id, control)
+        fault_point("replicate.before_commit")
+        dst.commit()
+        if reshaped:
+            self.task = _reshaped(task, reshaped)
+            self.follower.changed = {}
+        return self.gate.recorded(dst, batch.position)
+
+    def keep(self) -> int | None:
+        self.dst.rollback()
+        return self.gate.release(self.dst)  # the standbys may have caught up since the last commit
 
 
 def way_out(task: PlayTask) -> str:
@@ -272,6 +234,11 @@ class _Batch:
     commit_time: object = None
     commit_end: int = 0  # end of the last applied transaction's commit record on the source
     tables_changed: bool = False  # a DDL statement changed the stream's set of tables (workflow/ddl_tables.py)
+    wrote: bool = False  # something to record even if the position stayed
+
+    @property
+    def ends(self) -> str:  # the engine reads the stream again
+        return "a schema change changed the stream's tables or types" if self.tables_changed else ""
 
 
 def _apply_batch(task: PlayTask, stream: ChangeStream, dst, framing: Framing, position: int, flushed: int,

@@ -1,4 +1,4 @@
-"""Replaying the slot into Delta tables (the lake's vplayer). Runs inside a Spark task.
+"""Replaying the slot into Delta tables. Runs inside a Spark task.
 
 Per batch (read up to a transaction boundary, as workflow/player.py does): the net effect per key of each
 table's changes (staged to files when a batch outgrows memory: staging.py), then, per touched table, one
@@ -9,6 +9,8 @@ transaction version (a batch a kill interrupted after this table's commit) and t
 first copy cycle (the copy brought them). A kill anywhere resumes from the state's position and applies
 each transaction to each table once. Captured DDL statements (targets/delta/ddl.py) reshape a table's rows of the
 batch at their place and have the table rewritten in its new shape before its MERGE.
+
+The loop is every target's (workflow/play_loop.py); this module is the Delta target's side of it (_DeltaSink).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from ...postgres.catalog import Column, Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import Commit, LogicalMessage
 from ...postgres.replication import ChangeStream
+from ...workflow import play_loop
 from ...workflow.faults import fault_point
+from ...workflow.play_loop import PlayResult
 from ...workflow.schema_changes import (
     SchemaStop,
     builtin_type_name,
@@ -37,7 +41,8 @@ from ...workflow.schema_changes import (
     older_rows_text,
     source_columns,
 )
-from . import apply, control, durable, location, points, staging
+from . import apply, durable, location, points, staging
+from . import control as control_fields
 from .ddl import LakeDdl, ddl_app_id
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
 from .types import sql_literal
@@ -61,14 +66,6 @@ class LakePlayTask:
     # captured statement it stops for; the state may be Stopped then). A controller's stop position is
     # durable instead: the state's stop_position (control.py).
     stop_at: int | None = None
-
-
-@dataclass
-class LakePlayResult:
-    position: int
-    batches: int = 0
-    rows: int = 0
-    interrupted: str = ""
 
 
 class _Tables:
@@ -107,133 +104,125 @@ class _Tables:
         return {q: dt.version() for q, dt in self.dts.items()}
 
 
-def play(task: LakePlayTask) -> LakePlayResult:
-    root = location.parse(task.target).uri
+def play(task: LakePlayTask) -> PlayResult:
     store = open_store(task.target)
     wf = store.load(task.workflow)
-    result = LakePlayResult(task.position)
-    deadline = time.monotonic() + task.max_seconds
     with connect(wf.source_url, role="source", autocommit=True) as src_ctl:
         way_out = cluster_way_out(wf) or capture.rebootstrap(wf.name)  # a Replicate sink's: its bootstrap
         slot_reader.take_slot(src_ctl, wf.slot, task.position, way_out)
-        tables = _Tables(root, wf, src_ctl)
-        commits = durable.Versions(tables.dts)
-        staging.clear(root, wf.name)  # a killed task's staged batch: it is read again from the slot
-        framing = Framing()
-        last_write = 0.0
+        sink = _DeltaSink(task, store, wf, src_ctl)
         # Logical messages carry the DDL capture's statements (ddl/); none come from a source without it.
         stream = slot_reader.open_stream(src_ctl, wf.source_url, wf.slot, wf.publication, task.position, way_out,
                                          messages=True)
-        last_commit = -math.inf  # (monotonic) when this task last committed changes
+        with stream:
+            limits = play_loop.Limits(task.stop_at, max_seconds=task.max_seconds,
+                                      heartbeat_seconds=task.heartbeat_seconds)
+            return play_loop.run(sink, stream, src_ctl, wf.slot, way_out, task.position, limits)
+
+
+class _DeltaSink(play_loop.Sink):
+    """The Delta target's side of the play loop: each touched table commits the batch (its app transaction
+    says how far it is), then the point, then the state document takes the position."""
+
+    def __init__(self, task: LakePlayTask, store, wf: LakeWorkflow, src_ctl):
+        self.task, self.store, self.wf = task, store, wf
+        self.root = location.parse(task.target).uri
+        self.tables = _Tables(self.root, wf, src_ctl)
+        self.commits = durable.Versions(self.tables.dts)
+        staging.clear(self.root, wf.name)  # a killed task's staged batch: it is read again from the slot
+        self.current = wf
+        self.last_commit = -math.inf  # (monotonic) when this task last committed changes
         # The pause reads nothing from the replication connection: keep it well inside the server's
         # wal_sender_timeout, which ends a walsender whose client has not answered for that long.
         timeout_ms = int(src_ctl.execute("SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'"
                                          ).fetchone()[0])
-        pause = min(task.commit_every, timeout_ms / 3000) if timeout_ms > 0 else task.commit_every
-        with stream:
-            while True:
-                if task.stop_at is not None:
-                    if result.position >= task.stop_at:
-                        return result
-                    slot_reader.wait_flushed(src_ctl, task.stop_at)
-                current = store.load(task.workflow)
-                if current.position != result.position:
-                    result.interrupted = f"stream is {current.state} at {current.position}"
-                    return result
-                if current.options != wf.options:  # e.g. `lake schedule`: the driver plans again
-                    result.interrupted = "the workflow's options changed"
-                    return result
-                stop_at = task.stop_at
-                if task.stop_at is None:
-                    # The stream's durable control (control.py): a hold, or a position to stop at
-                    decision = control.decide(current.state, current.stop_position, current.stop_reason,
-                                              result.position)
-                    if decision.action == control.STOP:
-                        stop_for_controller(store, current, result.position, lambda: _point_here(root, wf.name, tables,
-                                                                                  result.position))
-                        result.interrupted = control.stopped_message(result.position, current.stop_reason)
-                        return result
-                    if decision.action == control.IDLE or current.state != RUNNING:
-                        result.interrupted = f"stream is {current.state} at {current.position}"
-                        return result
-                    if decision.action == control.PLAY_TO:
-                        stop_at = decision.position
-                        slot_reader.wait_flushed(src_ctl, stop_at)
-                elif current.state not in (RUNNING, STOPPED):
-                    result.interrupted = f"stream is {current.state} at {current.position}"
-                    return result
-                if stop_at is None and time.monotonic() < last_commit + pause:
-                    if time.monotonic() >= deadline:  # housekeeping is due: the driver runs it meanwhile
-                        return result
-                    # (in short sleeps: the loop's top reads the state again, so a stop or a controller's hold
-                    # is served within one; the server's keepalives wait in the socket meanwhile)
-                    time.sleep(max(0.0, min(1.0, last_commit + pause - time.monotonic())))
-                    continue
-                flushed, source_now = capture.wal_flush_position(src_ctl)
-                this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)
-                ddl = LakeDdl(wf.name, task.target, wf.options)
-                try:
-                    batch = _read_batch(this, stream, framing, tables, result.position, flushed, ddl)
-                except SchemaStop as exc:
-                    # A statement the stream stops for: what came before its transaction is applied first (a
-                    # play to that position, on a stream of its own), nothing of it, as workflow/player.py does.
-                    if exc.before is not None and exc.before > result.position and this.stop_at is None:
-                        stream.close()
-                        play(replace(task, position=result.position, stop_at=exc.before,
-                                     max_seconds=float("inf")))
-                    raise
-                merged = _commit_tables(tables, batch, ddl)
-                commits.sync(merged)  # on disk before the state and the slot move past them
-                if merged and not batch.limited:  # (catching up: no pause)
-                    last_commit = time.monotonic()
-                if batch.spills:
-                    staging.clear(root, wf.name)
-                now = time.monotonic()
-                requested = stop_at is not None and batch.position == stop_at
-                controlled = requested and task.stop_at is None  # the stream stops here (control.py)
-                if batch.position > result.position or merged or now - last_write >= task.heartbeat_seconds:
-                    copied_to = max((t.copied_to or 0) for t in current.tables)
-                    first = not current.first_point and batch.position >= copied_to
-                    if controlled:
-                        tables.refresh()  # (the controller's point: tables a direct write changed meanwhile)
-                    # Before the stream has passed every table's copy snapshot (the first point), a table copied
-                    # later is ahead of the others: no point until then, or a reader would see it half-applied.
-                    if (merged and current.first_point) or first or requested:
-                        points.record(root, wf.name, batch.position, batch.commit_time, tables.versions())
-                    fault_point("lake.replicate.before_state")
-                    depends = ((("tables",),) if first else ()) + (control.FIELDS if controlled else ())
-                    with store.update(task.workflow, depends=depends) as w:
-                        if w.position != result.position:
-                            raise RetryableError(f"workflow {wf.name}: its position moved under the play task; "
-                                                 f"will retry")
-                        w.position = batch.position
-                        # (not once a table was added or reset meanwhile: its copy is still to come)
-                        w.first_point = w.first_point or (first and all(t.done for t in w.tables))
-                        if batch.commit_time is not None:
-                            w.transaction_time = batch.commit_time.isoformat()
-                        if not batch.limited:
-                            w.caught_up_at = time.time()
-                        w.safe_time = advance_safe_time(w.safe_time, batch.commit_time,
-                                                        None if batch.limited else source_now)
-                        for q in merged:
-                            w.table(q).applied = batch.position
-                        for q, spec in batch.reshaped.items():
-                            w.table(q).table = spec.to_json()
-                        if ddl.notes:  # statements exec-ignore passed over
-                            w.message = "; ".join(ddl.notes)
-                        if controlled and (w.stop_reason, w.stop_position) == (current.stop_reason, stop_at):
-                            w.state = STOPPED  # with the position: it is final now (control.py)
-                            w.message = control.stopped_message(batch.position, w.stop_reason)
-                    last_write = now
-                    stream.confirm(batch.position)
-                result.position = batch.position
-                result.batches += 1
-                result.rows += batch.rows
-                if controlled:
-                    result.interrupted = control.stopped_message(batch.position, current.stop_reason)
-                    return result
-                if time.monotonic() >= deadline:
-                    return result
+        self.pause = min(task.commit_every, timeout_ms / 3000) if timeout_ms > 0 else task.commit_every
+        self.ddl: LakeDdl | None = None
+
+    def control(self, position: int):
+        current = self.current = self.store.load(self.task.workflow)
+        if current.position != position:
+            return current, f"stream is {current.state} at {current.position}"
+        if current.options != self.wf.options:  # e.g. `lake schedule`: the driver plans again
+            return current, "the workflow's options changed"
+        if self.task.stop_at is not None:  # its own stop: the controller's fields are not its business
+            own = _Control(current.state, current.position)
+            if position < self.task.stop_at and current.state not in (RUNNING, STOPPED):
+                return own, f"stream is {current.state} at {current.position}"
+            return own, ""
+        if current.state != RUNNING:  # (stopped already for a controller: nothing to play either)
+            return current, f"stream is {current.state} at {current.position}"
+        return current, ""
+
+    def stop_here(self, control, position: int) -> str:
+        stop_for_controller(self.store, control, position,
+                            lambda: _point_here(self.root, self.wf.name, self.tables, position))
+        return control_fields.stopped_message(position, control.stop_reason)
+
+    def wait_before(self, stop_at: int | None) -> float:
+        return max(0.0, self.last_commit + self.pause - time.monotonic()) if stop_at is None else 0.0
+
+    def apply(self, stream, framing, position, flushed, stop_at):
+        this = self.task if stop_at == self.task.stop_at else replace(self.task, stop_at=stop_at)
+        self.ddl = LakeDdl(self.wf.name, self.task.target, self.wf.options)
+        batch = _read_batch(this, stream, framing, self.tables, position, flushed, self.ddl)
+        batch.merged = _commit_tables(self.tables, batch, self.ddl)
+        self.commits.sync(batch.merged)  # on disk before the state and the slot move past them
+        if batch.merged and not batch.limited:  # (catching up: no pause)
+            self.last_commit = time.monotonic()
+        if batch.spills:
+            staging.clear(self.root, self.wf.name)
+        return batch
+
+    def replay_before(self, position: int, before: int, stop_at: int | None) -> None:
+        if stop_at is None:  # (a stop of its own or a controller's comes first: it plays no further)
+            play(replace(self.task, position=position, stop_at=before, max_seconds=float("inf")))
+
+    def record(self, batch, control, stop_at, stopping, source_now):
+        tables, current, ddl = self.tables, self.current, self.ddl
+        name, position = self.wf.name, current.position
+        requested = stop_at is not None and batch.position == stop_at
+        copied_to = max((t.copied_to or 0) for t in current.tables)
+        first = not current.first_point and batch.position >= copied_to
+        if stopping:
+            tables.refresh()  # (the controller's point: tables a direct write changed meanwhile)
+        # Before the stream has passed every table's copy snapshot (the first point), a table copied later is
+        # ahead of the others: no point until then, or a reader would see it half-applied.
+        if (batch.merged and current.first_point) or first or requested:
+            points.record(self.root, name, batch.position, batch.commit_time, tables.versions())
+        fault_point("lake.replicate.before_state")
+        depends = ((("tables",),) if first else ()) + (control_fields.FIELDS if stopping else ())
+        with self.store.update(name, depends=depends) as w:
+            if w.position != position:
+                raise RetryableError(f"workflow {name}: its position moved under the play task; will retry")
+            w.position = batch.position
+            # (not once a table was added or reset meanwhile: its copy is still to come)
+            w.first_point = w.first_point or (first and all(t.done for t in w.tables))
+            if batch.commit_time is not None:
+                w.transaction_time = batch.commit_time.isoformat()
+            if not batch.limited:
+                w.caught_up_at = time.time()
+            w.safe_time = advance_safe_time(w.safe_time, batch.commit_time, None if batch.limited else source_now)
+            for q in batch.merged:
+                w.table(q).applied = batch.position
+            for q, spec in batch.reshaped.items():
+                w.table(q).table = spec.to_json()
+            if ddl.notes:  # statements exec-ignore passed over
+                w.message = "; ".join(ddl.notes)
+            if stopping and (w.stop_reason, w.stop_position) == (current.stop_reason, stop_at):
+                w.state = STOPPED  # with the position: it is final now (control.py)
+                w.message = control_fields.stopped_message(batch.position, w.stop_reason)
+        return batch.position
+
+
+@dataclass(frozen=True)
+class _Control:
+    """A play to the task's own stop: the stream's state and position, no controller's stop."""
+
+    state: str
+    position: int
+    stop_position: int | None = None
+    stop_reason: str = ""
 
 
 @dataclass
@@ -246,6 +235,13 @@ class _Batch:
     reshaped: dict = None
     spills: dict = None  # "schema.table" -> staging.Spill of a table whose effect was staged
     in_memory: int = 0  # changes folded since the last staging
+    merged: list = None  # the tables that committed the batch
+    transactions: int = 0
+    ends: str = ""
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.merged)
 
 
 def _stage(root, workflow: str, batch: _Batch) -> None:
@@ -268,11 +264,11 @@ def stop_for_controller(store, current: LakeWorkflow, position: int, record_poin
     first (even when nothing merged); then Stopped, while the fields are still those decided on."""
     if current.stop_position == position:
         record_point()
-    with store.update(current.name, depends=control.FIELDS) as w:
+    with store.update(current.name, depends=control_fields.FIELDS) as w:
         if (w.position, w.stop_reason, w.stop_position) == (position, current.stop_reason,
                                                             current.stop_position):
             w.state = STOPPED
-            w.message = control.stopped_message(position, w.stop_reason)
+            w.message = control_fields.stopped_message(position, w.stop_reason)
 
 
 def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tables: _Tables, position: int,
