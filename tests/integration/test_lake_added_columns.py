@@ -153,3 +153,24 @@ def test_added_columns_hold_the_sources_values(pair, spark, tmp_path):
         assert (dt.transaction_version(app_id(W)) or 0) <= stopped.position
     assert "r" not in delta_columns(root, "public.items")
     assert wf.position <= stopped.position < after
+
+
+def test_a_column_added_before_the_copy_is_copied(pair, spark, tmp_path):
+    """A column added between `create` and the copy joins the Delta table with its rows' values: the first
+    cycle adopts it, and the cycle's commit keeps it (that commit once wrote the table's shape at create)."""
+    pair.src("CREATE TABLE early (id int PRIMARY KEY, v text)")
+    pair.src("INSERT INTO early SELECT g, 'v' || g FROM generate_series(1, 200) g")
+    root = tmp_path / "lake"
+    target = f"delta:{root}"
+    lake.create(W, pair.source, target, None, None, [], {"slice_seconds": 1})
+    pair.src("ALTER TABLE early ADD COLUMN flag text DEFAULT 'x'")
+    pair.src("UPDATE early SET flag = NULL WHERE id = 7")
+    store = Store(root)
+    engine = LakeEngine(target, W, SparkRunner(spark))
+    wait_for(lambda: store.load(W).first_point or engine.step(store.load(W)), timeout=90,
+             what="the first consistent point", describe=lambda: store.describe(W))
+    assert set(delta_columns(root, "public.early")) == {"id", "v", "flag", "_sg_special"}
+    got = by_key(arrow_tables_as_of(str(root), W)["public.early"].to_pylist())
+    assert got == by_key(source_rows(pair.source, "public.early"))
+    flags = {r["id"]: r["flag"] for r in got}
+    assert flags[7] is None and flags[8] == "x" and len(flags) == 200

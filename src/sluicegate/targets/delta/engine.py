@@ -151,7 +151,8 @@ class LakeEngine(StreamLoop):
             computes = rule is not None and not rule.moves_only  # the cycle is a Spark SQL job (rules.py)
             with take_snapshot(wf.source_url, table, stop=self.stop) as snap:
                 if current.cycles == 0 and rule is None:  # (a rule reads the columns it was made for)
-                    table = self._adopt_added_columns(wf, table, dt, snap.conn)
+                    # the Delta table is the source table's shape: the cycle's commit writes it with them
+                    table = lake = self._adopt_added_columns(wf, table, dt, snap.conn)
                 plan = copier.plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
                                          slots=self.runner.parallelism(), by_pages=not computes)
                 if computes:
