@@ -15,11 +15,10 @@ import psycopg
 from psycopg import sql
 
 from ..position import format_lsn
+from .pgoutput import BEGIN, COMMIT, RELATION, TYPE, begin_final_lsn
 
 FETCH_ROWS = 5000  # rows per round trip of the server-side cursor
 SLOT_BUSY_TIMEOUT = 30.0  # seconds to wait for a slot that another peek, an advance or a reader holds
-
-BEGIN, COMMIT, RELATION, TYPE = b"BCRY"  # (as ints: a message's first byte)
 
 
 def quote_publication(name: str) -> str:
@@ -72,8 +71,7 @@ def in_range(rows: Iterator[tuple[int, bytes]], start: int, end: int) -> Iterato
     for lsn, data in rows:
         kind = data[0]
         if kind == BEGIN:
-            final = int.from_bytes(data[1:9], "big")
-            keep = start <= final < end
+            keep = start <= begin_final_lsn(data) < end
         elif kind in (RELATION, TYPE):
             yield lsn, data
             continue

@@ -233,6 +233,15 @@ def _tuple(buf: bytes, off: int) -> tuple[tuple, int]:
     return tuple(vals), off
 
 
+# A message's first byte (as ints), for readers that pass messages over before decoding them (peek.in_range)
+BEGIN, COMMIT, RELATION, TYPE = b"BCRY"
+
+
+def begin_final_lsn(buf: bytes) -> int:
+    """A Begin message's final_lsn (where its transaction's commit record starts), without decoding the rest."""
+    return _BEGIN(buf, 1)[0]
+
+
 def _begin(buf: bytes) -> Begin:
     _end(buf, 21)
     final_lsn, ts, xid = _BEGIN(buf, 1)
