@@ -22,7 +22,6 @@ import base64
 import json
 import logging
 import pickle
-import time
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
@@ -32,9 +31,10 @@ from ..postgres import capture, durable, peek, slot_reader
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
 from ..postgres.standby_flush import StandbyGate
+from . import play_loop, stream_control
 from . import state as st
-from . import stream_control
-from .player import PlayResult, PlayTask, way_out
+from .play_loop import PlayResult
+from .player import PlayTask, way_out
 from .schema_changes import rule_input
 
 log = logging.getLogger("sluicegate")
@@ -63,91 +63,112 @@ class BatchSpec:
 
 def play(engine, task: PlayTask, runners: dict) -> PlayResult:
     """Like player.play, for a stream with Spark SQL rules (`runners`: source (schema, name) -> RuleRunner):
-    batches until `task.until` says enough, each one Spark job. Runs on the driver; touches no rows."""
-    result = PlayResult(task.position)
-    deadline = time.monotonic() + task.max_seconds
-    active = tuple(i for i, (_, mode, _) in enumerate(task.tables) if mode != "skip")
-    last_write = 0.0
+    batches until `task.until` says enough, each one Spark job, through the one play loop (play_loop.py).
+    Runs on the driver; touches no rows."""
     with connect(task.source_url, role="source", autocommit=True) as src, \
             connect(task.target_url, role="target", autocommit=True) as dst:
         durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
-        gate = _Gate(task, src, dst)
-        slot_reader.take_slot(src, task.slot, task.position, way_out(task), gate.recorded)
-        while True:
-            if engine.stop.is_set():
-                result.interrupted = "stopping"
-                return result
-            with dst.transaction():
-                control = st.lock_stream_control(dst, task.stream_id)
-                if control.state != task.expect_state or control.position != result.position:
-                    result.interrupted = f"stream is {control.state} at {control.position}"
-                    return result
-                # The durable stop (stream_control.py): a batch below ends at it; the next turn marks it reached.
-                action = stream_control.decide(result.position, control.stop_position, control.stop_reason)
-                if action is stream_control.Action.STOP:
-                    stream_control.mark_stopped(dst, task.stream_id, control)
-                    result.interrupted = stream_control.stopped_message(control.stop_position, control.stop_reason)
-                    return result
-            if task.until == "position" and result.position >= task.stop_at:
-                result.caught_up = True
-                return result
-            upto = task.stop_at if task.until == "position" else capture.wal_insert_position(src)
-            this = task
-            if action is stream_control.Action.PLAY_TO and control.stop_position < upto:
-                upto = control.stop_position
-                this = replace(task, stop_at=upto)  # not caught up at the stop: the batch must not say so
-            now = time.monotonic()
-            if upto <= result.position:  # nothing written since: note that the stream is caught up
-                if now - last_write >= task.heartbeat_seconds:
-                    _, source_now = capture.wal_flush_position(src)
-                    _save_idle(dst, task, result.position, source_now)
-                    last_write = now
-                if task.until == "caught_up":
-                    result.caught_up = True
-                    return result
-                gate.release()  # the target's standbys may have caught up since the last batch
-                engine.stop.wait(task.idle_poll)
-                continue
-            slot_reader.wait_flushed(src, upto)
-            _, source_now = capture.wal_flush_position(src)
-            spec = BatchSpec(this, {name: runner.rule.to_json() for name, runner in _by_name(runners).items()},
-                             result.position, upto, source_now, active)
-            summary = _run_batch(engine, spec, runners)
-            if summary["interrupted"]:
-                result.interrupted = summary["interrupted"]
-                return result
-            result.batches += 1
-            result.transactions += summary["transactions"]
-            result.rows += summary["rows"]
-            result.position = summary["position"]
-            last_write = now
-            fault_point("rule_batch.before_advance")
-            gate.recorded(result.position)  # after the target's commit
-            if task.until == "caught_up" and not summary["limited"]:
-                result.caught_up = True
-                return result
-            if time.monotonic() >= deadline:
-                return result
+        sink = _RuleSink(engine, task, runners, src, dst)
+        slot_reader.take_slot(src, task.slot, task.position, way_out(task), sink.confirm_recorded)
+        limits = play_loop.Limits(task.stop_at if task.until == "position" else None,
+                                  caught_up=task.until == "caught_up", max_seconds=task.max_seconds,
+                                  heartbeat_seconds=task.heartbeat_seconds)
+        return play_loop.run(sink, _PeekedSlot(src, task.slot), src, task.slot, way_out(task), task.position,
+                             limits, engine.stop)
 
 
-class _Gate:
-    """The slot confirmed through the task's StandbyGate; the stream's message says when it waits."""
+class _PeekedSlot:
+    """A rule stream's batch source as the play loop sees it: the slot, read by each batch's job (a peek
+    consumes nothing), confirmed here once the target has the batch."""
 
-    def __init__(self, task: PlayTask, src, dst):
-        self.task, self.src, self.dst = task, src, dst
+    def __init__(self, src, slot: str):
+        self.src, self.slot = src, slot
+
+    def confirm(self, position: int) -> None:
+        capture.advance_slot(self.src, self.slot, position)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _RuleBatch:
+    position: int
+    limited: bool = False
+    rows: int = 0
+    transactions: int = 0
+    wrote: bool = False  # a job ran: it committed its rows and position on the target
+    ends: str = ""
+
+
+class _RuleSink(play_loop.Sink):
+    """The sink of a stream with Spark SQL rules: each batch is a Spark job whose task applies the batch and
+    commits it with its position on the target (apply_changes); the driver reads the control and confirms."""
+
+    def __init__(self, engine, task: PlayTask, runners: dict, src, dst):
+        self.engine, self.task, self.runners, self.src, self.dst = engine, task, runners, src, dst
         self.gate = StandbyGate(task.confirm_after_standbys)
+        self.active = tuple(i for i, (_, mode, _) in enumerate(task.tables) if mode != "skip")
+        self.rules = {name: runner.rule.to_json() for name, runner in _by_name(runners).items()}
 
-    def recorded(self, position: int) -> None:
-        self._confirm(self.gate.recorded(self.dst, position))
-
-    def release(self) -> None:
-        self._confirm(self.gate.release(self.dst))
-
-    def _confirm(self, ready: int | None) -> None:
-        if ready is not None:
+    def confirm_recorded(self, position: int) -> None:
+        """A position the target recorded before a restart, not yet confirmed (take_slot's confirm)."""
+        if (ready := self._ready(self.gate.recorded(self.dst, position))) is not None:
             capture.advance_slot(self.src, self.task.slot, ready)
-        if (note := self.gate.note_changed()) is not None:
+
+    def _ready(self, ready: int | None) -> int | None:
+        if (note := self.gate.note_changed()) is not None:  # waits for the target's standbys, or no longer
             st.set_message(self.dst, self.task.stream_id, note)
+        return ready
+
+    def control(self, position: int):
+        with self.dst.transaction():
+            control = st.lock_stream_control(self.dst, self.task.stream_id)
+        if control.state != self.task.expect_state or control.position != position:
+            return control, f"stream is {control.state} at {control.position}"
+        return control, ""
+
+    def stop_here(self, control, position: int) -> str:
+        self._mark_stopped(control)
+        return stream_control.stopped_message(control.stop_position, control.stop_reason)
+
+    def _mark_stopped(self, control) -> None:
+        """Stopped, under the row lock again (the control was read in a transaction of its own), while the
+        stream still stands as it was read then."""
+        with self.dst.transaction():
+            now = st.lock_stream_control(self.dst, self.task.stream_id)
+            if (now.state, now.stop_position, now.stop_reason) == (control.state, control.stop_position,
+                                                                    control.stop_reason):
+                stream_control.mark_stopped(self.dst, self.task.stream_id, now)
+
+    def apply(self, stream, framing, position, flushed, stop_at):
+        task = self.task
+        upto = stop_at if stop_at is not None else capture.wal_insert_position(self.src)
+        if upto <= position:  # nothing written since: the loop may note that the stream is caught up
+            if task.until != "caught_up":
+                self.engine.stop.wait(task.idle_poll)
+            return _RuleBatch(position)
+        this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)  # (not caught up at a stop)
+        slot_reader.wait_flushed(self.src, upto)
+        _, source_now = capture.wal_flush_position(self.src)
+        spec = BatchSpec(this, self.rules, position, upto, source_now, self.active)
+        summary = _run_batch(self.engine, spec, self.runners)
+        if summary["interrupted"]:  # the stream moved before the job could apply anything
+            return _RuleBatch(position, ends=summary["interrupted"])
+        return _RuleBatch(summary["position"], summary["limited"], summary["rows"], summary["transactions"],
+                          wrote=True)
+
+    def record(self, batch, control, stop_at, stopping, source_now):
+        if not batch.wrote:  # a heartbeat: the stream is caught up where it stands
+            _save_idle(self.dst, self.task, batch.position, source_now)
+            return None
+        if stopping:
+            self._mark_stopped(control)
+        fault_point("rule_batch.before_advance")
+        return self._ready(self.gate.recorded(self.dst, batch.position))  # after the target's commit
+
+    def keep(self) -> int | None:
+        return self._ready(self.gate.release(self.dst))  # the standbys may have caught up since the last batch
 
 
 def _by_name(runners: dict) -> dict:
