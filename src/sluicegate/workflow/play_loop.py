@@ -1,17 +1,20 @@
-"""One play loop for every target (VReplication's vplayer), run inside a Spark task over the replication socket.
+"""One play loop for every target and batch source (VReplication's vplayer).
 
 Each turn, at a batch boundary:
   1. the sink reads its stream's durable control (state, position, stop position and reason) and says whether
      the task may go on: a stream that moved, or left the state the task plays in, ends the task;
   2. the durable stop (stream_control.py): at it, the sink marks the stream Stopped and the task returns; below
      it, the batch ends there (a vdiff's point, a traffic switch);
-  3. a batch is read from the slot (postgres/slot_reader.py) and applied by the sink;
+  3. a batch is read and applied by the sink: from the replication socket (postgres/slot_reader.py), in the
+     Spark task that runs the loop, or, through Spark SQL rules, by a Spark job a batch that peeks the slot,
+     applies and records (the loop then runs on the driver);
   4. the sink records the batch's end position with its rows (or, when nothing came, now and then as a
      heartbeat), and the slot is confirmed up to what the sink says is durable on the target;
   5. the task returns at its own stop, caught up (catchup), at the durable stop, or at its deadline.
 
-A target provides a Sink: the PostgreSQL one commits rows and position in one transaction under the stream's row
-lock (workflow/player.py); the Delta one commits each table, then its state document (targets/delta/player.py).
+The sinks: the PostgreSQL target's commits rows and position in one transaction under the stream's row lock
+(workflow/player.py); the Delta target's commits each table, then its state document (targets/delta/player.py);
+through rules, workflow/rule_player.py and targets/delta/rule_player.py.
 """
 
 from __future__ import annotations
@@ -93,7 +96,9 @@ class Sink:
 
 def run(sink: Sink, stream: ChangeStream, src_ctl, slot: str, way_out: str, position: int, limits: Limits,
         stop: threading.Event | None = None) -> PlayResult:
-    """Batches from `position` until `limits` or the stream's control say so (`stop`: between batches)."""
+    """Batches from `position` until `limits` or the stream's control say so (`stop`: between batches).
+    `stream`: the batch source the sink reads (a ChangeStream, or what stands for a peeked slot: `confirm`
+    and `close`)."""
     result = PlayResult(position)
     deadline = time.monotonic() + limits.max_seconds
     framing = Framing()  # Relation messages of this stream's decoding session

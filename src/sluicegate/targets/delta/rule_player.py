@@ -34,7 +34,8 @@ from ...postgres import capture, slot_reader
 from ...postgres.catalog import Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import UNCHANGED
-from ...workflow import rule_player
+from ...workflow import play_loop, rule_player
+from ...workflow.play_loop import PlayResult
 from ...workflow.player import PlayTask
 from . import apply, control, durable, location, points
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
@@ -57,71 +58,106 @@ def takes(wf: LakeWorkflow) -> bool:
 
 
 def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_poll: float = 0.2,
-         heartbeat_seconds: float = 1.0) -> None:
-    """Batches until stopped, `max_seconds` pass (housekeeping is due), or the stream leaves Running."""
-    store = engine.store
-    deadline = time.monotonic() + max_seconds
-    lakes = [t.lake for t in wf.tables]
-    lakes_json = tuple(lake.to_json() for lake in lakes)
-    rules = {t.qualified: t.rule for t in wf.tables if t.rule}
-    runners = {}
-    for t in wf.tables:
-        rule = t.compiled
-        if rule is not None and not rule.moves_only:
-            from ...rules.evaluate import RuleRunner
-
-            runners[(rule.source.schema, rule.source.name)] = RuleRunner(engine.runner.spark, rule)
-    thresholds = _thresholds(engine, wf, lakes)
-    last_write = 0.0
+         heartbeat_seconds: float = 1.0) -> PlayResult:
+    """Batches until stopped, `max_seconds` pass (housekeeping is due), or the stream leaves Running: the one
+    play loop (workflow/play_loop.py), each batch a Spark job."""
     with connect(wf.source_url, role="source", autocommit=True) as src:
         slot_reader.take_slot(src, wf.slot, wf.position, capture.rebootstrap(wf.name))
-        while not engine.stop.is_set():
-            current = store.load(wf.name)
-            if current.options != wf.options:
-                return  # (`lake schedule`, `workflow set`: the driver plans again)
-            position = current.position
-            decision = control.decide(current.state, current.stop_position, current.stop_reason, position)
-            if decision.action == control.STOP:
-                _stop(engine.root, store, current, lakes)
-                return
-            if decision.action == control.IDLE or current.state != RUNNING:
-                return
-            upto = capture.wal_insert_position(src)
-            stop = None
-            if decision.action == control.PLAY_TO and decision.position <= upto:
-                upto, stop = decision.position, (current.stop_reason, decision.position)
-            ahead = [th for th in thresholds if th > position]
-            if ahead and min(ahead) < upto:  # a table takes part from its threshold on: the batch ends there
-                upto, stop = min(ahead), None
-            now = time.monotonic()
-            if upto <= position:
-                if now - last_write >= heartbeat_seconds:
-                    with store.update(wf.name) as w:
-                        if w.position == position and w.state == RUNNING:
-                            w.caught_up_at = time.time()
-                    last_write = now
-                if now >= deadline:
-                    return
-                engine.stop.wait(idle_poll)
-                continue
-            slot_reader.wait_flushed(src, upto)
-            active = tuple(i for i, th in enumerate(thresholds) if th <= position)
-            task = PlayTask(wf.source_url, engine.target, wf.name, 0, wf.slot, wf.publication,
-                            [(t.table, "replicate", None) for t in wf.tables], position, RUNNING, "slice",
-                            batch_changes=batch_changes)
-            spec = LakeBatch(engine.target, wf.name,
-                             rule_player.BatchSpec(task, rules, position, upto, None, active), lakes_json, stop)
-            summary = _run(engine, spec, runners)
-            if summary["interrupted"]:
-                return
-            thresholds = [max(th, summary["position"]) if i in active else th for i, th in enumerate(thresholds)]
-            last_write = now
-            fault_point("lake.replicate.before_confirm")
-            capture.advance_slot(src, wf.slot, summary["position"])
-            if stop is not None and summary["position"] == stop[1]:
-                return  # stopped for the controller (the state says so)
-            if time.monotonic() >= deadline:
-                return
+        sink = _RuleSink(engine, wf, src, batch_changes, idle_poll)
+        limits = play_loop.Limits(max_seconds=max_seconds, heartbeat_seconds=heartbeat_seconds)
+        return play_loop.run(sink, _PeekedSlot(src, wf.slot), src, wf.slot, capture.rebootstrap(wf.name),
+                             wf.position, limits, engine.stop)
+
+
+class _PeekedSlot:
+    """The batch source as the play loop sees it: the slot, read by each batch's job (a peek consumes
+    nothing), confirmed here once the Delta tables and the state have the batch."""
+
+    def __init__(self, src, slot: str):
+        self.src, self.slot = src, slot
+
+    def confirm(self, position: int) -> None:
+        capture.advance_slot(self.src, self.slot, position)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Batch:
+    position: int
+    limited: bool = False
+    rows: int = 0
+    transactions: int = 0
+    wrote: bool = False  # a job ran: the tables, the point and the state have the batch
+    ends: str = ""
+
+
+class _RuleSink(play_loop.Sink):
+    """A Delta stream through its rules: each batch one Spark job whose task merges every table's rule output
+    and records the point and the position (apply_batch); a table takes part from its threshold on."""
+
+    def __init__(self, engine, wf: LakeWorkflow, src, batch_changes: int, idle_poll: float):
+        self.engine, self.wf, self.src = engine, wf, src
+        self.batch_changes, self.idle_poll = batch_changes, idle_poll
+        self.lakes = [t.lake for t in wf.tables]
+        self.lakes_json = tuple(lake.to_json() for lake in self.lakes)
+        self.rules = {t.qualified: t.rule for t in wf.tables if t.rule}
+        self.runners = {}
+        for t in wf.tables:
+            rule = t.compiled
+            if rule is not None and not rule.moves_only:
+                from ...rules.evaluate import RuleRunner
+
+                self.runners[(rule.source.schema, rule.source.name)] = RuleRunner(engine.runner.spark, rule)
+        self.thresholds = _thresholds(engine, wf, self.lakes)
+        self.current = wf
+
+    def control(self, position: int):
+        current = self.current = self.engine.store.load(self.wf.name)
+        if current.options != self.wf.options:  # (`lake schedule`, `workflow set`: the driver plans again)
+            return current, "the workflow's options changed"
+        if current.state != RUNNING or current.position != position:  # (stopped already for a controller too)
+            return current, f"stream is {current.state} at {current.position}"
+        return current, ""
+
+    def stop_here(self, ctl, position: int) -> str:
+        _stop(self.engine.root, self.engine.store, ctl, self.lakes)
+        return control.stopped_message(position, ctl.stop_reason)
+
+    def apply(self, stream, framing, position, flushed, stop_at):
+        wf = self.wf
+        upto = stop_at if stop_at is not None else capture.wal_insert_position(self.src)
+        stop = None if stop_at is None else (self.current.stop_reason, stop_at)  # (the job marks Stopped there)
+        ahead = [th for th in self.thresholds if th > position]
+        if ahead and min(ahead) < upto:  # a table takes part from its threshold on: the batch ends there
+            upto, stop = min(ahead), None
+        if upto <= position:  # nothing written since: the loop may note that the stream is caught up
+            self.engine.stop.wait(self.idle_poll)
+            return _Batch(position)
+        slot_reader.wait_flushed(self.src, upto)
+        active = tuple(i for i, th in enumerate(self.thresholds) if th <= position)
+        task = PlayTask(wf.source_url, self.engine.target, wf.name, 0, wf.slot, wf.publication,
+                        [(t.table, "replicate", None) for t in wf.tables], position, RUNNING, "slice",
+                        batch_changes=self.batch_changes)
+        spec = LakeBatch(self.engine.target, wf.name,
+                         rule_player.BatchSpec(task, self.rules, position, upto, None, active), self.lakes_json,
+                         stop)
+        summary = _run(self.engine, spec, self.runners)
+        if summary["interrupted"]:
+            return _Batch(position, ends=summary["interrupted"])
+        self.thresholds = [max(th, summary["position"]) if i in active else th
+                           for i, th in enumerate(self.thresholds)]
+        return _Batch(summary["position"], rows=summary["rows"], wrote=True)
+
+    def record(self, batch, ctl, stop_at, stopping, source_now):
+        if not batch.wrote:  # a heartbeat: the stream is caught up where it stands
+            with self.engine.store.update(self.wf.name) as w:
+                if w.position == batch.position and w.state == RUNNING:
+                    w.caught_up_at = time.time()
+            return None
+        fault_point("lake.replicate.before_confirm")
+        return batch.position  # (at the controller's stop, the job marked the stream Stopped)
 
 
 def _thresholds(engine, wf: LakeWorkflow, lakes: list[Table]) -> list[int]:
