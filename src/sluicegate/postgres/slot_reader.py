@@ -9,6 +9,7 @@
   ends at. A transaction is the batch's when its commit record starts at or after the batch's start: one
   before it was applied by an earlier batch.
 - `wait_flushed`: decoding reads only flushed WAL: a play to a position waits until it is flushed.
+- `PeekedSlot`: the slot of a stream read by peeks (a Spark job a batch, through rules), as a batch source.
 """
 
 from __future__ import annotations
@@ -98,6 +99,20 @@ class BatchReader:
         if limited:
             return BatchEnd(max(position, last_end or position), True)
         return BatchEnd(max(position, last_end or 0, sent), False)
+
+
+class PeekedSlot:
+    """A slot read by peeks (each batch's job peeks it, consuming nothing): confirmed once the target has the
+    batch; nothing to close."""
+
+    def __init__(self, conn: psycopg.Connection, slot: str):
+        self.conn, self.slot = conn, slot
+
+    def confirm(self, position: int) -> None:
+        capture.advance_slot(self.conn, self.slot, position)
+
+    def close(self) -> None:
+        pass
 
 
 def wait_flushed(conn: psycopg.Connection, lsn: int, timeout: float = 30.0) -> None:

@@ -41,6 +41,18 @@ class PlayResult:
     interrupted: str = ""  # why it returned early: the stream's state or position moved
 
 
+@dataclass
+class Batch:
+    """What a sink's apply() returns, at the least (a sink may return its own object with these fields)."""
+
+    position: int
+    limited: bool = False
+    rows: int = 0
+    transactions: int = 0
+    wrote: bool = False  # something to record even if the position stayed (a job that committed it, say)
+    ends: str = ""  # why the task returns after this batch
+
+
 @dataclass(frozen=True)
 class Limits:
     """When a task's loop returns (besides its stream's control)."""

@@ -73,32 +73,8 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
         limits = play_loop.Limits(task.stop_at if task.until == "position" else None,
                                   caught_up=task.until == "caught_up", max_seconds=task.max_seconds,
                                   heartbeat_seconds=task.heartbeat_seconds)
-        return play_loop.run(sink, _PeekedSlot(src, task.slot), src, task.slot, way_out(task), task.position,
-                             limits, engine.stop)
-
-
-class _PeekedSlot:
-    """A rule stream's batch source as the play loop sees it: the slot, read by each batch's job (a peek
-    consumes nothing), confirmed here once the target has the batch."""
-
-    def __init__(self, src, slot: str):
-        self.src, self.slot = src, slot
-
-    def confirm(self, position: int) -> None:
-        capture.advance_slot(self.src, self.slot, position)
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class _RuleBatch:
-    position: int
-    limited: bool = False
-    rows: int = 0
-    transactions: int = 0
-    wrote: bool = False  # a job ran: it committed its rows and position on the target
-    ends: str = ""
+        return play_loop.run(sink, slot_reader.PeekedSlot(src, task.slot), src, task.slot, way_out(task),
+                             task.position, limits, engine.stop)
 
 
 class _RuleSink(play_loop.Sink):
@@ -147,16 +123,16 @@ class _RuleSink(play_loop.Sink):
         if upto <= position:  # nothing written since: the loop may note that the stream is caught up
             if task.until != "caught_up":
                 self.engine.stop.wait(task.idle_poll)
-            return _RuleBatch(position)
+            return play_loop.Batch(position)
         this = task if stop_at == task.stop_at else replace(task, stop_at=stop_at)  # (not caught up at a stop)
         slot_reader.wait_flushed(self.src, upto)
         _, source_now = capture.wal_flush_position(self.src)
         spec = BatchSpec(this, self.rules, position, upto, source_now, self.active)
         summary = _run_batch(self.engine, spec, self.runners)
         if summary["interrupted"]:  # the stream moved before the job could apply anything
-            return _RuleBatch(position, ends=summary["interrupted"])
-        return _RuleBatch(summary["position"], summary["limited"], summary["rows"], summary["transactions"],
-                          wrote=True)
+            return play_loop.Batch(position, ends=summary["interrupted"])
+        return play_loop.Batch(summary["position"], summary["limited"], summary["rows"],
+                               summary["transactions"], wrote=True)
 
     def record(self, batch, control, stop_at, stopping, source_now):
         if not batch.wrote:  # a heartbeat: the stream is caught up where it stands

@@ -65,32 +65,9 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
         slot_reader.take_slot(src, wf.slot, wf.position, capture.rebootstrap(wf.name))
         sink = _RuleSink(engine, wf, src, batch_changes, idle_poll)
         limits = play_loop.Limits(max_seconds=max_seconds, heartbeat_seconds=heartbeat_seconds)
-        return play_loop.run(sink, _PeekedSlot(src, wf.slot), src, wf.slot, capture.rebootstrap(wf.name),
-                             wf.position, limits, engine.stop)
-
-
-class _PeekedSlot:
-    """The batch source as the play loop sees it: the slot, read by each batch's job (a peek consumes
-    nothing), confirmed here once the Delta tables and the state have the batch."""
-
-    def __init__(self, src, slot: str):
-        self.src, self.slot = src, slot
-
-    def confirm(self, position: int) -> None:
-        capture.advance_slot(self.src, self.slot, position)
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class _Batch:
-    position: int
-    limited: bool = False
-    rows: int = 0
-    transactions: int = 0
-    wrote: bool = False  # a job ran: the tables, the point and the state have the batch
-    ends: str = ""
+        way_out = capture.rebootstrap(wf.name)
+        return play_loop.run(sink, slot_reader.PeekedSlot(src, wf.slot), src, wf.slot, way_out, wf.position,
+                             limits, engine.stop)
 
 
 class _RuleSink(play_loop.Sink):
@@ -134,7 +111,7 @@ class _RuleSink(play_loop.Sink):
             upto, stop = min(ahead), None
         if upto <= position:  # nothing written since: the loop may note that the stream is caught up
             self.engine.stop.wait(self.idle_poll)
-            return _Batch(position)
+            return play_loop.Batch(position)
         slot_reader.wait_flushed(self.src, upto)
         active = tuple(i for i, th in enumerate(self.thresholds) if th <= position)
         task = PlayTask(wf.source_url, self.engine.target, wf.name, 0, wf.slot, wf.publication,
@@ -145,10 +122,10 @@ class _RuleSink(play_loop.Sink):
                          stop)
         summary = _run(self.engine, spec, self.runners)
         if summary["interrupted"]:
-            return _Batch(position, ends=summary["interrupted"])
+            return play_loop.Batch(position, ends=summary["interrupted"])
         self.thresholds = [max(th, summary["position"]) if i in active else th
                            for i, th in enumerate(self.thresholds)]
-        return _Batch(summary["position"], rows=summary["rows"], wrote=True)
+        return play_loop.Batch(summary["position"], rows=summary["rows"], wrote=True)
 
     def record(self, batch, ctl, stop_at, stopping, source_now):
         if not batch.wrote:  # a heartbeat: the stream is caught up where it stands
