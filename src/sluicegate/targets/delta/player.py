@@ -168,7 +168,9 @@ class _DeltaSink(play_loop.Sink):
         batch = _read_batch(this, stream, framing, self.tables, position, flushed, self.ddl)
         batch.merged = _commit_tables(self.tables, batch, self.ddl)
         self.commits.sync(batch.merged)  # on disk before the state and the slot move past them
-        if batch.merged and not batch.limited:  # (catching up: no pause)
+        # Commits are spaced while the stream is light: not when catching up, nor after a full batch (a burst
+        # has begun: the next batch carries it on at once instead of after the pause)
+        if batch.merged and not batch.limited and batch.rows < self.task.batch_changes:
             self.last_commit = time.monotonic()
         if batch.spills:
             staging.clear(self.root, self.wf.name)
