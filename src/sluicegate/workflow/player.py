@@ -114,10 +114,8 @@ def play(task: PlayTask, stop=None) -> PlayResult:
         # One writer thread: a chunk goes to the target while the next one is decoded.
         with stream, ThreadPoolExecutor(1, thread_name_prefix="sg-apply") as writer:
             sink = _PostgresSink(task, src_ctl, dst, gate, writer)
-            limits = play_loop.Limits(task.stop_at if task.until == "position" else None,
-                                      caught_up=task.until == "caught_up", max_seconds=task.max_seconds,
-                                      heartbeat_seconds=task.heartbeat_seconds)
-            return play_loop.run(sink, stream, src_ctl, task.slot, way_out(task), task.position, limits, stop)
+            return play_loop.run(sink, stream, src_ctl, task.slot, way_out(task), task.position, limits(task),
+                                 stop)
 
 
 class _PostgresSink(play_loop.Sink):
@@ -187,6 +185,12 @@ class _PostgresSink(play_loop.Sink):
     def keep(self) -> int | None:
         self.dst.rollback()
         return self.gate.release(self.dst)  # the standbys may have caught up since the last commit
+
+
+def limits(task: PlayTask) -> play_loop.Limits:
+    """When the task's loop returns (besides its stream's control): `until` and the task's bounds."""
+    return play_loop.Limits(task.stop_at if task.until == "position" else None, caught_up=task.until == "caught_up",
+                            max_seconds=task.max_seconds, heartbeat_seconds=task.heartbeat_seconds)
 
 
 def way_out(task: PlayTask) -> str:

@@ -34,7 +34,7 @@ from ..postgres.standby_flush import StandbyGate
 from . import play_loop, stream_control
 from . import state as st
 from .play_loop import PlayResult
-from .player import PlayTask, way_out
+from .player import PlayTask, limits, way_out
 from .schema_changes import rule_input
 
 log = logging.getLogger("sluicegate")
@@ -70,11 +70,8 @@ def play(engine, task: PlayTask, runners: dict) -> PlayResult:
         durable.flush_on_commit(dst)  # the slot is confirmed after each commit: it must be on disk
         sink = _RuleSink(engine, task, runners, src, dst)
         slot_reader.take_slot(src, task.slot, task.position, way_out(task), sink.confirm_recorded)
-        limits = play_loop.Limits(task.stop_at if task.until == "position" else None,
-                                  caught_up=task.until == "caught_up", max_seconds=task.max_seconds,
-                                  heartbeat_seconds=task.heartbeat_seconds)
         return play_loop.run(sink, slot_reader.PeekedSlot(src, task.slot), src, task.slot, way_out(task),
-                             task.position, limits, engine.stop)
+                             task.position, limits(task), engine.stop)
 
 
 class _RuleSink(play_loop.Sink):
