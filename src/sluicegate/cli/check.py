@@ -10,6 +10,7 @@ import copy
 
 import click
 
+from .. import targets
 from .output import JSON, emit, friendly
 
 
@@ -41,7 +42,6 @@ def _check(kind: str, kw: dict) -> None:
     names = split_list(kw["tables"]) if kw.get("tables") else None
     if kw.get("schemas"):
         names = with_schemas(names, split_list(kw["schemas"]))
-    from .. import targets
 
     plan = Plan(
         kind="Materialize" if kind == "materialize" else {"movetables": "MoveTables", "reshard": "Reshard",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..postgres.connect import connect
 from .output import friendly
 
 SOURCE = click.option("--source", required=True, metavar="URL",
@@ -25,7 +26,6 @@ def ddl_group() -> None:
 
 def _do(source: str, which: str, print_only: bool) -> None:
     from ..ddl import capture
-    from ..postgres.connect import connect
 
     statements = capture.install_statements() if which == "install" else capture.remove_statements()
     if print_only:

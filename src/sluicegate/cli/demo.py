@@ -28,8 +28,13 @@ from ..errors import SluicegateError
 from ..localpg import LocalPostgres, LocalPostgresError
 from ..position import format_lsn, parse_lsn
 from ..postgres.connect import connect, first_line, redact
+from ..spark.runner import SparkRunner
+from ..spark.session import start_in_background
+from ..vdiff.executor import DriverVDiffs, execute_or_wait, request
 from ..workflow import state as st
+from ..workflow.heartbeat import Heartbeat
 from ..workflow.status import workflow_status
+from .progress import read_streams
 
 WORKFLOW = "demo"
 DATABASE = "shop"
@@ -153,8 +158,6 @@ class _Demo:
 
     def _start_spark(self) -> None:
         """Spark's JVM takes seconds to start: let it start while the data loads."""
-        from ..spark.session import start_in_background
-
         self.say("starting Spark in the background (local, on 127.0.0.1)")
         # A MoveTables without rules: Python tasks only, no rows through the JVM, no Spark SQL.
         self.spark_future = start_in_background(light_jvm=True)
@@ -180,8 +183,6 @@ class _Demo:
                  f"{options['cycle_rows']:,} rows in Spark tasks of {options['chunk_rows']:,}")
 
     def _start_engine(self) -> None:
-        from ..spark.runner import SparkRunner
-        from ..vdiff.executor import DriverVDiffs
         from ..workflow.engine import Engine
 
         self.writer = shop.LiveWriter(self.source_url)
@@ -199,7 +200,6 @@ class _Demo:
             raise DemoError(str(exc)) from None
         self.say(f"Spark {self.spark.version} ready (master {self.spark.master}, "
                  f"started in {self.spark_future.started_in:.1f}s)")
-        from ..workflow.heartbeat import Heartbeat
 
         self.heartbeat = Heartbeat([self.target_url], WORKFLOW).start()
         engine = Engine(self.target_url, WORKFLOW, self.runner, stop=self.stop, vdiffs=DriverVDiffs)
@@ -254,8 +254,6 @@ class _Demo:
             return status["state"] == st.RUNNING
 
         def report() -> None:
-            from .progress import read_streams
-
             status = self._status()
             # with what the engine's copy cycle has moved so far (workflow/live.py), not only copy_state's
             tables = read_streams(self.target_url, WORKFLOW)[0]["tables"]
@@ -316,7 +314,6 @@ class _Demo:
     def _vdiff(self) -> bool:
         """`sluicegate vdiff`: the running driver compares both sides at one consistent point."""
         from ..vdiff import report
-        from ..vdiff.executor import execute_or_wait, request
 
         self.say("vdiff: source and target compared at one consistent point, key range by key range on Spark")
         started = time.monotonic()

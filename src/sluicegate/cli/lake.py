@@ -7,6 +7,9 @@ from datetime import timedelta
 import click
 
 from .. import config
+from ..errors import UsageError
+from ..sizes import parse_duration
+from ..targets.delta import DeltaTarget
 from .output import JSON, emit, friendly
 
 LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="delta:PATH",
@@ -14,8 +17,6 @@ LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required
 
 
 def _path(target: str) -> str:
-    from ..targets.delta import DeltaTarget
-
     return DeltaTarget.require(target)
 
 
@@ -50,8 +51,6 @@ def lake_optimize(name, target, as_json):
 
 
 def _retention(text: str) -> timedelta:
-    from ..errors import UsageError
-    from ..sizes import parse_duration
 
     try:
         return timedelta(seconds=parse_duration(text))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..postgres.connect import redact
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 NOISY = ("py4j", "pyspark", "urllib3", "grpc")
 PROGRESS = "sluicegate.progress"
@@ -21,8 +23,6 @@ class _Redact(logging.Filter):
     """Passwords never reach a log line, whatever a message or an exception's text held."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from ..postgres.connect import redact
-
         message = record.getMessage()
         clean = redact(message)
         if clean != message:

@@ -13,10 +13,12 @@ import click
 
 from .. import config, targets
 from ..errors import SluicegateError, UsageError
-from ..postgres.connect import redact
+from ..postgres.connect import connect, redact
+from ..sizes import parse_size
 from .ddl import ON_DDL
 from .logsetup import LEVELS
 from .output import JSON, VERBOSE, emit, fail, friendly, make_console, print_status, print_workflows
+from .traffic import echo_dropped
 
 # The CLI composes the program: the sink kinds cluster/ reaches through its interface (cluster/sinks.py).
 targets.register_sink_kinds()
@@ -372,8 +374,6 @@ def _progress(name, target, kind, no_progress, interval):
 
 
 def _size(ctx, param, value):
-    from ..sizes import parse_size
-
     try:
         return parse_size(value) if isinstance(value, str) else value
     except SluicegateError as exc:
@@ -410,7 +410,6 @@ def workflow_status_cmd(name, target, as_json, every_table, wal_warning):
 @friendly
 def workflow_list(target, as_json):
     """Every workflow on the target: its kind, state, lag and driver."""
-    from ..postgres.connect import connect
     from ..workflow import state as st
     from ..workflow.status import workflow_summary
 
@@ -473,8 +472,6 @@ def workflow_delete(name, target, drop_tables):
 
     The target tables and their rows stay, unless --drop-target-tables.
     """
-    from .traffic import echo_dropped
-
     warnings: list[str] = []
     dropped = targets.resolve(target).delete(name, drop_tables, warnings.append)
     echo_dropped(f"deleted workflow {name}", dropped)

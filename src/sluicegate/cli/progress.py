@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table as RichTable
 
+from .. import targets
 from ..postgres.connect import connect
 from ..workflow import live
 from ..workflow import state as st
@@ -50,8 +51,6 @@ def with_live(table: dict, entry: live.TableCopy | None, in_flight: dict[str, in
 def read_streams(target_url: str, workflow: str) -> list[dict]:
     """Every stream of the workflow as the views show it: status streams (workflow/status.py) with "label",
     "rows_applied" (None: not counted) and, per table, this driver's copy in flight (`with_live`)."""
-    from .. import targets
-
     now = time.monotonic()
     streams = []
     for group in targets.resolve(target_url).progress_groups(workflow):

@@ -6,15 +6,16 @@ import shlex
 
 import click
 
-from .. import config
+from .. import config, targets
+from ..errors import UsageError
+from ..postgres.connect import strip_password
+from ..sizes import parse_duration, parse_size
 from .ddl import ON_DDL
 from .output import friendly
 
 
 def _cap(value: str | None, option: str, parse) -> int | float | None:
     """A retention cap, parsed in the command (not by a click callback) so a bad one is a one-line error."""
-    from ..errors import UsageError
-
     if value is None:
         return None
     try:
@@ -27,8 +28,6 @@ def _cap(value: str | None, option: str, parse) -> int | float | None:
 
 
 def _names(text: str | None, what: str) -> list[str] | None:
-    from ..errors import UsageError
-
     if text is None:
         return None
     from ..postgres.catalog import split_list
@@ -91,8 +90,6 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
                      chunk_rows, target_standbys, on_ddl):
     """Check the source and every sink, print each sink table's bootstrap decision, create the workflow."""
     from ..cluster.create import create_replicate
-    from ..errors import UsageError
-    from ..sizes import parse_duration, parse_size
     from ..workflow.create import source_password_note
 
     max_retained_wal = _cap(max_retained_wal, "--max-retained-wal", parse_size)
@@ -107,7 +104,6 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
 
     excluded = split_list(exclude_tables) if exclude_tables else None
     names = with_schemas(_names(tables, "--tables"), _names(schemas, "--schemas"))
-    from .. import targets
 
     if target_standbys and (lake := [u for u in sinks if not targets.resolve(u).has_standbys]):
         raise UsageError(f"--confirm-after-target-standbys is for PostgreSQL sinks: the Delta sink {lake[0]} has no "
@@ -170,8 +166,6 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
 
 
 def _shown(url: str) -> str:
-    from ..postgres.connect import strip_password
-
     return strip_password(url)
 
 
@@ -183,8 +177,6 @@ def _shown(url: str) -> str:
 @friendly
 def replicate_bootstrap(name, sink, tables):
     """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
-    from .. import targets
-
     for line in targets.resolve(sink).bootstrap_sink(name, _names(tables, "--tables")):
         click.echo(line)
     click.echo(f"run the sink's consumer: sluicegate workflow run {shlex.quote(name)} --target "

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import click
 
-from .. import config
+from .. import config, targets
+from ..errors import UsageError
+from ..position import format_lsn
+from ..sizes import parse_duration
 from .output import JSON, emit, friendly
 
 TARGET = click.option("--target", envvar=config.env_var("target"), required=True, metavar="URL",
@@ -15,8 +18,6 @@ KEEP_TARGET_TABLES = click.option("--keep-target-tables", is_flag=True,
 
 
 def _seconds(ctx, param, value):
-    from ..errors import UsageError
-    from ..sizes import parse_duration
 
     try:
         seconds = parse_duration(value) if isinstance(value, str) else value
@@ -43,8 +44,6 @@ def _switch_options(fn):
 
 
 def _report(result, as_json: bool) -> None:
-    from ..position import format_lsn
-
     if result.finished_interrupted:
         click.echo(f"note: finished {result.finished_interrupted} first", err=True)
 
@@ -128,8 +127,6 @@ def kind_cancel_command(kind: str, what: str) -> click.Command:
     @KEEP_TARGET_TABLES
     @friendly
     def cmd(name, target, keep_target_tables):
-        from .. import targets
-
         echo_dropped(f"cancelled workflow {name}", targets.resolve(target).cancel(kind, name, keep_target_tables))
 
     return cmd

@@ -13,6 +13,8 @@ import click
 
 from ..errors import UsageError
 from ..position import format_lsn, parse_lsn
+from ..postgres.connect import connect, describe
+from .log import statement_summary
 from .output import friendly, line
 
 if TYPE_CHECKING:  # the messages' module (protobuf: slow to import) loads where a command uses it
@@ -206,8 +208,6 @@ def _heartbeat_line(hb, as_json: bool) -> str:
 
 def summary_line(txn: m.Transaction) -> str:
     """'txn 731 segment 2 end position 0/1925430: INSERT public.a (120 rows, part 2)'."""
-    from .log import statement_summary
-
     ctx = txn.context
     statements = "; ".join(statement_summary(st) for st in txn.statements) or "(no statements)"
     return (f"txn {ctx.transaction_id} segment {txn.segment_id}{' end' if txn.end_segment else ''}"
@@ -248,7 +248,6 @@ def serve(source, port, host, threshold, tables, heartbeat_seconds, decoding_wor
     (--client-ca-file and/or a token), or --insecure."""
     from ..changes.segmenter import DEFAULT_THRESHOLD
     from ..postgres.capture import check_source
-    from ..postgres.connect import connect, describe
     from ..vstream.security import ServerSecurity, load_token
     from ..vstream.server import VStreamServer
 

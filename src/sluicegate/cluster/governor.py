@@ -35,6 +35,7 @@ from ..postgres import capture
 from ..postgres.connect import connect, describe
 from ..sizes import format_size
 from ..workflow import state as st
+from ..workflow.heartbeat import is_running
 from .model import Cluster
 from .sinks import kind_of
 
@@ -228,8 +229,6 @@ def _release(src: psycopg.Connection, cluster: Cluster, hold: SlotHold, why: str
 
 def _consumer_alive(cluster: Cluster, sink: str) -> bool:
     """Whether the sink's consumer beats (workflow/heartbeat.py); an unreachable sink's is not."""
-    from ..workflow.heartbeat import is_running
-
     kind = kind_of(cluster.sinks[sink])
     if kind is not None:
         return kind.alive(cluster.sinks[sink], cluster.workflow)

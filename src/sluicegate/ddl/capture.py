@@ -31,6 +31,7 @@ from psycopg import sql
 
 from ..errors import TerminalError
 from ..postgres.connect import connect
+from . import modes
 from .message import FORMAT, PREFIX
 
 SCHEMA = "sluicegate_ddl"
@@ -135,8 +136,6 @@ def installed(conn: psycopg.Connection) -> bool:
 
 def missing_note(conn: psycopg.Connection, side: str, options: dict) -> str | None:
     """A create's note when its --on-ddl mode needs the capture and `side` (the workflow's source) lacks it."""
-    from . import modes
-
     mode = modes.of(options)
     if mode == modes.STOP or installed(conn):
         return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from ..ddl import capture as ddl_capture
 from ..errors import SluicegateError
 from ..names import object_name
 from ..postgres import needs as nd
@@ -154,8 +155,6 @@ def _connect(url: str, role: str, where: str, problems: list[Problem]) -> psycop
 def _ddl_capture(conn, where: str, on_ddl: str) -> list[Problem]:
     """--on-ddl other than stop acts only on statements the source captures: its event triggers, which only a
     superuser can install."""
-    from ..ddl import capture as ddl_capture
-
     if on_ddl == "stop" or ddl_capture.installed(conn):
         return []
     return [Problem(where, f"--on-ddl {on_ddl}: the source captures no DDL statements (no Sluicegate event "

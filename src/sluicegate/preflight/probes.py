@@ -11,6 +11,7 @@ from ..errors import SluicegateError
 from ..postgres import catalog
 from ..postgres import needs as nd
 from ..postgres.catalog import Table
+from ..postgres.replication import check_replication_access
 from .report import Problem
 
 
@@ -101,8 +102,6 @@ def settings(conn: psycopg.Connection, where: str, slots: int, lww: bool) -> lis
 def replication_access(conn: psycopg.Connection, url: str, where: str) -> list[Problem]:
     """A real replication connection, as a stream opens one (pg_hba.conf, max_wal_senders), for a user that
     may open one at all (else source_role has said what it lacks)."""
-    from ..postgres.replication import check_replication_access
-
     _, superuser, replication = role(conn)
     if not (superuser or replication):
         return []

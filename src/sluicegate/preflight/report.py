@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -31,8 +33,6 @@ def errors(problems: list[Problem]) -> list[Problem]:
 
 def refuse(problems: list[Problem], areas: frozenset[str] = frozenset({"privilege"})) -> None:
     """`create`'s use of the same checks: refuse what a run would fail on, every such problem at once."""
-    from ..errors import UsageError
-
     bad = [p for p in errors(problems) if p.area in areas]
     if bad:
         raise UsageError(f"a run would fail on {len(bad)} thing(s) (`sluicegate check` lists them): "

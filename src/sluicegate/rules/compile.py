@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..postgres.catalog import Column, Table
+from ..sharding.keyrange import KeyRange
 from . import types
+from . import udfs as python_udfs
 from .spec import RuleSpec, wrap_select
 
 RAW = "__sg_raw_{}"  # the source's text of column i, beside the typed columns a rule reads
@@ -52,7 +54,6 @@ class CompiledRule:
         several writing the same target table may clear as its own."""
         if self.keyrange is None:
             return None
-        from ..sharding.keyrange import KeyRange
 
         column, lo, hi = self.keyrange
         name = next(self.target.columns[j].name for j, o in enumerate(self.outputs) if o == ("raw", column))
@@ -103,8 +104,6 @@ def raw_schema(source: Table):
 
 def rule_session(spark, udfs: dict | None = None):
     """A session of its own per rule: its view names cannot collide with another rule's; times in UTC."""
-    from . import udfs as python_udfs
-
     session = spark.newSession()
     session.conf.set("spark.sql.session.timeZone", "UTC")
     python_udfs.register(session, udfs or {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..sharding.keyrange import KeyRange, keyspace_id
 from .compile import OUT, RAW, CompiledRule, quote, raw_schema, rule_session, split_where
 from .spec import wrap_select
 from .types import pg_text
@@ -72,7 +73,6 @@ class MovesOnly:
     def apply(self, raw: pa.Table) -> pa.Table:
         if raw.num_rows == 0 or self.rule.keyrange is None:
             return raw
-        from ..sharding.keyrange import KeyRange, keyspace_id
 
         column, lo, hi = self.rule.keyrange
         r = KeyRange(lo, hi)

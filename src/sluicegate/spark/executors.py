@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..errors import UsageError
+from .session import in_process_executors
 
 log = logging.getLogger("sluicegate")
 
@@ -115,7 +116,6 @@ def needs_check(sc) -> bool:
     import os
     import shutil
 
-    from .session import in_process_executors
 
     if not in_process_executors(sc.master):
         return True

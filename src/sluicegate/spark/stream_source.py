@@ -70,10 +70,15 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
+from .. import errors
+from ..ddl.message import PREFIX
 from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean, is_retryable
 from ..faults import fault_point
 from ..position import format_lsn, parse_lsn
-from ..postgres import peek
+from ..postgres import capture, catalog, peek
+from ..postgres.assembler import Change, assemble
+from ..postgres.connect import connect, first_line
+from ..postgres.pgoutput import UNCHANGED, Begin, Commit, DecodeError, LogicalMessage
 
 NAME = "sluicegate"
 DEFAULT_MAX_BYTES = 64 << 20
@@ -117,8 +122,6 @@ def register(spark) -> None:
 def query_error(exc: BaseException | None) -> SluicegateError | None:
     """The Sluicegate error a streaming query failed with (Spark carries it as the text of a Python
     traceback), rebuilt with its type and message; None if it failed otherwise."""
-    from .. import errors
-
     found = re.findall(r"^sluicegate\.errors\.(\w+): (.*)$", str(exc or ""), re.MULTILINE)
     for name, message in reversed(found):
         cls = getattr(errors, name, None)
@@ -191,8 +194,6 @@ class ChangeSource(DataSource):
 
     def schema(self) -> StructType:
         """Called once, at load(): a source that cannot serve a stream fails here, not at the first batch."""
-        from ..postgres import capture
-        from ..postgres.connect import connect
 
         with connect(self.settings.source, role="source") as conn:
             capture.check_source(conn)
@@ -223,8 +224,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         """A new query starts where the slot stands (created now, after its publication, if missing)."""
-        from ..postgres import capture, catalog
-
         s = self.settings
 
         def start():
@@ -243,16 +242,12 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxBytes(self.settings.max_bytes)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        from ..postgres import capture
-
         self._ceiling = self._driver_call("reading the flushed WAL position",
                                           lambda: capture.wal_flush_position(self._control())[0])
 
     def latestOffset(self, start: dict, limit) -> dict:
         """The next batch's end: the WAL flushed now (or at the AvailableNow start), at most the read limit's
         WAL past `start`. Nothing is decoded here."""
-        from ..postgres import capture
-
         start_lsn = _lsn(start)
 
         def plan():
@@ -285,8 +280,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark durably handled everything before `end`: only now may the slot move."""
-        from ..postgres import capture
-
         self._driver_call(f"confirming up to {end.get('lsn')}",
                           lambda: capture.advance_slot(self._control(), self.settings.slot, _lsn(end)))
 
@@ -317,8 +310,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _retrying(f"{doing} on slot {self.settings.slot}", fn, again)
 
     def _check_publication_tables(self, conn) -> None:
-        from ..postgres import catalog
-
         s = self.settings
         wanted = {(t.schema, t.name) for t in catalog.resolve_tables(conn, list(s.tables))}
         have = set(conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
@@ -343,8 +334,6 @@ def _as_error(exc: BaseException, doing: str) -> SluicegateError | None:
     is_retryable) with the server's SQLSTATE; None for anything else (a bug: it goes up as it is)."""
     import psycopg
 
-    from ..postgres.connect import first_line
-    from ..postgres.pgoutput import DecodeError
 
     if isinstance(exc, SluicegateError):
         return exc
@@ -424,7 +413,6 @@ def _connect(url: str, application_name: str):
     """A source session (autocommit) that pg_stat_activity and the server log name by its side."""
     from psycopg import sql
 
-    from ..postgres.connect import connect
 
     conn = connect(url, role="source", autocommit=True)
     try:
@@ -438,8 +426,6 @@ def _connect(url: str, application_name: str):
 def _check_slot(conn, slot: str, start: int) -> None:
     """The slot can still supply every transaction of a batch from `start`, or a terminal error with the way
     out."""
-    from ..postgres import capture
-
     capture.check_slot(conn, slot, start, consumer="this query's offset", way_out=(
         f"the query cannot go on without losing changes: start it again with a new checkpoint location (it "
         f"then reads from where slot {slot} stands)"))
@@ -447,9 +433,6 @@ def _check_slot(conn, slot: str, start: int) -> None:
 
 def _read_batches(settings: Settings, start: int, end: int) -> Iterator:
     """The batch's rows as Arrow record batches, in commit order, in bounded memory: one peek up to `end`."""
-    from ..ddl.message import PREFIX
-    from ..postgres.assembler import Change, assemble
-    from ..postgres.pgoutput import Begin, Commit, LogicalMessage
 
     builder = _ArrowBuilder()
     conn = _connect(settings.source, READER)
@@ -531,8 +514,6 @@ def _names(rel) -> tuple[tuple[str, ...], list[str]]:
 
 
 def _values(names: tuple[str, ...], values: tuple) -> dict:
-    from ..postgres.pgoutput import UNCHANGED
-
     return {n: _text(v) for n, v in zip(names, values) if v is not UNCHANGED}
 
 

@@ -10,6 +10,7 @@ nothing outside a kind's folder (and the packages it composes) asks which kind a
 from __future__ import annotations
 
 from .base import ProgressGroup, Target
+from .delta import DeltaTarget, register_sink_kind
 
 __all__ = ["ProgressGroup", "Target", "register_sink_kinds", "resolve"]
 
@@ -17,14 +18,11 @@ __all__ = ["ProgressGroup", "Target", "register_sink_kinds", "resolve"]
 def register_sink_kinds() -> None:
     """cluster/ reaches sinks that are not PostgreSQL databases through its registry (cluster/sinks.py): the
     kinds this program knows, registered by the program that composes them (cli/)."""
-    from .delta import register_sink_kind
-
     register_sink_kind()
 
 
 def resolve(url: str) -> Target:
     """The target `url` names: the first kind that claims it (a libpq URL is PostgreSQL's)."""
-    from .delta import DeltaTarget
     from .postgres import PostgresTarget
 
     for kind in (DeltaTarget, PostgresTarget):

@@ -24,8 +24,9 @@ from ..postgres.identity import identify
 from ..preflight.plan import Plan
 from ..preflight.plan import check as preflight
 from ..preflight.report import refuse
-from ..rules.compile import CompiledRule
+from ..rules.compile import CompiledRule, compile_rule, from_name
 from ..rules.spec import RuleSpec, parse_rules
+from ..spark.session import get_spark
 from . import copier
 from . import state as st
 from .cluster_model import direction
@@ -110,8 +111,6 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
 def compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Table], kind: str,
                    udfs: dict | None = None) -> dict:
     """Qualified source name -> CompiledRule, each checked by Spark's analyzer against its source table."""
-    from ..rules.compile import compile_rule, from_name
-    from ..spark.session import get_spark
 
     spark = get_spark()
     compiled: dict[str, CompiledRule] = {}

@@ -14,6 +14,7 @@ from collections import Counter
 
 from ..errors import UsageError
 from ..listen import check_listen, read_file
+from ..postgres.connect import describe
 
 log = logging.getLogger("sluicegate.metrics")
 
@@ -23,15 +24,11 @@ _counts: Counter = Counter()  # (metric, workflow, target, stream id) -> n
 
 def count(metric: str, workflow: str, target_url: str, stream_id: int) -> None:
     """One more retry or error (metric "retries" or "errors") of a stream (its id is unique on its target)."""
-    from ..postgres.connect import describe
-
     with _lock:
         _counts[(metric, workflow, describe(target_url), stream_id)] += 1
 
 
 def counted(metric: str, workflow: str, target_url: str, stream_id: int) -> int:
-    from ..postgres.connect import describe
-
     with _lock:
         return _counts[(metric, workflow, describe(target_url), stream_id)]
 
@@ -142,7 +139,6 @@ class WorkflowCollector:
         )
 
     def _streams(self) -> list[dict]:
-        from ..postgres.connect import describe
         from .shards import load_all
         from .status import slot_facts, workflow_status
 

@@ -25,6 +25,7 @@ from ..postgres.identity import identify
 from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
 from ..sharding.keyrange import KeyRange, check_partition
+from ..spark.session import get_spark
 from . import state as st
 from .create import compile_rules, prepare_empty_target
 from .create_checks import (
@@ -34,6 +35,7 @@ from .create_checks import (
     check_source_role,
     check_table_rights,
 )
+from .engine import Engine
 from .shards import KIND, load_all
 
 
@@ -124,8 +126,6 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
 
 
 def _identity(t: Table):
-    from ..spark.session import get_spark
-
     spec = RuleSpec(t.name, f"SELECT * FROM {quote(t.name)}")
     return compile_rule(get_spark(), spec, t, t.name, t.schema, t.name)
 
@@ -175,8 +175,6 @@ def _prepare_target_shard(conn, name, shard, described, compiled, options, keysp
 def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[tuple[str, int, str]]:
     """Run every stream of every target shard, one Engine per stream in a thread, until stopped or each is
     Stopped/Error. Returns (target shard, stream id, final state) per stream."""
-    from .engine import Engine
-
     copying: set[str] = set()  # (sets are thread-safe for add/discard/difference under the GIL)
     engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, copying=copying))
                for shard, url, wf in load_all(name, target_url) for s in wf.streams]

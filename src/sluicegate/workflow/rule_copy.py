@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import TerminalError
+from ..errors import TerminalError, from_exception
 from ..faults import fault_point
 from ..postgres import keyrange
 from ..postgres.catalog import Table
@@ -206,7 +206,6 @@ def write_rows(task: RuleWrite, batches):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from ..errors import from_exception
     from ..rules.compile import CompiledRule
     from ..rules.evaluate import target_columns
 

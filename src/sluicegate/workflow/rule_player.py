@@ -25,12 +25,16 @@ import pickle
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
+from ..appliers.postgres import PostgresApplier, TargetTable, check_columns
 from ..errors import RetryableError, TerminalError, from_exception
 from ..faults import fault_point
 from ..postgres import capture, durable, peek, slot_reader
+from ..postgres.assembler import Change, Framing, TruncateChange, assemble
 from ..postgres.catalog import Table
 from ..postgres.connect import connect
+from ..postgres.pgoutput import UNCHANGED, Begin, Commit
 from ..postgres.standby_flush import StandbyGate
+from ..spark import errors as spark_errors
 from . import play_loop, stream_control
 from . import state as st
 from .play_loop import PlayResult
@@ -223,8 +227,6 @@ def diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Term
     """A rule failed on a row (Spark says how, not where): find the table and the row by halving the batch's
     changes, each half a small Spark job (the peek is replayable), and name its key. An error path: the
     stream stops in Error here, so the seconds this takes are spent once."""
-    from ..spark import errors as spark_errors
-
     what = spark_errors.message(exc)
     probes = 0
     for i in spec.active:
@@ -270,8 +272,6 @@ def _count_rows(batches):
 
 
 def _fails(engine, spec, runners, i, seq) -> BaseException | None:
-    from ..spark import errors as spark_errors
-
     try:
         _count(engine, table_frame(engine, spec, runners, i, seq))
         return None
@@ -330,9 +330,6 @@ def read_changes(spec: BatchSpec, index: int, _ids, seq: tuple[int, int] | None 
 
 
 def _read(spec: BatchSpec, index: int, builder):
-    from ..appliers.postgres import check_columns
-    from ..postgres.assembler import Change, Framing, TruncateChange, assemble
-    from ..postgres.pgoutput import UNCHANGED, Begin, Commit
     from ..rules.compile import CompiledRule
 
     task = spec.task
@@ -453,8 +450,6 @@ class _Rows:
         yield from self.flush()
 
     def _append(self, op: str, values, unchanged: str | None, meta: str | None):
-        from ..postgres.pgoutput import UNCHANGED
-
         cols, n = self.columns, self.n
         for j, v in enumerate(values if values is not None else (None,) * n):
             cols[j].append(None if v is UNCHANGED else v)
@@ -500,7 +495,6 @@ def apply_changes(spec: BatchSpec, batches):
 def _apply(spec: BatchSpec, batches, summary: dict) -> None:
     import pyarrow.compute as pc
 
-    from ..appliers.postgres import PostgresApplier, TargetTable
     from ..rules.compile import CompiledRule
     from ..rules.evaluate import KEEP, target_columns
 

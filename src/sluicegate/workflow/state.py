@@ -19,6 +19,7 @@ from .. import config
 from ..errors import UsageError, did_you_mean
 from ..names import object_name  # (its home; callers also name it here)
 from ..position import format_lsn, parse_lsn
+from ..postgres import locks
 from ..postgres.catalog import Table
 from ..postgres.connect import strip_password
 from .loop import COPYING, ERROR, INIT, RUNNING, STOPPED  # noqa: F401 - the states, named here too
@@ -217,7 +218,6 @@ def ensure_schema(conn: psycopg.Connection) -> None:
     """Create or upgrade the schema, in the caller's transaction; no DDL at all when it is up to date."""
     if schema_is_current(conn):
         return
-    from ..postgres import locks
 
     rels = [f"sluicegate.{t}" for t in _TABLES]
     with locks.guard(conn, "creating or upgrading schema sluicegate", rels, then="try again"):

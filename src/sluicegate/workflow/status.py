@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from ..errors import SluicegateError
 from ..position import format_lsn
-from ..postgres.connect import describe, describe_conn, first_line, has_password, redact
+from ..postgres import capture
+from ..postgres.connect import connect, describe, describe_conn, first_line, has_password, redact
 from ..sizes import format_size
 from . import state as st
 from .heartbeat import is_running
@@ -24,9 +26,6 @@ def slot_facts(wf: st.Workflow) -> dict[int, dict]:
     source, or {"source_error"} when the source cannot be asked (status goes on without it). `source_host`:
     the server reached (of a URL that lists several hosts: the primary, as the stream's own sessions reach it,
     connect.primary_only); `reading`: the stream's slot has a reader there now."""
-    from ..errors import SluicegateError
-    from ..postgres import capture
-    from ..postgres.connect import connect
 
     facts: dict[int, dict] = {}
     by_source: dict[str, list[st.Stream]] = {}

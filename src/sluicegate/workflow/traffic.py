@@ -43,6 +43,7 @@ from . import state as st
 from . import stream_control
 from .denial import deny, undeny
 from .heartbeat import is_running
+from .shards import load_all
 
 log = logging.getLogger("sluicegate")
 
@@ -446,7 +447,6 @@ def cancel_workflow(name: str, target_url: str, keep_target_tables: bool = False
     shard's state) and drop the tables it writes on its target(s) unless kept; what was dropped. `kind`:
     the kind the command is for (None: any)."""
     from .create import delete_workflow
-    from .shards import load_all
 
     shards = load_all(name, target_url)
     wf = shards[0][2]

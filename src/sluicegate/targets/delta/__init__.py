@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ...cluster import sinks
 from ...errors import UsageError
 from ..base import ProgressGroup, Target
 from . import location
@@ -20,8 +21,6 @@ PREFIX = location.PREFIX
 
 
 def register_sink_kind() -> None:
-    from ...cluster import sinks
-
     sinks.register(location.is_delta, _sink_kind)
 
 

@@ -10,13 +10,21 @@ from pathlib import Path
 import psycopg
 
 from ... import config
+from ...ddl import modes
 from ...errors import SluicegateError, UsageError
 from ...position import format_lsn
 from ...postgres import capture
 from ...postgres.connect import connect, describe, first_line
+from ...preflight.plan import _ddl_capture
+from ...rules.spec import parse_rules
+from ...sizes import parse_duration
+from ...spark.runner import SparkRunner
+from ...spark.session import start_in_background
 from ...workflow import state as pg_state
 from ...workflow.create_checks import check_no_leftovers, check_source_tables
 from . import location
+from .rules import check_keyed, lake_table
+from .sink import start_consumer
 from .state import (
     COPYING,
     ERROR,
@@ -40,9 +48,7 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     Returns (moved tables, lines saying what was made); `notes` gets what the Delta tables leave out."""
     from deltalake import DeltaTable
 
-    from ...rules.spec import parse_rules
     from ...workflow.create import compile_rules
-    from .rules import check_keyed, lake_table
 
     pg_state.check_name(name)
     config.check_options(options)
@@ -113,8 +119,6 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
 def _ddl_capture_note(src, options: dict) -> list[str]:
     """--on-ddl other than stop acts only on statements the source captures (ddl/capture.py): the same check
     as a PostgreSQL target's create (preflight/plan.py), as a note."""
-    from ...ddl import modes
-    from ...preflight.plan import _ddl_capture
 
     mode = options.get(modes.OPTION)
     if mode is not None and mode not in modes.MODES:
@@ -125,8 +129,6 @@ def _ddl_capture_note(src, options: dict) -> list[str]:
 def set_on_ddl(name: str, target: str, mode: str) -> None:
     """`workflow set W --on-ddl MODE` of a Delta workflow: kept in its options; a running driver's play task
     sees the options change and ends, and the next one follows the mode."""
-    from ...ddl import modes
-
     if mode not in modes.MODES:
         raise UsageError(f"--on-ddl {mode}: one of {', '.join(modes.MODES)}")
     store = open_store(target)
@@ -167,8 +169,6 @@ def _is_delta(uri: str) -> bool:
 def housekeeping_options(given: dict) -> dict:
     """`movetables create`'s --optimize-every, --vacuum-every, --vacuum-retention (durations, or None for the
     default) as the workflow's options, in seconds."""
-    from ...sizes import parse_duration
-
     out = {}
     for key, default in HOUSEKEEPING_DEFAULTS.items():
         text = given.get(key)
@@ -199,10 +199,7 @@ def schedule(name: str, target: str, given: dict) -> dict:
 def run(name: str, target: str, spark_master, conf: dict, stop: threading.Event, runners: list,
         progress=None) -> str:
     """`progress`: starts the progress view (cli/main.py _progress), once this driver holds the workflow."""
-    from ...spark.runner import SparkRunner
-    from ...spark.session import start_in_background
     from .engine import LakeEngine
-    from .sink import start_consumer
 
     store = open_store(target)
     store.load(name)  # a typo fails before Spark starts

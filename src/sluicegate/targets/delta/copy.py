@@ -26,9 +26,16 @@ from ...faults import fault_point
 from ...postgres import passthrough
 from ...postgres.catalog import Table
 from ...postgres.connect import describe_conn
+from ...rules.compile import CompiledRule
+from ...rules.evaluate import RuleRunner
+from ...spark import errors as spark_errors
 from ...workflow.copier import CopyRange, task_where
 from ...workflow.copy_task import snapshot_gone
+from ...workflow.live import source_label
+from ...workflow.rule_copy import RuleRead, read_ranges, rule_failure
 from . import csvblock, durable
+from .location import filesystem
+from .rules import lake_table, target_batch
 from .types import arrow_schema, convert_text_arrays
 
 CYCLE_KEY = "sluicegate.copy_cycle"
@@ -72,8 +79,6 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
     (passthrough.copy_blocks), each parsed by Arrow's CSV reader (csvblock.py) and converted column by column
     (types.convert_text_arrays): no Python object per value where Arrow reads the type exactly as the
     per-value converter does."""
-    from ...workflow.live import source_label
-
     into = into or table
     read = columns or table.columns
     # bare columns: COPY writes each with its type's output function, the stream's text (char(n) padded, inet
@@ -108,7 +113,6 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
     """Runs in a Spark task: the range's rows as Parquet files in the table's directory; their add actions
     (as dicts) for the driver to commit."""
 
-    from .location import filesystem
 
     table = Table.from_json(task.table)
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
@@ -266,9 +270,6 @@ def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, ru
     into the table's directory; their add actions, for the driver's one commit (copy.commit_cycle)."""
     from functools import partial
 
-    from ...rules.evaluate import RuleRunner
-    from ...spark import errors as spark_errors
-    from ...workflow.rule_copy import RuleRead, read_ranges, rule_failure
 
     if not ranges:
         return []
@@ -295,9 +296,6 @@ def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, ru
 def write_files(task: RuleFiles, batches):
     """Runs in a Spark task: the rule's output for one partition as Parquet files (copy.FileWriter), nothing
     committed; one row per file (its add action as JSON)."""
-    from ...rules.compile import CompiledRule
-    from .location import filesystem
-    from .rules import lake_table, target_batch
 
     rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
     lake = lake_table(rule)

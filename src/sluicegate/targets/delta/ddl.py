@@ -43,7 +43,10 @@ from ...ddl.touched import touched
 from ...position import format_lsn
 from ...postgres.catalog import Column, Table
 from ...postgres.types import FIRST_USER_OID
-from ...workflow.schema_changes import SchemaStop
+from ...workflow.schema_changes import SchemaStop, source_columns
+from . import staging
+from .apply import NetEffect
+from .read import _dataset
 from .types import SPECIAL, arrow_type
 
 log = logging.getLogger("sluicegate")
@@ -340,8 +343,6 @@ def _retyped(src, spec: Table, names: list[str]) -> dict[str, Column]:
     """The new descriptions of columns an ALTER COLUMN TYPE changed, from the source's catalog; Unsupported
     when a Delta column cannot widen to its new type (or the source changed the column again since: the
     catalog is read now, the statement is older)."""
-    from ...workflow.schema_changes import source_columns
-
     oid = src.execute("SELECT to_regclass(%s)::oid::int", (spec.ident.as_string(src),)).fetchone()[0]
     now = source_columns(src, oid) if oid is not None else {}
     out = {}
@@ -373,8 +374,6 @@ def _touched(ddl: DdlMessage, specs: dict) -> set[str]:
 
 def _touch(tables, batch, q: str, spec: Table) -> None:
     """The table commits with the batch (its rewrite) even when the batch has no rows of it."""
-    from .apply import NetEffect
-
     effect = batch.effects.get(q)
     if effect is None:
         effect = batch.effects[q] = NetEffect(spec)
@@ -385,8 +384,6 @@ def reshape(tables, batch, q: str, spec: Table, fn) -> None:
     """The batch's rows of table q (in memory and staged) in the new shape `spec`: `fn(values, keep)` gives
     a row's new values and kept columns. Staged generations are read back and staged again, one partition at
     a time (memory stays bounded by a partition)."""
-    from . import staging
-    from .apply import NetEffect
 
     effect = batch.effects.get(q)
     if effect is None:
@@ -484,7 +481,6 @@ def rewrite(dt, ops: list[Action], spec: Table, app: str, lsn: int) -> bool:
     schema = pa.schema(fields)
     columns = sources + ([SPECIAL] if special else [])
 
-    from .read import _dataset
 
     # (pyarrow's own file system: delta-rs's would be called back inside write_deltalake's runtime)
     data = _dataset(dt)

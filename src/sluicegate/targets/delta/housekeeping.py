@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 from ...errors import RetryableError, UsageError
 from . import durable, read
+from .location import filesystem_paths
 
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
 
@@ -169,8 +170,6 @@ def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:
 
 def _sizes(uri: str, files: list[str]) -> dict[str, int]:
     """{file as vacuum names it (relative to the table): its size in bytes} (0 when it is gone meanwhile)."""
-    from .location import filesystem_paths
-
     if not files:
         return {}
     fs, paths = filesystem_paths([f if "://" in f or f.startswith("/") else f"{uri}/{f}" for f in files])

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...postgres.catalog import Table
+from .types import arrow_type
 
 OP, KEEP, ORDER = "_op", "_keep", "_order"
 KEEP_TYPE = pa.list_(pa.int32())
@@ -158,8 +159,6 @@ def last_per_key(table: Table, frame: pa.Table, order: pa.Array | None = None) -
 
 def key_bounds(table: Table, frame: pa.Table) -> tuple[int, int] | None:
     """The least and greatest key of a non-empty frame whose key is one integer column; else None."""
-    from .types import arrow_type
-
     if frame.num_rows == 0 or len(table.key_indices) != 1:
         return None
     i = table.key_indices[0]

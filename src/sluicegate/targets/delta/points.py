@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ...position import format_lsn
-from .location import file_uris
+from .location import file_uris, filesystem
 from .state import app_id
 
 SCHEMA = pa.schema([
@@ -57,7 +57,6 @@ def read(path: str | Path, workflow: str | None = None) -> list[dict]:
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
-    from .location import filesystem
 
     where = points_path(path)
     if not DeltaTable.is_deltatable(where):

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ...position import format_lsn, parse_lsn
-from .location import file_uris
+from .location import file_uris, filesystem, filesystem_paths, parse
 
 POINTS = "_sluicegate/points"
 
@@ -37,8 +37,6 @@ class Point:
 def lake_path(path: str) -> str:
     """PATH of a `delta:PATH` target (or PATH itself): a local absolute path or a URI, without a trailing
     slash."""
-    from .location import parse
-
     return parse(path).uri
 
 
@@ -85,8 +83,6 @@ def _arrow_schema(dt):
 
 def _filesystem(uris: list[str]):
     """(pyarrow filesystem, paths on it) for a version's file URIs: local paths as they are."""
-    from .location import filesystem_paths
-
     return filesystem_paths(uris)
 
 
@@ -275,7 +271,6 @@ class _FileReader:
     def __call__(self, batches):
         import pyarrow.dataset as ds
 
-        from .location import filesystem
 
         for batch in batches:
             for uri in batch.column(0).to_pylist():

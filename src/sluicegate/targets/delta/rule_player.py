@@ -28,17 +28,22 @@ import time
 from dataclasses import dataclass
 from functools import partial, reduce
 
-from ...errors import RetryableError, from_exception
+from ...errors import RetryableError, TerminalError, from_exception
 from ...faults import fault_point
 from ...postgres import capture, slot_reader
 from ...postgres.catalog import Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import UNCHANGED
+from ...rules.compile import CompiledRule
+from ...rules.evaluate import KEEP, target_columns
+from ...spark import errors as spark_errors
 from ...workflow import play_loop, rule_player
 from ...workflow.play_loop import PlayResult
 from ...workflow.player import PlayTask
-from . import apply, control, durable, location, points
+from . import apply, control, durable, location, netframe, points
+from .player import stop_for_controller
 from .state import RUNNING, STOPPED, LakeWorkflow, app_id, open_store
+from .types import convert_column
 
 
 @dataclass(frozen=True)
@@ -152,8 +157,6 @@ def _thresholds(engine, wf: LakeWorkflow, lakes: list[Table]) -> list[int]:
 
 def _stop(root: str, store, current: LakeWorkflow, lakes: list[Table]) -> None:
     """Stop for the controller at the current position: at its stop position, with the point there."""
-    from .player import stop_for_controller
-
     def point() -> None:
         from deltalake import DeltaTable
 
@@ -168,7 +171,6 @@ def _run(engine, spec: LakeBatch, runners: dict) -> dict:
     """The batch as one Spark job; its summary. An error of the applying task is raised here, its type kept."""
     from pyspark.sql import functions as F
 
-    from ...spark import errors as spark_errors
 
     batch = spec.batch
     if batch.active:
@@ -305,9 +307,6 @@ def _check_kept_rows(dt, lake: Table, effect: apply.NetEffect, source: str) -> N
     carry that value (read_changes sends a key change as a delete and an upsert)."""
     import pyarrow.dataset as ds
 
-    from ...errors import TerminalError
-    from . import netframe
-    from .types import convert_column
 
     frame = effect.frame()
     if not netframe.has_keep(frame):
@@ -340,8 +339,6 @@ def _fold(effect: apply.NetEffect, source: Table, lake: Table, rule_json: dict |
     target key; the batch's end marker."""
     import pyarrow as pa
 
-    from ...rules.compile import CompiledRule
-    from ...rules.evaluate import KEEP, target_columns
 
     rule = CompiledRule.from_json(rule_json, source) if rule_json else None
     ops = rows.column(rule_player.OP).to_pylist()

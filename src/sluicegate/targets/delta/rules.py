@@ -15,6 +15,7 @@ import pyarrow as pa
 from ...errors import UsageError
 from ...postgres.catalog import Column, Table
 from ...rules.compile import CompiledRule
+from ...rules.evaluate import target_columns
 from ...rules.types import NUMERIC
 from . import types
 
@@ -70,8 +71,6 @@ def check_keyed(rule: CompiledRule) -> None:
 def target_batch(rule: CompiledRule, lake: Table, result: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     """A rule's output (`RuleRunner.transform`'s, or raw rows for a rule that only moves columns) as a batch
     of the Delta table's schema."""
-    from ...rules.evaluate import target_columns
-
     texts = [pa.array(c, pa.string()) if not isinstance(c, pa.Array) else c.cast(pa.string())
              for c in target_columns(rule, result)]
     return pa.RecordBatch.from_arrays(types.convert_text_arrays(lake, texts), schema=types.arrow_schema(lake))

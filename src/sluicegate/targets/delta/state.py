@@ -32,6 +32,7 @@ from ...errors import RetryableError, UsageError
 from ...postgres.catalog import Table
 from ...workflow.loop import COPYING, ERROR, INIT, RUNNING, STOPPED  # noqa: F401 - the states, named here too
 from . import location
+from .read import _open
 
 log = logging.getLogger("sluicegate")
 
@@ -402,7 +403,6 @@ class DeltaStore:
     def _read(self, name: str) -> _Read | None:
         import pyarrow.dataset as ds
 
-        from .read import _open
 
         for attempt in range(5):
             try:
@@ -455,8 +455,6 @@ class DeltaStore:
         return True
 
     def _maintain(self, name: str) -> None:
-        from .read import _open
-
         try:
             dt = _open(self.dir(name))
             dt.create_checkpoint()

@@ -28,6 +28,7 @@ from datetime import date, datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...errors import TerminalError
 from ...postgres.catalog import Column, Table
 from . import pgtext
 
@@ -311,8 +312,6 @@ def converter(column: Column, types: dict | None = None) -> Callable[[str], obje
 
 
 def _terminal(table: Table, column: Column, dtype, exc) -> Exception:
-    from ...errors import TerminalError
-
     where = f"table {table.qualified} column {column.name} ({column.type_sql}): a value has no {dtype} form ({exc})"
     if column.name in table.key:  # a key must be a value of its column: it finds the row
         return TerminalError(f"{where}; a Delta table cannot key a row by it: leave the table out "

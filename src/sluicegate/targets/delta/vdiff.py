@@ -46,13 +46,17 @@ from ...config import Settings
 from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ...faults import fault_point
 from ...position import format_lsn
+from ...postgres import keyrange
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
+from ...vdiff.differ import plan_ranges
 from . import control, location, pins, rule_player, rule_vdiff
+from .copy import snapshot_batches
 from .engine import LakeEngine
 from .player import LakePlayTask, play
+from .read import Point, point_for, tables_as_of
 from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
-from .types import SPECIAL
+from .types import SPECIAL, arrow_schema
 
 log = logging.getLogger("sluicegate")
 
@@ -74,8 +78,6 @@ class SourceRange:
 
 def read_range(task: SourceRange):
     """Runs in a Spark task: the range's rows in the snapshot as Arrow batches of the Delta table's schema."""
-    from ...postgres import keyrange
-    from .copy import snapshot_batches
 
     table = Table.from_json(task.table)
     columns = into = None
@@ -246,7 +248,6 @@ def _point_now(target: str, wf, position: int):
     since the log's point at `position` must count."""
     from deltalake import DeltaTable
 
-    from .read import Point
 
     loc = location.parse(target)
     lakes = [t.lake for t in wf.tables]  # (the points name a table written through a rule by its Delta table)
@@ -281,8 +282,6 @@ def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop
 
 def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
     """The tables at the point at `position` (an int), or at a Point's versions (a request's)."""
-    from .read import Point, point_for, tables_as_of
-
     point = point_for(str(root), name, position)
     position = position.position if isinstance(position, Point) else position
     if point.position != position:
@@ -293,8 +292,6 @@ def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
 
 def _ranges(runner, spec: Table, snap, range_rows: int | None) -> list:
     """The source table's key ranges in the snapshot, one Spark task each."""
-    from ...vdiff.differ import plan_ranges
-
     estimate = snap.conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                                  (spec.ident.as_string(snap.conn),)).fetchone()[0]
     estimate = max(estimate, spec.estimated_rows, 1)
@@ -312,7 +309,6 @@ def moved_frame(runner, source_url: str, spec: Table, snapshot: str, ranges: lis
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from .types import arrow_schema
 
     tasks = [json.dumps(asdict(SourceRange(source_url, spec.to_json(), snapshot, lo, hi, rule))) for lo, hi in ranges]
     spark = runner.spark

@@ -9,6 +9,9 @@ from __future__ import annotations
 import threading
 
 from ...errors import UsageError
+from ...postgres.connect import connect
+from ...workflow import live
+from ...workflow.metrics import MetricsServer
 from ..base import ProgressGroup, Target
 
 
@@ -33,8 +36,6 @@ class PostgresTarget(Target):
         return create_materialize(name, source, self.url, rules, options, udfs), []
 
     def metrics(self, name: str, port: int, addr: str, tls: dict):
-        from ...workflow.metrics import MetricsServer
-
         try:
             return MetricsServer(self.url, name, port, addr, **tls)
         except OSError as exc:
@@ -42,7 +43,6 @@ class PostgresTarget(Target):
                              f"--metrics-port") from None
 
     def take_run_lock(self, name: str):
-        from ...postgres.connect import connect
         from ...workflow import run_lock
         from ...workflow import state as st
 
@@ -61,7 +61,6 @@ class PostgresTarget(Target):
         return status(name, self.url, wal_warning)
 
     def progress_groups(self, name: str) -> list[ProgressGroup]:
-        from ...workflow import live
         from ...workflow.shards import load_all
         from ...workflow.status import workflow_status
 

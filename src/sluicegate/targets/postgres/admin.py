@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...ddl import modes
 from ...errors import UsageError
-from ...postgres.connect import connect
+from ...postgres import needs, standby_flush
+from ...postgres.connect import connect, describe
+from ...preflight import probes
 from ...workflow import state as st
+from ...workflow.shards import load_all
+from ...workflow.status import merge_status, slot_facts, workflow_status
 
 
 def status(name: str, target: str, wal_warning: int) -> dict:
     """A workflow's state, driver, position, lag, the WAL its slots hold and per-table copy progress."""
-    from ...workflow.shards import load_all
-    from ...workflow.status import merge_status, slot_facts, workflow_status
 
     shards = load_all(name, target)
     out = merge_status([(shard, workflow_status(wf, slots=slot_facts(wf), wal_warning=wal_warning))
@@ -32,8 +35,6 @@ def status(name: str, target: str, wal_warning: int) -> dict:
 
 
 def set_state(name: str, target: str, verb: str) -> str:
-    from ...workflow.shards import load_all
-
     state = ""
     for _, url, _ in load_all(name, target):
         state = _set_shard_state(name, url, verb)
@@ -72,10 +73,6 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
 
 
 def configure(name: str, target: str, on_ddl: str | None, target_standbys: str | None) -> list[str]:
-    from ...ddl import modes
-    from ...postgres import needs, standby_flush
-    from ...postgres.connect import describe
-    from ...preflight import probes
 
     with connect(target, role="target") as conn:
         if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
@@ -95,7 +92,6 @@ def configure(name: str, target: str, on_ddl: str | None, target_standbys: str |
 
 def delete(name: str, target: str, drop_tables: bool, say: Callable[[str], None]) -> list[str]:
     from ...workflow.create import delete_workflow
-    from ...workflow.shards import load_all
 
     dropped = []
     shards = load_all(name, target)

@@ -10,7 +10,12 @@ import psycopg
 
 from ...errors import SluicegateError, UsageError
 from ...postgres.connect import connect
+from ...spark.session import start_in_background
+from ...vdiff.executor import DriverVDiffs
 from ...workflow import state as st
+from ...workflow.heartbeat import Heartbeat
+from ...workflow.passwords import retire_stored_passwords, task_url
+from ...workflow.shards import target_shards
 
 
 def run(name: str, target: str, spark_master, conf: dict, stop, runners: list, progress,
@@ -23,14 +28,10 @@ def run(name: str, target: str, spark_master, conf: dict, stop, runners: list, p
     # Without rules, rows never pass through the JVM (Python tasks pipe them between the databases): no
     # SparkSession (Spark SQL's state) to build, and a JVM that only coordinates.
     ruled = kind == "Reshard" or any(t.rule for s in wf.streams for t in s.tables)
-    from ...spark.session import start_in_background
 
     # Spark starts while this process imports the engine and the engine takes its snapshot; the first Spark
     # job waits for it.
     spark = start_in_background(spark_master, conf=conf, session=ruled, light_jvm=not ruled)
-    from ...workflow.heartbeat import Heartbeat
-    from ...workflow.passwords import retire_stored_passwords, task_url
-    from ...workflow.shards import target_shards
 
     # Spark's tasks get the target URL without its password when libpq finds it (pgpass file, PGPASSWORD).
     target = task_url(target, "target")
@@ -49,7 +50,6 @@ def run(name: str, target: str, spark_master, conf: dict, stop, runners: list, p
 
 
 def _run(name, target, kind, runner, stop, progress, say, lock=None) -> str:
-    from ...vdiff.executor import DriverVDiffs
     from ...workflow.engine import Engine
 
     if kind == "Reshard":
