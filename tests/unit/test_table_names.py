@@ -4,6 +4,7 @@ import pytest
 
 from sluicegate.errors import UsageError
 from sluicegate.postgres.catalog import quote_name, split_list, split_name, with_schemas
+from sluicegate.vdiff.report import shown_name
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -44,3 +45,13 @@ def test_with_schemas():
 ])
 def test_quote_name(schema, name, shown):
     assert quote_name(schema, name) == shown
+
+
+@pytest.mark.parametrize("label, shown", [
+    ("public.accounts", "public.accounts"),
+    ("Sales Dept.Order Items", '"Sales Dept"."Order Items"'),
+    ("public.accounts <- -80", "public.accounts <- -80"),  # a keyspace source's shard, after the name
+    ("Sales Dept.Order Items <- 80-", '"Sales Dept"."Order Items" <- 80-'),
+])
+def test_a_vdiff_report_shows_names_as_sql_writes_them(label, shown):
+    assert shown_name(label) == shown

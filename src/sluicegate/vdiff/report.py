@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ..names import shown as shown_name
+from ..names import shown
 from ..position import format_lsn
 from . import store
 
@@ -70,6 +70,12 @@ def render(console: Console, report: dict, *, verdict: bool = True) -> None:
         console.print("[green]source and target are equal[/]")
     else:
         console.print(f"[red]{report['differences']:,} differing rows[/]")
+
+
+def shown_name(name: str) -> str:
+    """A report's table as SQL writes its name; a keyspace source's shard after it ('public.t <- -80')."""
+    table, sep, shard = name.partition(" <- ")  # (differ.py's label of a source shard's stream)
+    return shown(table) + (f" <- {shard}" if sep else "")
 
 
 def _row(values: dict) -> str:
