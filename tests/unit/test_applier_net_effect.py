@@ -4,6 +4,8 @@ order, whether the C path (postgres/_pgoutput_rows.c stage_change) or the Python
 from __future__ import annotations
 
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -235,3 +237,45 @@ def test_the_fast_lane_takes_only_what_it_stages_alike():
     assert sink.taken == 1
     assert applier.pending_rows == 2 and applier.pending_bytes == 10 + len(insert)
     assert list(applier.by_name[("public", "t")].rows) == [("0",), ("1",)]
+
+
+def test_a_free_writer_takes_each_step_and_a_busy_one_lets_the_chunk_grow(mode):
+    # A writer thread: its first chunk is held until `gate` opens, as a target busy with it would hold it.
+    gate = threading.Event()
+
+    class Slow(Recording):
+        def _write(self, chunk: list) -> None:
+            assert gate.wait(10)
+            super()._write(chunk)
+
+    rel = relation(["a"])
+
+    def insert(applier, keys) -> None:
+        for k in keys:
+            applier.change(Change("I", rel, None, (str(k), "x", "y"), k, 10))
+
+    with ThreadPoolExecutor(1) as writer:
+        applier = Slow([TargetTable(table(["a"]))], chunk_rows=80, chunk_bytes=1 << 30, executor=writer)
+        insert(applier, range(10))  # a step (chunk_rows / 8) with the writer free: written at once
+        assert applier._writing is not None and applier.held_rows == 0
+        insert(applier, range(10, 80))  # the writer busy: the next chunk grows, step by step
+        assert applier.held_rows == 70 and not applier.written
+        gate.set()
+        applier.settle()
+        insert(applier, range(80, 90))  # 80 rows: written whatever the writer does
+        applier.settle()
+        insert(applier, range(90, 100))  # the writer free again: a step is a chunk
+        assert applier.held_rows == 0
+        applier.settle()
+    assert [sum(len(rows) for _, rows, _ in chunk) for chunk in applier.written] == [10, 80, 10]
+    assert [k for chunk in applier.written for _, rows, _ in chunk for (k,), _ in rows] == \
+        [str(k) for k in range(100)]
+
+
+def test_without_a_writer_a_chunk_is_written_whole():
+    applier = Recording([TargetTable(table(["a"]))], chunk_rows=80, chunk_bytes=1 << 30)
+    rel = relation(["a"])
+    for k in range(170):
+        applier.change(Change("I", rel, None, (str(k), "x", "y"), k, 10))
+    applier.flush()
+    assert [sum(len(rows) for _, rows, _ in chunk) for chunk in applier.written] == [80, 80, 10]

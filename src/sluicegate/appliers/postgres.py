@@ -216,7 +216,13 @@ class PostgresApplier:
         for t in tables:
             self.add_table(t)
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
-        self.pending_rows = self.pending_bytes = 0
+        # With a writer, whether to write is asked every step (an eighth of a chunk): a free writer takes what
+        # is there, so that decoding and writing overlap even in a batch smaller than a chunk (a steady stream
+        # of small transactions); a busy one lets the chunk grow, up to its limits (a burst).
+        self.step_rows, self.step_bytes = (max(1, chunk_rows // 8), max(1, chunk_bytes // 8)) \
+            if executor is not None else (chunk_rows, chunk_bytes)
+        self.pending_rows = self.pending_bytes = 0  # since the last step
+        self.held_rows = self.held_bytes = 0  # in the chunk before that
         self.plans = TablePlans() if plans is None else plans
         self._serial = self.plans.begin()
         self._checked = False  # kept plans checked against the target in this transaction (plans.py)
@@ -308,8 +314,8 @@ class PostgresApplier:
             self._stage(t, ch)
         self.pending_rows += 1
         self.pending_bytes += ch.size
-        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
-            self.flush()
+        if self.pending_rows >= self.step_rows or self.pending_bytes >= self.step_bytes:
+            self.chunk_due()
 
     def _stage(self, t: TargetTable, ch: Change) -> None:
         """A change into the chunk's net effect: the row's last state by key (deletes, upserts, unchanged
@@ -342,7 +348,7 @@ class PostgresApplier:
         applied). None without the C extension."""
         if _RowSink is None:
             return None
-        return _RowSink(self, framing.relations, self._rels, UNCHANGED, self.chunk_rows, self.chunk_bytes)
+        return _RowSink(self, framing.relations, self._rels, UNCHANGED, self.step_rows, self.step_bytes)
 
     def put(self, t: TargetTable, op: str, key: tuple, values: tuple, keep: list[int] | None = None) -> None:
         """A row already in the target's shape (a rule's output): 'U' upserts it, 'D' deletes its key.
@@ -362,8 +368,8 @@ class PostgresApplier:
         t.rows[key] = (op, values, keep)
         self.pending_rows += 1
         self.pending_bytes += sum(len(v) for v in values if v is not None) + 16
-        if self.pending_rows >= self.chunk_rows or self.pending_bytes >= self.chunk_bytes:
-            self.flush()
+        if self.pending_rows >= self.step_rows or self.pending_bytes >= self.step_bytes:
+            self.chunk_due()
 
     def truncate_tables(self, targets: list[TargetTable]) -> None:
         if not targets:
@@ -439,12 +445,23 @@ class PostgresApplier:
         self.truncate_tables([t for t in (self._target(r) for r in relations) if t is not None])
 
     # -- apply ----------------------------------------------------------------------------------------
+    def chunk_due(self) -> None:
+        """A step's rows are collected (change, put, the C RowSink): the chunk is written if the writer is
+        free, or once it reaches chunk_rows or chunk_bytes."""
+        self.held_rows += self.pending_rows
+        self.held_bytes += self.pending_bytes
+        self.pending_rows = self.pending_bytes = 0
+        writing = self._writing
+        if self.held_rows >= self.chunk_rows or self.held_bytes >= self.chunk_bytes or (
+                self.executor is not None and (writing is None or writing.done())):
+            self.flush()
+
     def flush(self) -> None:
         """Write the chunk collected so far (in the background, given an executor)."""
         chunk = [(t, t.rows, t.has_keep) for t in self.by_name.values() if t.rows]
         for t, _, _ in chunk:
             t.rows, t.has_keep = keyless.KeylessRows() if t.table.keyless else {}, False
-        self.pending_rows = self.pending_bytes = 0
+        self.pending_rows = self.pending_bytes = self.held_rows = self.held_bytes = 0
         if not chunk:
             return
         if self.executor is None:

@@ -12,7 +12,7 @@
 #include <structmember.h>
 
 static PyObject *KIND_I, *KIND_U, *KIND_D;
-static PyObject *S_ROWS, *S_KEY_INDICES, *S_PENDING_ROWS, *S_PENDING_BYTES, *S_FLUSH;
+static PyObject *S_ROWS, *S_KEY_INDICES, *S_PENDING_ROWS, *S_PENDING_BYTES, *S_CHUNK_DUE;
 
 static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
@@ -231,7 +231,7 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
  *
  * assemble (assembler.py) offers it each Insert, Update or Delete message of an ordinary transaction before
  * decoding one itself: take(data) stages what PostgresApplier.change would stage for the Change, counts it
- * as change does (flushing at the applier's chunk limits), and returns True; or returns False, touching
+ * as change does (asking the applier's chunk_due at its step limits), and returns True; or returns False, touching
  * nothing, and the message goes the usual way (a Change to the player and the applier). It parses as
  * decode_row does and takes only what stage_row stages, only while `active` (the player clears it for
  * transactions already applied), and only for a relation whose Relation message the applier has already
@@ -239,7 +239,7 @@ static PyObject *stage_change(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 typedef struct {
     PyObject_HEAD
-    PyObject *applier;    /* the PostgresApplier: pending_rows, pending_bytes, flush() */
+    PyObject *applier;    /* the PostgresApplier: pending_rows, pending_bytes, chunk_due() */
     PyObject *relations;  /* assemble's Framing.relations: oid -> the Relation in force */
     PyObject *targets;    /* the applier's _rels: oid -> (Relation, TargetTable or None) */
     PyObject *unchanged;
@@ -359,7 +359,7 @@ static PyObject *sink_take(RowSink *self, PyObject *data) {
     Py_ssize_t pending_bytes = add_to(self->applier, S_PENDING_BYTES, len);
     if (pending_bytes < 0) return NULL;
     if (pending_rows >= self->chunk_rows || pending_bytes >= self->chunk_bytes) {
-        PyObject *r = PyObject_CallMethodNoArgs(self->applier, S_FLUSH);
+        PyObject *r = PyObject_CallMethodNoArgs(self->applier, S_CHUNK_DUE);
         if (r == NULL) return NULL;
         Py_DECREF(r);
     }
@@ -383,7 +383,7 @@ static PyTypeObject RowSinkType = {
     .tp_name = "sluicegate.postgres._pgoutput_rows.RowSink",
     .tp_basicsize = sizeof(RowSink),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "RowSink(applier, relations, targets, unchanged, chunk_rows, chunk_bytes)",
+    .tp_doc = "RowSink(applier, relations, targets, unchanged, step_rows, step_bytes)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)sink_init,
     .tp_dealloc = (destructor)sink_dealloc,
@@ -552,9 +552,9 @@ PyMODINIT_FUNC PyInit__pgoutput_rows(void) {
     S_KEY_INDICES = PyUnicode_InternFromString("key_indices");
     S_PENDING_ROWS = PyUnicode_InternFromString("pending_rows");
     S_PENDING_BYTES = PyUnicode_InternFromString("pending_bytes");
-    S_FLUSH = PyUnicode_InternFromString("flush");
+    S_CHUNK_DUE = PyUnicode_InternFromString("chunk_due");
     if (S_ROWS == NULL || S_KEY_INDICES == NULL || S_PENDING_ROWS == NULL || S_PENDING_BYTES == NULL ||
-        S_FLUSH == NULL)
+        S_CHUNK_DUE == NULL)
         return NULL;
     if (PyType_Ready(&RowSinkType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
