@@ -782,9 +782,11 @@ def test_slow_client_backpressure_and_throughput(pair, tmp_path):
         while time.monotonic() < deadline:
             samples.append((sent(), srv.rss_kb()))
             time.sleep(0.5)  # sampling a paused reader over time: there is no condition to wait for
+        # The standstill above is the backpressure; the transport's buffers may still grow after it (TCP's
+        # autotuning, gRPC's window: 3.7 MB moved during the sampling in two fresh-clone CI runs), so the
+        # position is not required to stand still while sampling: only to stay far behind the WAL's end.
         behind = [end - s for s, _ in samples]
         assert min(behind) > 30 * 2**20, [format_lsn(s) for s, _ in samples]
-        assert samples[0][0] == samples[-1][0]  # not reading on while the client pauses
         assert max(r for _, r in samples) < rss_before + 30 * 1024, (rss_before, samples)
         # The client goes away while the server waits to send: the server stops reading the source.
         stream.cancel()
