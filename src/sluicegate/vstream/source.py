@@ -52,7 +52,7 @@ from ..changes import change_pb2 as pb
 from ..changes import model as m
 from ..changes.segmenter import DEFAULT_THRESHOLD, Segmenter
 from ..ddl.message import PREFIX as DDL_PREFIX
-from ..errors import RetryableError, SluicegateError, UsageError
+from ..errors import RetryableError, UsageError
 from ..position import format_lsn
 from ..postgres import capture
 from ..postgres.assembler import Event, Framing, assemble
@@ -149,32 +149,16 @@ def transactions(source_url: str, client_id: str, position: int = 0, tables: Ite
     except BaseException:
         acks.close()
         raise
-    try:
-        with stream:
-            try:
-                yield from _read(stream, Segmenter(source_id, threshold, start, keep, published), start,
-                                 heartbeat_seconds, stop, acks)
-            except RetryableError:
-                with connect(source_url, role="source", autocommit=True) as ctl:
-                    _check_slot(ctl, name, client_id, start)  # a lost slot is terminal: say so, never skip ahead
-                raise
-            finally:
-                _confirm(stream, acks.close())
-    finally:
-        _confirmed_at_end(source_url, client_id, acks.latest())
-
-
-def _confirmed_at_end(source_url: str, client_id: str, position: int) -> None:
-    """The last acknowledgement on the slot once the stream let go of it. The stream sent it just before it
-    closed, but a walsender busy sending when its client goes away may exit without reading it: the slot is
-    then moved by SQL (acknowledge). Best effort, as _confirm: otherwise the client gets those transactions
-    again (whole) when it resumes."""
-    if not position:
-        return
-    try:
-        acknowledge(source_url, client_id, position)
-    except (SluicegateError, psycopg.Error) as exc:
-        log.info("slot of VStream client %s not confirmed up to %s: %s", client_id, format_lsn(position), exc)
+    with stream:
+        try:
+            yield from _read(stream, Segmenter(source_id, threshold, start, keep, published), start,
+                             heartbeat_seconds, stop, acks)
+        except RetryableError:
+            with connect(source_url, role="source", autocommit=True) as ctl:
+                _check_slot(ctl, name, client_id, start)  # a lost slot is terminal: say so, never skip ahead
+            raise
+        finally:
+            _confirm(stream, acks.close())
 
 
 def _confirm(stream: ChangeStream, position: int) -> None:
