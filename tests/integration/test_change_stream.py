@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from sluicegate.position import parse_lsn
+from sluicegate.position import format_lsn, parse_lsn
 from sluicegate.postgres import capture
 from sluicegate.postgres.replication import ChangeStream
 from tests.conftest import wait_for
@@ -55,4 +55,31 @@ def test_keepalives_and_replies_leave_the_slot_at_the_confirmed_position(pair):
             src.execute("INSERT INTO other VALUES (0)")
             wait_for(lambda: not list(stream.messages(100, idle=0.2, max_seconds=1)) and stream.wal_end > stream.boundary,
                      30, what="a keepalive past the commit")
+            assert _slot(src, slot) == stream.boundary
+
+
+def test_the_last_confirmation_reaches_the_slot_when_a_busy_stream_closes(pair):
+    """Closing with the server's data unread resets the connection, and the walsender's unread input (the
+    confirmation sent just before) goes with it: close ends the copy first, so the slot has it."""
+    slot = f"{pair.name}_slot"
+    pair.src("CREATE TABLE items (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE items")
+    with psycopg.connect(pair.source, autocommit=True) as src:
+        capture.ensure_slot(src, slot)
+        # Many transactions, ~40 MB of changes: far more than the socket's buffers hold.
+        for i in range(20):
+            src.execute("INSERT INTO items SELECT g, repeat('x', 200) FROM generate_series(%s::int, %s::int) g",
+                        (i * 10_000 + 1, (i + 1) * 10_000))
+        for _round in range(5):  # the race is the kernel's: each round is a fresh chance to lose it
+            with ChangeStream(pair.source, slot, "pub", _slot(src, slot)) as stream:
+                before = stream.boundary
+                for _ in stream.messages(10_001, idle=5, max_seconds=30):
+                    pass  # ends at the first commit after 10,001 messages: one transaction
+                assert stream.boundary > before
+                # Wait until the walsender is blocked on a full socket: its input is then read only between
+                # writes, the case a close used to lose.
+                wait_for(lambda: src.execute(
+                    "SELECT sent_lsn > %s::pg_lsn FROM pg_stat_replication WHERE application_name = 'sluicegate'",
+                    (format_lsn(stream.boundary + 1_000_000),)).fetchone()[0], 30, what="the walsender far ahead")
+                stream.confirm(stream.boundary)
+            wait_for(lambda: capture.slot_info(src, slot).active_pid is None, 30, what="the walsender gone")
             assert _slot(src, slot) == stream.boundary

@@ -43,6 +43,7 @@ STREAM_START, STREAM_STOP, STREAM_COMMIT = ord("S"), ord("E"), ord("c")
 _FRAMING = frozenset((BEGIN, COMMIT, STREAM_START, STREAM_STOP, STREAM_COMMIT))  # a row's message is none
 _END_LSN = struct.Struct(">Q")
 _OBJECT_IN_USE = b"55006"  # the slot is active for another process
+_END_WAIT = 5.0  # seconds a closing stream waits for the walsender to end the copy too
 _XLOG_DATA, _XLOG_HEADER, _DATA_START = walsender.XLOG_DATA, walsender.XLOG_HEADER, walsender.START.unpack_from
 
 
@@ -201,7 +202,34 @@ class ChangeStream:
             self.confirmed = position
 
     def close(self) -> None:
-        self.pg.finish()  # a broken connection too: nothing to tell
+        """End the stream so that the walsender reads what was sent to it last (the newest confirmation), then
+        close. Closing with the server's data still unread makes the kernel reset the connection, and the
+        walsender's unread input (that confirmation) goes with it: the slot would stay at the one before."""
+        try:
+            if self.pg.status == pq.ConnStatus.OK and self.pg.transaction_status == pq.TransactionStatus.ACTIVE:
+                self.pg.put_copy_end()
+                self.pg.flush()
+                self._drain(time.monotonic() + _END_WAIT)
+        except psycopg.OperationalError:
+            pass  # a broken connection: nothing more to tell
+        finally:
+            self.pg.finish()
+
+    def _drain(self, deadline: float) -> None:
+        """Read and drop what the server still sends until it ends the copy too (its replies to us are read in
+        order before our end), or until `deadline`."""
+        pg = self.pg
+        while True:
+            n, _ = pg.get_copy_data(1)
+            if n < 0:  # its end: it had read ours, and what came before it
+                return
+            if n > 0:
+                continue
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                return
+            select.select([pg.socket], [], [], wait)
+            pg.consume_input()
 
     def __enter__(self) -> Self:
         return self
