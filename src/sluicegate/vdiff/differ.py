@@ -35,6 +35,7 @@ from ..workflow import state as st
 from ..workflow import stream_control
 from . import store
 from .compare import RangeTask, compare_range, text_compared_columns, text_hashed_columns
+from .labels import label, parts
 from .rule_compare import RuleRanges, compare_rule_ranges
 
 log = logging.getLogger("sluicegate")
@@ -70,7 +71,7 @@ def entries(wf: st.Workflow) -> dict[str, tuple[st.Stream, st.TableState]]:
     """What a vdiff compares, by name: each stream's tables ('public.t', or 'public.t <- -80' per source
     shard in a Reshard)."""
     several = len(wf.streams) > 1 or wf.kind == "Reshard"
-    return {(f"{t.table.qualified} <- {s.source_shard}" if several else t.table.qualified): (s, t)
+    return {label(t.table.qualified, s.source_shard if several else None): (s, t)
             for s in wf.streams for t in s.tables}
 
 
@@ -81,8 +82,7 @@ def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
         return known
     chosen = []
     for name in names:
-        match = [q for q in known if name in (q, q.split(".", 1)[1], q.split(" <- ")[0],
-                                              q.split(" <- ")[0].split(".", 1)[1])]
+        match = [q for q in known if name in (q, q.split(".", 1)[1], parts(q)[0], parts(q)[0].split(".", 1)[1])]
         if not match:
             hint = did_you_mean(name, known + [q.split(".", 1)[1] for q in known]) or f"; it has {', '.join(known)}"
             raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")

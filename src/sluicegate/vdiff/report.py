@@ -10,6 +10,7 @@ from rich.table import Table as RichTable
 from ..names import shown
 from ..position import format_lsn
 from . import store
+from .labels import label, parts
 
 
 def build(conn: psycopg.Connection, vdiff_id: int) -> dict:
@@ -74,8 +75,8 @@ def render(console: Console, report: dict, *, verdict: bool = True) -> None:
 
 def shown_name(name: str) -> str:
     """A report's table as SQL writes its name; a keyspace source's shard after it ('public.t <- -80')."""
-    table, sep, shard = name.partition(" <- ")  # (differ.py's label of a source shard's stream)
-    return shown(table) + (f" <- {shard}" if sep else "")
+    table, shard = parts(name)
+    return label(shown(table), shard)
 
 
 def _row(values: dict) -> str:
