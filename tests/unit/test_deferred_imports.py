@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 from functools import cache
 
-from .test_import_graph import SRC, _modules
+from .test_import_graph import SRC, _modules, import_origin
 
 # What starts on the clock: the command line (before Spark's JVM starts), the engine (while it starts), and a
 # copy task in a Python worker.
@@ -22,13 +22,6 @@ ENTRY_POINTS = ("sluicegate.cli.main", "sluicegate.workflow.engine", "sluicegate
 
 # (module, name) imported inside functions on purpose though nothing heavier loads with it: the reason.
 KNOWN: dict[tuple[str, str], str] = {}
-
-
-def _origin(here: str, package: bool, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    base = here.split(".") if package else here.split(".")[:-1]
-    return ".".join(base[:len(base) - (node.level - 1)] + ([node.module] if node.module else []))
 
 
 def _runs_at_import(tree: ast.Module):
@@ -63,7 +56,7 @@ def _direct() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         inner[here] |= {".".join(parts[:i]) for i in range(2, len(parts))}
         for node in _runs_at_import(tree):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("sluicegate")):
-                origin = _origin(here, package, node)
+                origin = import_origin(here, package, node)
                 for alias in node.names:
                     name = f"{origin}.{alias.name}"
                     inner[here].add(name if name in modules else origin)
@@ -117,7 +110,7 @@ def movable_imports() -> list[str]:
                 continue
             for node in fn.body:
                 if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("sluicegate")):
-                    origin = _origin(here, package, node)
+                    origin = import_origin(here, package, node)
                     candidates.append((node, origin))
                     for alias in node.names:
                         sources[alias.asname or alias.name].add(f"{origin}.{alias.name}")

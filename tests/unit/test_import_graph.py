@@ -37,13 +37,21 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 
 
 @cache  # (read once for all the tests; none changes it)
+def import_origin(here: str, package: bool, imp: ast.ImportFrom) -> str:
+    """The module a `from ... import` in module `here` (a package's __init__ when `package`) names: relative
+    ones from the importer's package, one level up per extra dot."""
+    if not imp.level:
+        return imp.module or ""
+    base = here.split(".") if package else here.split(".")[:-1]
+    return ".".join(base[:len(base) - (imp.level - 1)] + ([imp.module] if imp.module else []))
+
+
 def module_edges() -> dict[tuple[str, str], list[str]]:
     """(importer, imported) modules of sluicegate, without the 'sluicegate.' prefix -> the places of each import
     ('cluster/create.py:23', '... (in def)')."""
     modules = _modules()
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for here, (path, package) in sorted(modules.items()):
-        parts = here.split(".")
         tree = ast.parse(path.read_text(), filename=str(path))
         in_def = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                   for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}
@@ -51,10 +59,7 @@ def module_edges() -> dict[tuple[str, str], list[str]]:
             if isinstance(imp, ast.Import):
                 names = [alias.name for alias in imp.names]
             elif isinstance(imp, ast.ImportFrom):
-                origin = imp.module or ""
-                if imp.level:  # relative: from the importer's package, one level up per extra dot
-                    base = parts if package else parts[:-1]
-                    origin = ".".join(base[:len(base) - (imp.level - 1)] + ([imp.module] if imp.module else []))
+                origin = import_origin(here, package, imp)
                 # `from .x import name`: module x, or x.name when that is a module (`from . import state`)
                 names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin for a in imp.names]
             else:
