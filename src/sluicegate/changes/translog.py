@@ -327,9 +327,6 @@ class TranslogApplier:
 
     position = last_position  # the Applier protocol's name: where `sluicegate vstream` resumes
 
-    def current_file(self) -> str:
-        return os.path.join(self.dir, file_name(self._number))
-
     def close(self) -> None:
         if self._file is not None:
             self._file.flush()

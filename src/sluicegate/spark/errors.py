@@ -14,11 +14,6 @@ _DATA_CLASSES = ("22", "38")
 _VALUE_PARAMETERS = ("expression", "value", "input", "str")
 
 
-def sql_state(exc: BaseException) -> str | None:
-    """The SQLSTATE of a Spark error (PySpark's own, or of the first Java exception in its causes)."""
-    return spark_error_info(exc).sqlstate
-
-
 def is_data_error(exc: BaseException) -> bool:
     info = spark_error_info(exc)
     return (info.sqlstate is not None and info.sqlstate[:2] in _DATA_CLASSES) or \

@@ -22,7 +22,6 @@ class ProgressGroup:
 class Target:
     kind = ""  # "postgres", "delta"
     has_standbys = True  # a database whose physical standbys a source position may wait for
-    takes_rules = True  # rows may be written through a rule (Materialize, --rule)
     probed = True  # preflight probes its rights as a database (preflight/)
     takes_keyspace = True  # a sink of a keyspace source (a stream per source shard)
 

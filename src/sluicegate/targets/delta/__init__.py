@@ -33,7 +33,6 @@ def _sink_kind():
 class DeltaTarget(Target):
     kind = "delta"
     has_standbys = False  # its files are durable once written
-    takes_rules = True
     probed = False
     takes_keyspace = False
 

@@ -59,14 +59,6 @@ def lake_path(target: str) -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def is_lake(target: str | None) -> bool:
-    return bool(target) and target.startswith(PREFIX)
-
-
-def table_path(root: Path, qualified_schema: str, name: str) -> Path:
-    return root / qualified_schema / name
-
-
 def app_id(workflow: str) -> str:
     """The app transaction id every commit of this workflow's changes carries."""
     return f"sluicegate:{workflow}"
