@@ -15,6 +15,7 @@ import pytest
 from psycopg import sql
 
 from sluicegate.errors import RetryableError
+from sluicegate.postgres import passthrough
 from sluicegate.postgres.catalog import describe_table
 from sluicegate.postgres.connect import connect
 from sluicegate.targets.delta import copy
@@ -108,3 +109,19 @@ def test_a_snapshot_gone_is_retryable(pair):
         table = describe_table(c, "public", "t")
     with pytest.raises(RetryableError, match="snapshot 00000003-0000001B-1 is gone"):
         next(copy.snapshot_batches(pair.source, "00000003-0000001B-1", table, sql.SQL("true")))
+
+
+def test_the_copy_s_rows_are_told_before_its_last_blocks_are_handed_over(pair):
+    """A task's source session says its rows once its COPY has ended (the server no longer counts them) while
+    the blocks read ahead are still to be written: copy_blocks calls `ended` with the COPY's rows then."""
+    calls: list[int] = []
+    conn = passthrough.connect(pair.source, "source")
+    try:
+        seen = [(len(calls), block.count(b"\n")) for block in passthrough.copy_blocks(
+            conn, "COPY (SELECT g, repeat('x', 100) FROM generate_series(1, 50000) g) TO STDOUT", 100_000,
+            calls.append)]
+    finally:
+        conn.close()
+    assert calls == [50_000]
+    assert sum(rows for _, rows in seen) == 50_000 and len(seen) > 10
+    assert seen[0][0] == 0 and seen[-1][0] == 1  # not before the first block (5 MB, 3 blocks read ahead), before the last

@@ -99,13 +99,14 @@ def test_one_cycle_copy_moves_at_its_real_rate(pair, tmp_path):
 
 def test_delta_run_writes_progress_lines(pair, tmp_path):
     pair.src("CREATE TABLE big (id bigint PRIMARY KEY, qty int NOT NULL, note text)")
-    # ~250-byte notes: the 2 tasks read 300k narrow rows in ~0.3 s, too quick for lines 0.1 s apart to see
-    # the count move in between
-    pair.src("INSERT INTO big SELECT g, 0, repeat(md5(g::text), 8) FROM generate_series(1, 300000) g")
+    # ~250-byte notes, 75 MB a task: a task reads a few blocks (24 MB) ahead of what it writes, and the count
+    # (rows read) then moves a block at a time as the writing frees one; narrow rows or small tasks are read
+    # whole at once, too quick for lines 0.1 s apart to see the count move in between
+    pair.src("INSERT INTO big SELECT g, 0, repeat(md5(g::text), 8) FROM generate_series(1, 600000) g")
     pair.src("ANALYZE big")
     target = f"delta:{tmp_path / 'lake'}"
     # one cycle of 2 tasks: the rows move as the tasks read them, not only when one ends
-    lake.create("d", pair.source, target, None, None, [], {"chunk_rows": 150_000})
+    lake.create("d", pair.source, target, None, None, [], {"chunk_rows": 300_000})
     out, log = tmp_path / "stdout", tmp_path / "driver.log"
     proc = driver("d", target, out, log, interval="0.1")
     try:
@@ -119,8 +120,8 @@ def test_delta_run_writes_progress_lines(pair, tmp_path):
     text = out.read_text()
     assert re.search(r"INFO sluicegate\.progress: stream 1: Copying", text), text
     copied = COPIED.search(text)
-    assert copied and number(copied[2]) == number(copied[3]) == 300_000, text
-    during = sorted({number(m[1]) for m in COPY.findall(text)} - {0, 300_000})
+    assert copied and number(copied[2]) == number(copied[3]) == 600_000, text
+    during = sorted({number(m[1]) for m in COPY.findall(text)} - {0, 600_000})
     # The rows move as the tasks read them: counted only as tasks end, two tasks show one count between 0 and
     # the whole (the first to end's), whatever their sizes
     assert len(during) >= 2, text

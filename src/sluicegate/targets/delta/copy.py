@@ -95,21 +95,13 @@ def snapshot_batches(source_url: str, snapshot: str, table: Table, where: sql.Co
             raise snapshot_gone(snapshot, describe_conn(src)) from None
         if label:  # no statement can run during the COPY: the server counts its rows (pg_stat_progress_copy)
             src.cursor().execute("SELECT set_config('application_name', %s, false)", (source_label(label, 0),))
-        # One block held back: once the COPY has ended the server no longer counts its rows, and the session's
-        # name must say them (all of them) before the last batch is written.
-        held, rows = None, 0
-        for block in passthrough.copy_blocks(src, copy.as_string(None), BLOCK_BYTES):
-            if held is not None:
-                batch = _batch(into, schema, len(read), held)
-                rows += batch.num_rows
-                yield batch
-            held = block
-        if held is not None:
-            batch = _batch(into, schema, len(read), held)
-            if label:
-                src.cursor().execute("SELECT set_config('application_name', %s, false)",
-                                     (source_label(label, rows + batch.num_rows),))
-            yield batch
+        def ended(rows: int) -> None:
+            # The server counts a COPY's rows while it runs; the blocks read ahead are written after it ended, and
+            # the session's name says their rows until then.
+            src.cursor().execute("SELECT set_config('application_name', %s, false)", (source_label(label, rows),))
+
+        for block in passthrough.copy_blocks(src, copy.as_string(None), BLOCK_BYTES, ended if label else None):
+            yield _batch(into, schema, len(read), block)
         if label:  # before the task's result adds its rows to the cycle's counter: never counted twice
             src.cursor().execute("SELECT set_config('application_name', 'sluicegate', false)")
         src.rollback()
