@@ -111,6 +111,12 @@ def flushed(pair) -> int:
     return parse_lsn(pair.src("SELECT pg_current_wal_flush_lsn()::text")[0][0])
 
 
+def inserted(pair) -> int:
+    """The end of the WAL written so far, flushed or not: a ROLLBACK's abort record is not flushed when it is
+    written (the WAL writer flushes it within wal_writer_delay), and a walsender sends only flushed WAL."""
+    return parse_lsn(pair.src("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+
+
 def confirmed(pair, client_id: str) -> int:
     rows = pair.src("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                     (SLOT.format(client_id),))
@@ -638,8 +644,9 @@ def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
             wait_for(lambda out=out: last in [x for x, _ in complete_json(json_lines(out))], timeout=120,
                      what=f"the last transaction in {out.name}")
         # Transactions rolled back after the last commit end later in the WAL: the clients have them all once a
-        # heartbeat (never taken inside a transaction still being sent) passes the writer's end.
-        end = flushed(pair)
+        # heartbeat (never taken inside a transaction still being sent) passes the writer's end, its last abort
+        # record included.
+        end = inserted(pair)
         for out in (run2, other):
             wait_for(lambda out=out: any(parse_lsn(j["heartbeat"]["position"]) >= end
                                          for j in json_lines(out) if "heartbeat" in j),
@@ -662,12 +669,12 @@ def test_resume_after_kill_9_of_the_cli_client(pair, tmp_path):
     # A rolled-back transaction appears only when it was streamed before its end, and then ends in ROLLBACK
     # (unless the kill cut run 1 short of its end). A streamed transaction is sent while it is in progress,
     # between transactions that commit meanwhile: the one the kill cut short need not be run 1's last.
-    for out in (lines, json_lines(run2), json_lines(other)):
+    for name, out in (("run 1", lines), ("run 2", json_lines(run2)), ("other", json_lines(other))):
         for xid in set(writer.rolled_back) & {j.get("transaction_id") for j in out}:
             mine = [j for j in out if j.get("transaction_id") == xid]
             assert all(j["streamed"] for j in mine)
             ends = [[s["type"] for s in j["statements"]] for j in mine if j["end_segment"]]
-            assert ends == [["ROLLBACK"]] or (out is lines and not ends), mine[-1]
+            assert ends == [["ROLLBACK"]] or (out is lines and not ends), (name, mine[-1])
 
 
 # -- reconnect after kill -9 of the server; backpressure; throughput ----------------------------------
