@@ -113,7 +113,7 @@ def test_a_snapshot_gone_is_retryable(pair):
 
 def test_the_copy_s_rows_are_told_before_its_last_blocks_are_handed_over(pair):
     """A task's source session says its rows once its COPY has ended (the server no longer counts them) while
-    the blocks read ahead are still to be written: copy_blocks calls `ended` with the COPY's rows then."""
+    the blocks read ahead are still to be written: copy_blocks calls `on_end` with the COPY's rows then."""
     calls: list[int] = []
     conn = passthrough.connect(pair.source, "source")
     try:

@@ -91,16 +91,16 @@ def pipe(source, select: str, target, insert: str) -> int:
     return rows
 
 
-def copy_blocks(conn, select: str, size: int, ended=None) -> Iterator[bytes]:
+def copy_blocks(conn, select: str, size: int, on_end=None) -> Iterator[bytes]:
     """Run `select` (a COPY … TO STDOUT) on `conn` and yield its output in blocks of about `size` bytes, each
     ending where a row ends (PostgreSQL sends one CopyData message a row; psycopg2 one write() each).
     psycopg2 runs the COPY's loop in C, while psycopg 3 runs several Python frames a row (twice the client's
     CPU on narrow rows): the loop runs in a thread that hands whole blocks over through a queue of one, so at
     most three blocks are held whatever the COPY's size, and a consumer that stops early cancels the COPY.
-    The source's errors come out as raised (psycopg2's, with their SQLSTATE). `ended(rows)`: called on `conn`'s
+    The source's errors come out as raised (psycopg2's, with their SQLSTATE). `on_end(rows)`: called on `conn`'s
     thread as soon as the COPY has ended, with the rows it sent, before its last blocks are handed over."""
     handed: queue.Queue = queue.Queue(maxsize=1)
-    sink = _BlockSink(handed, size, ended)
+    sink = _BlockSink(handed, size, on_end)
     producer = threading.Thread(target=sink.run, args=(conn, select), name="sg-copy-out", daemon=True)
     producer.start()
     ended = False
@@ -128,8 +128,8 @@ class _Stopped(Exception):
 class _BlockSink:
     """The file object copy_expert writes the COPY's rows to: whole blocks go to `handed`, then None."""
 
-    def __init__(self, handed: queue.Queue, size: int, ended=None):
-        self.handed, self.size, self.ended = handed, size, ended
+    def __init__(self, handed: queue.Queue, size: int, on_end=None):
+        self.handed, self.size, self.on_end = handed, size, on_end
         self.stopped = threading.Event()
         self.block = io.BytesIO()
 
@@ -148,8 +148,8 @@ class _BlockSink:
         try:
             cur = conn.cursor()
             cur.copy_expert(select, self, size=_BLOCK)
-            if self.ended is not None:
-                self.ended(cur.rowcount)
+            if self.on_end is not None:
+                self.on_end(cur.rowcount)
             if self.block.tell():
                 self._hand_over()
             self.handed.put(None)
