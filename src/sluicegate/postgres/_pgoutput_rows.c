@@ -243,23 +243,23 @@ typedef struct {
     PyObject *relations;  /* assemble's Framing.relations: oid -> the Relation in force */
     PyObject *targets;    /* the applier's _rels: oid -> (Relation, TargetTable or None) */
     PyObject *unchanged;
-    Py_ssize_t chunk_rows, chunk_bytes;
+    Py_ssize_t step_rows, step_bytes;
     char active;
     Py_ssize_t taken;
 } RowSink;
 
 static int sink_init(RowSink *self, PyObject *args, PyObject *kwds) {
     PyObject *applier, *relations, *targets, *unchanged;
-    Py_ssize_t chunk_rows, chunk_bytes;
+    Py_ssize_t step_rows, step_bytes;
     if (!PyArg_ParseTuple(args, "OO!O!Onn:RowSink", &applier, &PyDict_Type, &relations, &PyDict_Type, &targets,
-                          &unchanged, &chunk_rows, &chunk_bytes))
+                          &unchanged, &step_rows, &step_bytes))
         return -1;
     Py_INCREF(applier); Py_XSETREF(self->applier, applier);
     Py_INCREF(relations); Py_XSETREF(self->relations, relations);
     Py_INCREF(targets); Py_XSETREF(self->targets, targets);
     Py_INCREF(unchanged); Py_XSETREF(self->unchanged, unchanged);
-    self->chunk_rows = chunk_rows;
-    self->chunk_bytes = chunk_bytes;
+    self->step_rows = step_rows;
+    self->step_bytes = step_bytes;
     self->active = 0;
     self->taken = 0;
     return 0;
@@ -358,7 +358,7 @@ static PyObject *sink_take(RowSink *self, PyObject *data) {
     if (pending_rows < 0) return NULL;
     Py_ssize_t pending_bytes = add_to(self->applier, S_PENDING_BYTES, len);
     if (pending_bytes < 0) return NULL;
-    if (pending_rows >= self->chunk_rows || pending_bytes >= self->chunk_bytes) {
+    if (pending_rows >= self->step_rows || pending_bytes >= self->step_bytes) {
         PyObject *r = PyObject_CallMethodNoArgs(self->applier, S_CHUNK_DUE);
         if (r == NULL) return NULL;
         Py_DECREF(r);
