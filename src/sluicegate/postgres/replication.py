@@ -219,17 +219,13 @@ class ChangeStream:
         """Read and drop what the server still sends until it ends the copy too (its replies to us are read in
         order before our end), or until `deadline`."""
         pg = self.pg
-        while True:
+        while (wait := deadline - time.monotonic()) > 0:  # (a server still sending is also bounded by it)
             n, _ = pg.get_copy_data(1)
             if n < 0:  # its end: it had read ours, and what came before it
                 return
-            if n > 0:
-                continue
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                return
-            select.select([pg.socket], [], [], wait)
-            pg.consume_input()
+            if n == 0:
+                select.select([pg.socket], [], [], wait)
+                pg.consume_input()
 
     def __enter__(self) -> Self:
         return self
