@@ -149,7 +149,7 @@ def big_transaction(pair, tmp_path, rows: int, stage_rows: int) -> dict:
     wf = store.load("big")
     for q in tables:
         assert DeltaTable(str(root / "public" / q[7:])).transaction_version(app_id("big")) == wf.table(q).applied
-    assert not any((root / "_sluicegate" / "staging").glob("**/*.parquet"))  # the batch's files are gone
+    assert not any((root / "_sluicegate" / "staging").rglob("*"))  # the batch's files are gone
     python = max(v for k, v in peaks.items() if k.startswith("python"))
     print(f"\nbig transaction {2 * rows} rows, stage_rows {stage_rows}: peak RSS python {python >> 20} MiB, "
           f"per process {json.dumps({k: v >> 20 for k, v in peaks.items()})}")

@@ -2,7 +2,7 @@
 
 A frame has the table's columns as PostgreSQL text (`c0`…), `_op` ('U' upsert, 'D' delete: the key alone) and
 `_keep` (the columns whose value is the Delta table's own: unchanged TOAST), one row per key. It is what
-apply.NetEffect merges, what staging.py writes to Parquet and reads back.
+apply.NetEffect merges, what staging.py writes to files and reads back.
 
 `log_frame` folds a log of changes in source order into a frame: the last change of each key wins, and an
 update that changed the key deletes the old key first. That is NetEffect's per-row rule whenever no value is

@@ -7,7 +7,9 @@ by a hash of the key, then forgets it. Every change of a key lands in the same p
 At commit, the partitions are folded one at a time (a later generation's state of a key wins; a column the
 later one kept from "before" takes the earlier generation's value) and streamed to delta-rs as the MERGE's
 source: one commit per table, with memory bounded by a partition, not by the transaction. Staged files are
-the batch's alone: a new batch (or a restart after kill -9) removes what a previous one left.
+the batch's alone: a new batch (or a restart after kill -9) removes what a previous one left. They are Arrow
+IPC files compressed with LZ4: written once and read once by the same task, they need Arrow's own layout, not
+Parquet's encodings (bench/README.md, "staging as Arrow IPC").
 
 A lake on an object store (a URI root) stages in the task's local temporary directory instead: the task that
 writes a batch's staged files is the one that reads them back, within that batch, so they need no store.
@@ -22,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+from pyarrow import feather
 
 from . import netframe
 from .apply import NetEffect
@@ -68,9 +70,12 @@ class Spill:
         self.bounds = bounds if self.bounds is None else netframe.widest(self.bounds, bounds)
         self.dir.mkdir(parents=True, exist_ok=True)
         for p, part in netframe.split(effect.table, frame, PARTITIONS).items():
-            pq.write_table(part, self.dir / f"p{p:03d}-g{self.generations:06d}.parquet", compression="zstd")
+            feather.write_feather(part, self._file(p, self.generations), compression="lz4")
         self.generations += 1
         effect.clear()
+
+    def _file(self, partition: int, generation: int) -> Path:
+        return self.dir / f"p{partition:03d}-g{generation:06d}.arrow"
 
     def discard(self) -> None:
         """A TRUNCATE: nothing staged before it counts."""
@@ -87,9 +92,9 @@ class Spill:
         for p in range(PARTITIONS):
             pieces = []
             for g in range(self.generations):
-                path = self.dir / f"p{p:03d}-g{g:06d}.parquet"
+                path = self._file(p, g)
                 if path.exists():
-                    pieces.append(_widened(pq.read_table(path), n, self.pads, self.pad_keep))
+                    pieces.append(_widened(feather.read_table(path, memory_map=False), n, self.pads, self.pad_keep))
             if p in memory:
                 pieces.append(memory[p])
             if not pieces:
