@@ -80,6 +80,9 @@ SETTINGS: tuple[Setting, ...] = (
     _opt("on_ddl", "str", "stop", "what a stream does with a captured DDL statement: stop, ignore, exec, "
                                   "exec-ignore", "--on-ddl"),
     _opt("stage_rows", "int", 50_000, "a Delta target: changes a batch holds in memory before staging them"),
+    # Rows may be wide (a TOASTed document is sent whole): bytes bound what a batch holds as well as changes.
+    _opt("stage_bytes", "size", 64 << 20, "a Delta target: bytes of changes (as the source sends them) a batch "
+                                         "holds in memory before staging them"),
     _opt("commit_every", "float", 30.0, "a Delta target: least seconds between two commits of changes",
          "--commit-every"),
     _opt("optimize_every", "float", 300.0, "a Delta target: seconds between compactions (0: never)",
@@ -251,6 +254,7 @@ class Settings:
     idle_poll: float = default("idle_poll")
     defer_indexes: bool = default("defer_indexes")
     stage_rows: int = default("stage_rows")
+    stage_bytes: int = default("stage_bytes")
     commit_every: float = default("commit_every")
     optimize_every: float = default("optimize_every")
     vacuum_every: float = default("vacuum_every")

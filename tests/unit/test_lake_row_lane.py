@@ -66,9 +66,9 @@ class _Tables:
         self.markers, self.fills = {}, {}
 
 
-def _read(tmp_path, fast: bool, stage_rows: int):
+def _read(tmp_path, fast: bool, stage_rows: int, stage_bytes: int):
     root = tmp_path / ("fast" if fast else "events")
-    task = player.LakePlayTask(f"delta:{root}", "w", 0, stage_rows=stage_rows)
+    task = player.LakePlayTask(f"delta:{root}", "w", 0, stage_rows=stage_rows, stage_bytes=stage_bytes)
     batch = player._read_batch(task, _Stream(_messages()), Framing(), _Tables(str(root)), 0, 10_000, fast=fast)
     state = {}
     for q, effect in batch.effects.items():
@@ -79,15 +79,16 @@ def _read(tmp_path, fast: bool, stage_rows: int):
     return batch, state
 
 
-@pytest.mark.parametrize("stage_rows", [1_000, 7])
-def test_the_lane_folds_stages_and_counts_as_the_event_path(tmp_path, stage_rows):
-    fast, fast_state = _read(tmp_path, True, stage_rows)
-    slow, slow_state = _read(tmp_path, False, stage_rows)
+@pytest.mark.parametrize(("stage_rows", "stage_bytes"), [(1_000, 1 << 20), (7, 1 << 20), (1_000, 400)])
+def test_the_lane_folds_stages_and_counts_as_the_event_path(tmp_path, stage_rows, stage_bytes):
+    """In memory; staged every 7 changes; staged every 400 bytes of messages (~15 changes)."""
+    fast, fast_state = _read(tmp_path, True, stage_rows, stage_bytes)
+    slow, slow_state = _read(tmp_path, False, stage_rows, stage_bytes)
     assert fast_state == slow_state
     assert (fast.rows, fast.position, fast.limited) == (slow.rows, slow.position, slow.limited)
     assert fast.rows == 6 + (30 + 2 + 6 + 1) + (15 + 3 + 1)  # t's five of transaction 700 are skipped
     t_rows, _, _, generations = fast_state["public.t"]
-    assert (generations > 0) == (stage_rows == 7)
+    assert (generations > 0) == (stage_rows == 7 or stage_bytes == 400)
     assert t_rows[("3",)] == ("U", ("3", "y", "t3"), frozenset())  # the TOAST value from the insert
     assert t_rows[("9",)][0] == t_rows[("5",)][0] == "D" and t_rows[("40",)][1] == ("40", "y", "moved")
     assert ("0",) in t_rows and t_rows[("0",)][1] == ("0", "z", "after")

@@ -246,6 +246,7 @@ class LakeEngine(StreamLoop):
             return
         task = LakePlayTask(self.target, wf.name, wf.position, max_seconds=min(slice_seconds, until_due),
                             batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
+                            stage_bytes=settings.stage_bytes,
                             commit_every=settings.commit_every)
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
 

@@ -59,6 +59,7 @@ class LakePlayTask:
     max_seconds: float = float("inf")
     batch_changes: int = 20_000
     stage_rows: int = 50_000  # changes a batch holds in memory before it stages them to files (staging.py)
+    stage_bytes: int = 64 << 20  # ... or bytes of those changes' messages, whichever comes first
     batch_seconds: float = 0.2
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
@@ -240,6 +241,7 @@ class _Batch:
     reshaped: dict = None
     spills: dict = None  # "schema.table" -> staging.Spill of a table whose effect was staged
     in_memory: int = 0  # changes folded since the last staging
+    in_memory_bytes: int = 0  # ... and the bytes of their messages
     merged: list = None  # the tables that committed the batch
     transactions: int = 0
     ends: str = ""
@@ -255,7 +257,7 @@ def _stage(root, workflow: str, batch: _Batch) -> None:
         if spill is None:
             spill = batch.spills[q] = staging.Spill(staging.staging_dir(root, workflow) / q)
         spill.write(effect)
-    batch.in_memory = 0
+    batch.in_memory = batch.in_memory_bytes = 0
 
 
 def _point_here(root, workflow: str, tables: _Tables, position: int) -> None:
@@ -299,7 +301,8 @@ class _RowLane:
         batch = self.batch
         batch.rows += 1
         batch.in_memory += 1
-        if batch.in_memory >= self.task.stage_rows:
+        batch.in_memory_bytes += len(data)
+        if batch.in_memory >= self.task.stage_rows or batch.in_memory_bytes >= self.task.stage_bytes:
             _stage(self.tables.root, self.tables.workflow, batch)
         return True
 
@@ -352,7 +355,8 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                 effect.add(ev.kind, _in_order(order[2], ev.old), _in_order(order[2], ev.new))
             batch.rows += 1
             batch.in_memory += 1
-            if batch.in_memory >= task.stage_rows:
+            batch.in_memory_bytes += ev.size
+            if batch.in_memory >= task.stage_rows or batch.in_memory_bytes >= task.stage_bytes:
                 _stage(tables.root, tables.workflow, batch)
         elif isinstance(ev, Commit):
             if not reader.earlier:

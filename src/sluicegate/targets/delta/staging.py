@@ -1,12 +1,14 @@
-"""A batch's net effect on one table, spilled to Parquet files once it grows (guarantee 5: bounded memory).
+"""A batch's net effect on one table, spilled to files once it grows (guarantee 5: bounded memory).
 
 A big source transaction cannot be cut (its commits to Delta are one per table), so the player folds its changes
-into a `NetEffect` and, each time the batch holds `stage_rows` changes in memory, writes each table's net
-effect so far as one *generation* of files under PATH/_sluicegate/staging/<W>/<table>/, split into partitions
-by a hash of the key, then forgets it. Every change of a key lands in the same partition, in generation order.
+into a `NetEffect` and, each time the batch holds `stage_rows` changes (or `stage_bytes` of their messages) in
+memory, writes each table's net effect so far as one *generation* of files under
+PATH/_sluicegate/staging/<W>/<table>/, split into partitions by a hash of the key, then forgets it. Every change
+of a key lands in the same partition, in generation order.
 At commit, the partitions are folded one at a time (a later generation's state of a key wins; a column the
 later one kept from "before" takes the earlier generation's value) and streamed to delta-rs as the MERGE's
-source: one commit per table, with memory bounded by a partition, not by the transaction. Staged files are
+source: one commit per table, the staged side held one partition at a time (delta-rs's MERGE itself holds more
+of a larger source: bench/README.md, "staging by bytes"). Staged files are
 the batch's alone: a new batch (or a restart after kill -9) removes what a previous one left. They are Arrow
 IPC files compressed with LZ4: written once and read once by the same task, they need Arrow's own layout, not
 Parquet's encodings (bench/README.md, "staging as Arrow IPC").
