@@ -292,7 +292,10 @@ class _RowLane:
         self.task, self.tables, self.batch = task, tables, batch
 
     def take(self, data: bytes) -> bool:
-        relid = _RELID(data, 1)[0]
+        try:
+            relid = _RELID(data, 1)[0]
+        except struct.error:  # too short: the event path's decoder says what is wrong with it
+            return False
         entry = self.ready.get(relid)
         if entry is None or self.rels.get(relid) is not entry[0]:
             return False

@@ -191,12 +191,14 @@ def _play_to(target: str, wf, held: int, position: int, runner, stop) -> None:
     """The vdiff's own play of the stream (no driver runs) to the position it set, by the driver's player:
     the socket player, or the rule player for a workflow written through rules (engine.replicate_step's
     choice). It returns once the stream stopped there; _wait_stopped says if it did not."""
+    settings = Settings.from_options(wf.options, f"workflow {wf.name}")
     if rule_player.takes(wf):
         engine = LakeEngine(target, wf.name, runner, stop=stop)  # the vdiff holds the run lock for it
-        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         rule_player.play(engine, wf, settings.batch_changes, POINT_SECONDS)
         return
-    result = runner.map(play, [LakePlayTask(target, wf.name, held)],
+    task = LakePlayTask(target, wf.name, held, batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
+                        stage_bytes=settings.stage_bytes)  # the workflow's own bounds, as the driver's play
+    result = runner.map(play, [task],
                         f"vdiff {wf.name}: play to {format_lsn(position)}")[0]
     log.debug("vdiff %s: %s", wf.name, result.interrupted)
 
