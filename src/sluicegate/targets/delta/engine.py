@@ -244,10 +244,8 @@ class LakeEngine(StreamLoop):
         if rule_player.takes(wf):  # through the rules: a Spark job a batch, driven from here
             rule_player.play(self, wf, settings.batch_changes, min(slice_seconds, until_due))
             return
-        task = LakePlayTask(self.target, wf.name, wf.position, max_seconds=min(slice_seconds, until_due),
-                            batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
-                            stage_bytes=settings.stage_bytes,
-                            commit_every=settings.commit_every)
+        task = LakePlayTask.of(self.target, wf.name, wf.position, settings, max_seconds=min(slice_seconds, until_due),
+                               commit_every=settings.commit_every)
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
 
     def housekeeping(self, wf: LakeWorkflow) -> float:

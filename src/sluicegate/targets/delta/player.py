@@ -23,6 +23,7 @@ from datetime import datetime
 
 from ...cluster.model import way_out as cluster_way_out
 from ...cluster.safetime import advance_safe_time
+from ...config import Settings, default
 from ...ddl.message import PREFIX as DDL_PREFIX
 from ...errors import RetryableError, TerminalError
 from ...postgres import capture, slot_reader
@@ -57,9 +58,9 @@ class LakePlayTask:
     workflow: str
     position: int
     max_seconds: float = float("inf")
-    batch_changes: int = 20_000
-    stage_rows: int = 50_000  # changes a batch holds in memory before it stages them to files (staging.py)
-    stage_bytes: int = 64 << 20  # ... or bytes of those changes' messages, whichever comes first
+    batch_changes: int = default("batch_changes")
+    stage_rows: int = default("stage_rows")  # changes a batch holds in memory before it stages them (staging.py)
+    stage_bytes: int = default("stage_bytes")  # ... or bytes of those changes' messages, whichever comes first
     batch_seconds: float = 0.2
     idle_poll: float = 0.1
     heartbeat_seconds: float = 1.0
@@ -70,6 +71,12 @@ class LakePlayTask:
     # captured statement it stops for; the state may be Stopped then). A controller's stop position is
     # durable instead: the state's stop_position (control.py).
     stop_at: int | None = None
+
+    @classmethod
+    def of(cls, target: str, workflow: str, position: int, settings: Settings, **more) -> LakePlayTask:
+        """A play task with the workflow's batch and staging bounds."""
+        return cls(target, workflow, position, batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
+                   stage_bytes=settings.stage_bytes, **more)
 
 
 class _Tables:
@@ -251,6 +258,15 @@ class _Batch:
         return bool(self.merged)
 
 
+def _folded(task: LakePlayTask, tables: _Tables, batch: _Batch, size: int) -> None:
+    """One more change (of a `size`-byte message) folded into the batch: staged once the batch holds enough."""
+    batch.rows += 1
+    batch.in_memory += 1
+    batch.in_memory_bytes += size
+    if batch.in_memory >= task.stage_rows or batch.in_memory_bytes >= task.stage_bytes:
+        _stage(tables.root, tables.workflow, batch)
+
+
 def _stage(root, workflow: str, batch: _Batch) -> None:
     for q, effect in batch.effects.items():
         spill = batch.spills.get(q)
@@ -301,12 +317,7 @@ class _RowLane:
             return False
         kind, _, old, new = decode_row(data)
         entry[1].add(kind, old, new)
-        batch = self.batch
-        batch.rows += 1
-        batch.in_memory += 1
-        batch.in_memory_bytes += len(data)
-        if batch.in_memory >= self.task.stage_rows or batch.in_memory_bytes >= self.task.stage_bytes:
-            _stage(self.tables.root, self.tables.workflow, batch)
+        _folded(self.task, self.tables, self.batch, len(data))
         return True
 
 
@@ -356,11 +367,7 @@ def _read_batch(task: LakePlayTask, stream: ChangeStream, framing: Framing, tabl
                     lane.ready[rel.oid] = (rel, effect)
             else:
                 effect.add(ev.kind, _in_order(order[2], ev.old), _in_order(order[2], ev.new))
-            batch.rows += 1
-            batch.in_memory += 1
-            batch.in_memory_bytes += ev.size
-            if batch.in_memory >= task.stage_rows or batch.in_memory_bytes >= task.stage_bytes:
-                _stage(tables.root, tables.workflow, batch)
+            _folded(task, tables, batch, ev.size)
         elif isinstance(ev, Commit):
             if not reader.earlier:
                 batch.commit_time = ev.commit_time

@@ -196,9 +196,7 @@ def _play_to(target: str, wf, held: int, position: int, runner, stop) -> None:
         engine = LakeEngine(target, wf.name, runner, stop=stop)  # the vdiff holds the run lock for it
         rule_player.play(engine, wf, settings.batch_changes, POINT_SECONDS)
         return
-    task = LakePlayTask(target, wf.name, held, batch_changes=settings.batch_changes, stage_rows=settings.stage_rows,
-                        stage_bytes=settings.stage_bytes)  # the workflow's own bounds, as the driver's play
-    result = runner.map(play, [task],
+    result = runner.map(play, [LakePlayTask.of(target, wf.name, held, settings)],
                         f"vdiff {wf.name}: play to {format_lsn(position)}")[0]
     log.debug("vdiff %s: %s", wf.name, result.interrupted)
 
