@@ -204,7 +204,7 @@ def test_a_copy_cut_by_a_failover_is_redone(primary_and_standby, target_server, 
     create_movetables("fc", f"postgresql://postgres@{hosts}/shop?target_session_attrs=read-write", side.target,
                       ["t"], [], {"cycle_rows": 4000, "chunk_rows": 2000})
     log = tmp_path / "driver.log"
-    # Copy tasks wait before their commit (workflow/faults.py) while the marker file is there: let go at once
+    # Copy tasks wait before their commit (faults.py) while the marker file is there: let go at once
     # until the failover is due, then held there, their rows piped into the target, while it happens.
     faults = tmp_path / "faults"
     faults.mkdir()

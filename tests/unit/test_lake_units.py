@@ -14,7 +14,7 @@ from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import UNCHANGED
 from sluicegate.targets.delta import points
 from sluicegate.targets.delta.apply import NetEffect, merge
-from sluicegate.targets.delta.state import LakeWorkflow, Store, TableState, lake_path
+from sluicegate.targets.delta.state import LakeWorkflow, Store, TableState
 from sluicegate.targets.delta.types import arrow_schema, arrow_type, convert_column, record_batch
 
 
@@ -201,8 +201,3 @@ def test_state_document_round_trip_and_lock(tmp_path):
     assert not store.is_running("w")
     assert not list((tmp_path / "_sluicegate" / "workflows" / "w").glob(".state.*"))  # no temp left
 
-
-def test_lake_path():
-    assert str(lake_path("delta:/tmp/lake")) == "/tmp/lake"
-    with pytest.raises(UsageError, match="local directory"):
-        lake_path("delta:s3://bucket/lake")

@@ -10,9 +10,9 @@ import pytest
 
 from sluicegate.errors import RetryableError, UsageError
 from sluicegate.targets.delta import control, pins
-from sluicegate.targets.delta.control import IDLE, PLAY, PLAY_TO, STOP, Decision, decide
 from sluicegate.targets.delta.state import COPYING, ERROR, RUNNING, STOPPED, LakeWorkflow, Store, TableState
-from sluicegate.targets.delta.vdiff import check_comparable, select_tables
+from sluicegate.targets.delta.vdiff import check_comparable
+from sluicegate.vdiff.labels import choose as select_tables
 
 
 def make(tmp_path, state: str, done: bool = True) -> Store:
@@ -53,21 +53,6 @@ def test_a_driver_holding_the_run_lock_is_comparable(tmp_path):
         check_comparable(store, "w")  # the vdiff asks the driver to stop at its point (control.py)
     finally:
         lock.close()
-
-
-@pytest.mark.parametrize("state, stop_position, reason, position, expected", [
-    (RUNNING, None, "", 100, Decision(PLAY)),  # no control: play as usual
-    (RUNNING, 300, "", 100, Decision(PLAY)),  # (a position without a reason is no stop)
-    (RUNNING, None, "vdiff a", 100, Decision(STOP, 100)),  # a hold: stop here
-    (RUNNING, 300, "vdiff a", 100, Decision(PLAY_TO, 300)),  # play a batch ending at exactly 300
-    (RUNNING, 300, "vdiff a", 300, Decision(STOP, 300)),  # at it: stop
-    (RUNNING, 300, "vdiff a", 400, Decision(STOP, 400)),  # past it (against the protocol): stop, the
-    (STOPPED, None, "vdiff a", 100, Decision(IDLE)),      # controller finds the position is not its P
-    (STOPPED, 300, "vdiff a", 100, Decision(IDLE)),  # stopped for the controller: nothing to play
-    (ERROR, None, "vdiff a", 100, Decision(IDLE)),  # an Error is not overwritten by a Stopped
-])
-def test_the_player_decides_from_the_durable_fields(state, stop_position, reason, position, expected):
-    assert decide(state, stop_position, reason, position) == expected
 
 
 def test_a_hold_is_released_by_its_own_controller_only(tmp_path):

@@ -108,8 +108,6 @@ $f$;
 # What a staged row found on the target: its row, a tombstone, or nothing.
 ROW, TOMBSTONE, NOTHING = "r", "t", "n"
 
-CONFLICT_TYPES = ("insert_exists", "update_exists", "delete_exists", "insert_deleted", "update_deleted",
-                  "delete_deleted", "update_missing", "delete_missing")
 _TYPE_OF = {(ROW, "I"): "insert_exists", (ROW, "U"): "update_exists", (ROW, "D"): "delete_exists",
             (TOMBSTONE, "I"): "insert_deleted", (TOMBSTONE, "U"): "update_deleted",
             (TOMBSTONE, "D"): "delete_deleted", (NOTHING, "U"): "update_missing",

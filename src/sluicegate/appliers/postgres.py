@@ -227,7 +227,6 @@ class PostgresApplier:
         self._serial = self.plans.begin()
         self._checked = False  # kept plans checked against the target in this transaction (plans.py)
         self._filled: set[tuple] = set()  # tables whose staging table holds an earlier chunk of this transaction
-        self.applied_rows = 0
 
     def add_table(self, t: TargetTable) -> None:
         """A table met on the way (the Transaction applier learns tables from the messages)."""
@@ -509,7 +508,7 @@ class PostgresApplier:
                 cur.execute(plan["clear"])
             self._filled.add(key)
             if t.table.keyless:
-                self.applied_rows += keyless.flush(cur, t.table, plan, rows)
+                keyless.flush(cur, t.table, plan, rows)
                 return
             ordered, order = sort_by_key(rows, t.order_of)
             with cur.copy(plan["copy"]) as copy:
@@ -532,7 +531,6 @@ class PostgresApplier:
                 cur.execute("RELEASE SAVEPOINT sg_upsert")
             elif upserts:
                 self._upsert(cur, t, plan, has_keep, span, upserts)
-            self.applied_rows += len(rows)
 
     def _upsert(self, cur, t: TargetTable, plan: dict, has_keep: bool, span, upserts: int) -> None:
         updated = 0

@@ -73,7 +73,7 @@ class TransactionApplier:
                                    name text PRIMARY KEY, position pg_lsn NOT NULL,
                                    updated_at timestamptz NOT NULL DEFAULT now())""")
         self.conn.commit()
-        self.applied_transactions = self.applied_rows = 0
+        self.applied_transactions = 0
 
     def position(self) -> int:
         """Everything before this position is applied: where a reader resumes (0: nothing yet)."""
@@ -129,7 +129,6 @@ class TransactionApplier:
                     old = m.values(r.before) if r.HasField("before") else None
                     new = m.values(r.after) if r.HasField("after") else None
                     applier.change(Change(kind, rel, old, new, st.start_position, r.ByteSize()))
-                    self.applied_rows += 1
             applier.flush()
             self.conn.execute(
                 """INSERT INTO sluicegate.applied_positions (name, position) VALUES (%s, %s::pg_lsn)

@@ -59,12 +59,6 @@ def fill(rec: Record, row: tuple) -> None:
     rec.values.extend(texts)
 
 
-def record(row: tuple) -> Record:
-    rec = Record()
-    fill(rec, row)
-    return rec
-
-
 def values(rec: Record) -> tuple:
     """The inverse of :func:`fill`."""
     if not (rec.nulls or rec.unchanged or rec.binary):  # the common case: one call into the runtime

@@ -15,5 +15,4 @@ the source, so a slow, stopped or unreachable sink never holds up another. The d
 - governor.py   caps on the WAL a lagging sink holds on the source, enforced by any sink's consumer
 - sinks.py      sinks of other kinds (a Delta Lake directory, `--sink delta:PATH`, whose code is targets/delta/sink.py):
                 the interface cluster/ calls them through, registered by their package
-- lake_sink.py  `replicate bootstrap` of such a sink, as cli/replicate.py names it
 """

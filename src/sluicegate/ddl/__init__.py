@@ -1,6 +1,6 @@
-"""Schema changes (DDL) captured on the source and replayed in the stream (issue 36).
+"""Schema changes (DDL) captured on the source and replayed in the stream.
 
 capture.py installs the source's event trigger that puts each DDL statement into the WAL as a transactional
 logical message; message.py reads one; statement.py classifies its text; modes.py holds the workflow's
-`--on-ddl` mode; replay.py is what the player calls when it meets one.
+`--on-ddl` mode. A target's player replays it (workflow/ddl_replay.py, targets/delta/ddl.py).
 """

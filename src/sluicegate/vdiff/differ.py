@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean
+from ..errors import RetryableError, SluicegateError, TerminalError, UsageError
 from ..position import format_lsn
 from ..postgres import keyrange
 from ..postgres.catalog import Table
@@ -35,7 +35,7 @@ from ..workflow import state as st
 from ..workflow import stream_control
 from . import store
 from .compare import RangeTask, compare_range, text_compared_columns, text_hashed_columns
-from .labels import label, parts
+from .labels import choose, label
 from .rule_compare import RuleRanges, compare_rule_ranges
 
 log = logging.getLogger("sluicegate")
@@ -77,17 +77,7 @@ def entries(wf: st.Workflow) -> dict[str, tuple[st.Stream, st.TableState]]:
 
 def select_tables(wf: st.Workflow, names: list[str] | None) -> list[str]:
     """The workflow's qualified table names, or those of `names` (qualified or bare)."""
-    known = list(entries(wf))
-    if not names:
-        return known
-    chosen = []
-    for name in names:
-        match = [q for q in known if name in (q, q.split(".", 1)[1], parts(q)[0], parts(q)[0].split(".", 1)[1])]
-        if not match:
-            hint = did_you_mean(name, known + [q.split(".", 1)[1] for q in known]) or f"; it has {', '.join(known)}"
-            raise UsageError(f"table {name!r} is not in workflow {wf.name}{hint}")
-        chosen += [q for q in match if q not in chosen]
-    return chosen
+    return choose(list(entries(wf)), names, wf.name)
 
 
 @dataclass

@@ -78,15 +78,6 @@ def next_pending(conn: psycopg.Connection, workflow: str) -> int | None:
     return row[0] if row else None
 
 
-def waiting(conn: psycopg.Connection, workflow: str) -> bool:
-    """A vdiff is pending and none of the workflow's is being compared: the driver should pick it up."""
-    return conn.execute(
-        """SELECT EXISTS (SELECT 1 FROM sluicegate.vdiffs WHERE workflow = %s AND state = 'pending')
-              AND NOT EXISTS (SELECT 1 FROM sluicegate.vdiffs WHERE workflow = %s AND state = 'running')""",
-        (workflow, workflow),
-    ).fetchone()[0]
-
-
 def has_table(conn: psycopg.Connection) -> bool:
     """False on targets set up by a Sluicegate older than vdiff (until a vdiff creates the tables)."""
     return conn.execute("SELECT to_regclass('sluicegate.vdiffs') IS NOT NULL").fetchone()[0]

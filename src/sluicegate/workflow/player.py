@@ -24,6 +24,7 @@ from ..appliers.plans import TablePlans
 from ..appliers.postgres import PostgresApplier, TargetTable
 from ..ddl.message import PREFIX as DDL_PREFIX
 from ..errors import TerminalError
+from ..faults import fault_point
 from ..position import format_lsn
 from ..postgres import capture, durable, origins, slot_reader
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
@@ -35,7 +36,6 @@ from ..postgres.standby_flush import StandbyGate
 from . import play_loop, stream_control
 from . import state as st
 from .ddl_replay import DdlReplay
-from .faults import fault_point
 from .play_loop import PlayResult
 from .schema_changes import SchemaFollower, SchemaStop
 

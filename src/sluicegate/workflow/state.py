@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from .. import config
-from ..errors import UsageError, did_you_mean
+from ..errors import TerminalError, UsageError, did_you_mean
 from ..names import object_name  # (its home; callers also name it here)
 from ..position import format_lsn, parse_lsn
 from ..postgres import locks
@@ -447,14 +447,16 @@ def lock_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | No
     Every write of data together with a position goes through this lock, so two appliers (a stale Spark
     task and a new one) can never both apply the same batch: the second sees the moved position.
     """
-    row = conn.execute(
-        "SELECT state, position::text FROM sluicegate.streams WHERE id = %s FOR UPDATE", (stream_id,)
-    ).fetchone()
-    if row is None:
-        from ..errors import TerminalError
-
-        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    row = _stream_row(conn, stream_id,
+                      "SELECT state, position::text FROM sluicegate.streams WHERE id = %s FOR UPDATE")
     return row[0], parse_lsn(row[1]) if row[1] else None
+
+
+def _stream_row(conn: psycopg.Connection, stream_id: int, query: str) -> tuple:
+    row = conn.execute(query, (stream_id,)).fetchone()
+    if row is None:
+        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    return row
 
 
 @dataclass(frozen=True)
@@ -469,24 +471,16 @@ class Control:
 
 def lock_stream_control(conn: psycopg.Connection, stream_id: int) -> Control:
     """lock_stream with the stream's durable stop (empty on a schema without it)."""
-    row = conn.execute(
-        """SELECT state, position::text, to_jsonb(s) ->> 'stop_position', COALESCE(to_jsonb(s) ->> 'stop_reason', '')
-           FROM sluicegate.streams s WHERE id = %s FOR UPDATE""", (stream_id,)
-    ).fetchone()
-    if row is None:
-        from ..errors import TerminalError
-
-        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    row = _stream_row(conn, stream_id, """
+        SELECT state, position::text, to_jsonb(s) ->> 'stop_position',
+               COALESCE(to_jsonb(s) ->> 'stop_reason', '')
+        FROM sluicegate.streams s WHERE id = %s FOR UPDATE""")
     return Control(row[0], parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]) if row[2] else None, row[3])
 
 
 def read_stream(conn: psycopg.Connection, stream_id: int) -> tuple[str, int | None]:
     """(state, position) of a stream as the caller's snapshot sees it, without a lock."""
-    row = conn.execute("SELECT state, position::text FROM sluicegate.streams WHERE id = %s", (stream_id,)).fetchone()
-    if row is None:
-        from ..errors import TerminalError
-
-        raise TerminalError(f"stream {stream_id} no longer exists (workflow deleted)")
+    row = _stream_row(conn, stream_id, "SELECT state, position::text FROM sluicegate.streams WHERE id = %s")
     return row[0], parse_lsn(row[1]) if row[1] else None
 
 

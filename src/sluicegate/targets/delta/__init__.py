@@ -153,6 +153,6 @@ class DeltaTarget(Target):
         return [("", f"into {report['target']}", report)]
 
     def bootstrap_sink(self, name: str, tables: list[str] | None) -> list[str]:
-        from ...cluster.lake_sink import bootstrap
+        from .sink import bootstrap
 
         return bootstrap(name, self.url, tables)

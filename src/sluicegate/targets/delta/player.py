@@ -26,6 +26,7 @@ from ...cluster.safetime import advance_safe_time
 from ...config import Settings, default
 from ...ddl.message import PREFIX as DDL_PREFIX
 from ...errors import RetryableError, TerminalError
+from ...faults import fault_point
 from ...postgres import capture, slot_reader
 from ...postgres.assembler import Change, Framing, TruncateChange, assemble
 from ...postgres.catalog import Column, Table
@@ -33,7 +34,6 @@ from ...postgres.connect import connect
 from ...postgres.pgoutput import Begin, Commit, LogicalMessage, decode_row
 from ...postgres.replication import ChangeStream
 from ...workflow import play_loop
-from ...workflow.faults import fault_point
 from ...workflow.play_loop import PlayResult
 from ...workflow.schema_changes import (
     SchemaStop,

@@ -44,19 +44,6 @@ log = logging.getLogger("sluicegate")
 # commit_every: seconds between one commit of changes and the next batch (0: commit as they come).
 HOUSEKEEPING_DEFAULTS = {k: config.default(k) for k in ("optimize_every", "vacuum_every", "vacuum_retention",
                                                            "commit_every")}
-PREFIX = "delta:"
-
-
-def lake_path(target: str) -> Path:
-    """`delta:PATH` -> PATH (a local directory). A URI target goes through location.parse and open_store."""
-    raw = target.removeprefix(PREFIX)
-    raw = raw.removeprefix("file://")
-    if "://" in raw:
-        raise UsageError(f"target {target} is a URI, and this path needs a local directory (delta:/path/to/lake); "
-                         f"URIs go through lake.location.parse and lake.state.open_store")
-    if not raw:
-        raise UsageError("target delta: names no directory: delta:/path/to/lake")
-    return Path(raw).expanduser().resolve()
 
 
 def app_id(workflow: str) -> str:

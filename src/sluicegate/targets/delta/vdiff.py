@@ -43,13 +43,14 @@ import uuid
 from dataclasses import dataclass
 
 from ...config import Settings
-from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
+from ...errors import RetryableError, TerminalError, UsageError
 from ...faults import fault_point
 from ...position import format_lsn
 from ...postgres import keyrange
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
 from ...vdiff.differ import plan_ranges
+from ...vdiff.labels import choose
 from . import control, location, pins, rule_player, rule_vdiff
 from .copy import snapshot_batches
 from .engine import LakeEngine
@@ -110,20 +111,6 @@ def check_comparable(store, name: str) -> None:
                          f"{name} --target delta:{store.root}` before a vdiff")
 
 
-def select_tables(qualified: list[str], names: list[str] | None, workflow: str) -> list[str]:
-    if not names:
-        return list(qualified)
-    chosen = []
-    for name in names:
-        match = [q for q in qualified if name in (q, q.split(".", 1)[1])]
-        if not match:
-            hint = did_you_mean(name, qualified + [q.split(".", 1)[1] for q in qualified]) \
-                or f"; it has {', '.join(qualified)}"
-            raise UsageError(f"table {name!r} is not in workflow {workflow}{hint}")
-        chosen += [q for q in match if q not in chosen]
-    return chosen
-
-
 def run(name: str, target: str, runner, *, tables: list[str] | None = None, sample: int = 10,
         range_rows: int | None = None, stop: threading.Event | None = None) -> dict:
     """Compare, return the report (vdiff/report.py's shape: workflow, state, source_position, equal,
@@ -151,7 +138,7 @@ def _at_point(name, target, store, runner, tables, sample, range_rows, stop, loc
     # What the release puts back: with no driver, the state as it was (Stopped stays Stopped)
     back = (wf.state, wf.message) if lock is not None else (RUNNING, "")
     who = "the running driver" if lock is None else "the vdiff's own play"
-    chosen = select_tables([t.qualified for t in wf.tables], tables, name)
+    chosen = choose([t.qualified for t in wf.tables], tables, name)
     specs = {t.qualified: t.spec for t in wf.tables if t.qualified in chosen}
     vid = uuid.uuid4().hex[:12]
     reason = f"vdiff {vid}"
