@@ -22,7 +22,7 @@ import psycopg
 from ..errors import UsageError
 from ..position import parse_lsn
 from ..postgres import capture, catalog
-from ..postgres.connect import connect, describe, first_line
+from ..postgres.connect import connect, describe, usage_errors
 from ..workflow import state as st
 from ..workflow.create_checks import check_same_tables, check_source_role, check_table_rights
 from .create import Decision, decide_tables, refuse_rows
@@ -49,7 +49,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
         sources: dict[str, psycopg.Connection] = {}
         for shard, url in cluster.sources.items():
             where = f"source shard {shard} ({describe(url)})" if cluster.source_shards else f"source {describe(url)}"
-            try:
+            with usage_errors(where):
                 conn = stack.enter_context(connect(url, role="source", autocommit=True))
                 if not sources:
                     first = shard
@@ -64,8 +64,6 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                     check_same_tables(shard, conn, new, first)
                 if not check_source_role(conn):
                     check_table_rights(conn, new)
-            except psycopg.Error as exc:
-                raise UsageError(f"{where}: {first_line(exc)}") from None
             sources[shard] = conn
         src = sources[first]
         sinks = {}
@@ -91,7 +89,7 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 decisions += found
                 continue
             conn = stack.enter_context(connect(url, role="target"))
-            try:
+            with usage_errors(f"sink {sink} ({describe(url)})"):
                 for s in st.load_workflow(conn, workflow).streams:
                     st.lock_stream(conn, s.id)  # a running batch finishes first; the next one sees the change
                 # Read again under the locks: a copy that finished (Running) or a run that created the slot
@@ -99,8 +97,6 @@ def add_tables(workflow: str, any_sink_url: str, tables: list[str], *, overwrite
                 wf = st.load_workflow(conn, workflow)
                 wanted = not_on(sink, {t.table.qualified for s in wf.streams for t in s.tables})
                 decisions += decide_tables(conn, workflow, sink, url, wanted, overwrite)
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
             sinks[sink] = (conn, wf, wanted)
         everywhere = [t for t, where in on_sinks.items() if len(where) == len(cluster.sinks)]
         if everywhere:

@@ -26,7 +26,7 @@ from ..ddl import capture as ddl_capture
 from ..errors import UsageError
 from ..postgres import capture, catalog, locks, replication, table_definition
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe, first_line, strip_password
+from ..postgres.connect import connect, describe, first_line, strip_password, usage_errors
 from ..postgres.identity import identify, same_database
 from ..postgres.needs import BIDIRECTIONAL
 from ..preflight.probes import privileged
@@ -90,7 +90,7 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
     others = {s: sink_kinds.kind_of(u).url(u) for s, u in others.items()}
     with ExitStack() as stack:
         src = stack.enter_context(connect(source_url, role="source", autocommit=True))
-        try:
+        with usage_errors(f"source {describe(source_url)}"):
             described = check_source_tables(src, source_url, tables, exclude)
             if bidirectional:
                 catalog.refuse_keyless(described, "--bidirectional resolves conflicts by last writer wins per key; "
@@ -105,8 +105,6 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
             # One way, a sink table is made like its source table (postgres/table_definition.py); both ways,
             # the last-writer-wins applier takes sink tables of columns and key only.
             definitions = None if bidirectional else _definitions(src, described)
-        except psycopg.Error as exc:
-            raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         conns = open_sinks(stack, sinks, [(src, "")], pair=name if bidirectional else None)
         if bidirectional:
             _check_pair(src, conns["b"], name, source_url, sinks["b"], described, allow_unsafe_schema, warn)
@@ -115,10 +113,8 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                 notes.append(note)
         decisions = []
         for sink, conn in conns.items():
-            try:
+            with usage_errors(f"sink {sink} ({describe(sinks[sink])})"):
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite, definitions)
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         for kind, group in sink_kinds.by_kind(others):
             decisions += kind.check_new(name, group, described, overwrite, source_lsn)
         decisions.sort(key=lambda d: order.index(d.sink))
@@ -129,17 +125,15 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
         peer = None
         if bidirectional:  # A is the sink of B->A: its state, checked before anything is written
             peer = stack.enter_context(connect(source_url, role="target"))
-            try:
+            with usage_errors(f"source {describe(source_url)}"):
                 _prepare_peer(peer, name, source_url, described)
-            except psycopg.Error as exc:
-                raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         every = {**sinks, **others}
         stored = {s: strip_password(every[s]) for s in order}
         for sink, conn in conns.items():
             cluster = Cluster(name, source_url, stored, sink, max_retained_wal, max_retention_age,
                               bidirectional, dict(CLUSTER_IDS) if bidirectional else {},
                               tombstone_retention if bidirectional else None)
-            try:
+            with usage_errors(f"sink {sink} ({describe(sinks[sink])})"):
                 st.insert_workflow(conn, name, KIND, source_url, {**options, "cluster": cluster.to_json()})
                 st.add_stream(conn, name, "0", None, slot_name(name, sink), described, None, identity)
                 if bidirectional:  # the application's deletes on B leave tombstones (appliers/lww.py)
@@ -151,12 +145,10 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                     deny(conn, described, cluster.origin,
                          f"it is being copied from {describe(source_url)} (active-active workflow {name}); write "
                          f"it there until `sluicegate workflow status {name}` on this side shows Running")
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         if peer is not None:
             back = Cluster(name, sinks["b"], {"a": strip_password(source_url)}, "a", max_retained_wal,
                            max_retention_age, True, dict(CLUSTER_IDS), tombstone_retention)
-            try:
+            with usage_errors(f"source {describe(source_url)}"):
                 st.insert_workflow(peer, name, KIND, sinks["b"], {**options, "cluster": back.to_json()})
                 st.add_stream(peer, name, "0", None, slot_name(name, "a"), described, None,
                               identify(conns["b"]).to_json())
@@ -165,8 +157,6 @@ def create_replicate(name: str, source_url: str, sink_urls: list[str], tables: l
                                 (SELECT id FROM sluicegate.streams WHERE workflow = %s)""", (name,))
                 for t in described:
                     lww.install_tombstone_triggers(peer, t, CLUSTER_IDS["a"])
-            except psycopg.Error as exc:
-                raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
             decisions += [Decision("a", source_url, t.qualified, "replicate",
                                    "the copy's source: nothing copied, the sink's changes replicate back")
                           for t in described]
@@ -188,15 +178,13 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
     timestamps and may use replication origins, no other workflow makes a loop with it, and no table's schema
     is unsafe with writes on both sides. `a` is in autocommit, `b` in a transaction (rolled back here)."""
     for side, conn, url in (("source", a, a_url), ("sink", b, b_url)):
-        try:
+        with usage_errors(f"{side} {describe(url)}"):
             if conn.execute("SHOW track_commit_timestamp").fetchone()[0] != "on":
                 raise UsageError(f"{side} {describe(url)} has track_commit_timestamp = off; bidirectional "
                                  f"replication resolves conflicts by commit time: ALTER SYSTEM SET "
                                  f"track_commit_timestamp = on, then restart that server")
             # the origin functions and the settings both directions' appliers use (postgres/needs.py)
             refuse(privileged(conn, f"{side} {describe(url)}", {BIDIRECTIONAL}))
-        except psycopg.Error as exc:
-            raise UsageError(f"{side} {describe(url)}: {first_line(exc)}") from None
     try:  # B as the source of B->A
         capture.check_source(b)
         superuser = check_source_role(b)
@@ -269,7 +257,7 @@ def open_sinks(stack: ExitStack, sinks: dict[str, str], sources: list[tuple[psyc
     conns: dict[str, psycopg.Connection] = {}
     for sink, url in sinks.items():
         conn = stack.enter_context(connect(url, role="target"))
-        try:
+        with usage_errors(f"sink {sink} ({describe(url)})"):
             for src, label in sources:
                 check_not_the_source(src, conn, f"sink {sink}{label}", url, pair=pair)
             for other, seen in conns.items():
@@ -280,8 +268,6 @@ def open_sinks(stack: ExitStack, sinks: dict[str, str], sources: list[tuple[psyc
                 raise UsageError(f"sink {sink} ({describe(url)}) runs PostgreSQL "
                                  f"{conn.info.server_version // 10000}; Sluicegate needs 14 or newer")
             conn.commit()  # the identity checks' snapshot: the sink's transaction below starts clean
-        except psycopg.Error as exc:
-            raise UsageError(f"sink {sink} ({describe(url)}): {first_line(exc)}") from None
         conns[sink] = conn
     return conns
 

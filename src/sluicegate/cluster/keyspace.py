@@ -21,7 +21,7 @@ from .. import config
 from ..errors import UsageError
 from ..postgres import capture, catalog, replication
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe, first_line, strip_password
+from ..postgres.connect import connect, describe, strip_password, usage_errors
 from ..postgres.identity import identify
 from ..sharding.keyrange import KeyRange
 from ..workflow import state as st
@@ -62,12 +62,10 @@ def check_no_stray_rows(sources: dict[str, psycopg.Connection], described: list[
         column = t.column_names[c]
         for shard, conn in sources.items():
             query = sql.SQL("SELECT count(*) FILTER (WHERE NOT ({})), count(*) FROM (SELECT {} FROM {} LIMIT {}) s")
-            try:
+            with usage_errors(f"source shard {shard}, table {t.qualified}"):
                 outside, seen = conn.execute(query.format(KeyRange.parse(shard).pg_filter(column),
                                                           sql.Identifier(column), t.scan,
                                                           sql.Literal(STRAY_SAMPLE))).fetchone()
-            except psycopg.Error as exc:
-                raise UsageError(f"source shard {shard}, table {t.qualified}: {first_line(exc)}") from None
             if outside:
                 raise UsageError(
                     f"{outside} of the first {seen} rows of {t.qualified} on source shard {shard} lie outside its "
@@ -96,7 +94,7 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
         sources: dict[str, psycopg.Connection] = {}
         for shard, url in source_shards.items():
             conn = stack.enter_context(connect(url, role="source", autocommit=True))
-            try:
+            with usage_errors(f"source shard {shard} ({describe(url)})"):
                 capture.check_source(conn)
                 if shard == first:
                     described = catalog.exclude_tables(catalog.resolve_tables(conn, tables), exclude)
@@ -109,30 +107,24 @@ def create_keyspace_replicate(name: str, source_shards: dict[str, str], sink_url
                 for sink in sinks:
                     check_no_leftovers(conn, name, probe.slot(sink, shard))
                 check_slots_available(conn, len(sinks))
-            except psycopg.Error as exc:
-                raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = conn
         rules = keyrange_rules(sources, described, shard_keys)
         identities = {shard: identify(conn).to_json() for shard, conn in sources.items()}
         conns = open_sinks(stack, sinks, [(src, f" (source shard {shard})") for shard, src in sources.items()])
         decisions = []
         for sink, conn in conns.items():
-            try:
+            with usage_errors(f"sink {sink} ({describe(sinks[sink])})"):
                 decisions += _sink_decisions(conn, name, sink, sinks[sink], described, overwrite)
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         refuse_rows(decisions)
         stored = {s: strip_password(u) for s, u in sinks.items()}
         for sink, conn in conns.items():
             cluster = Cluster(name, stored_shards[first], stored, sink, max_retained_wal, max_retention_age,
                               source_shards=stored_shards)
-            try:
+            with usage_errors(f"sink {sink} ({describe(sinks[sink])})"):
                 st.insert_workflow(conn, name, KIND, source_shards[first], {**options, "cluster": cluster.to_json()})
                 for shard, url in source_shards.items():
                     st.add_stream(conn, name, shard, url, cluster.slot(sink, shard), described, rules[shard],
                                   identities[shard])
-            except psycopg.Error as exc:
-                raise UsageError(f"sink {sink} ({describe(sinks[sink])}): {first_line(exc)}") from None
         for conn in conns.values():  # every check passed on every sink: now commit them all
             conn.commit()
     return decisions

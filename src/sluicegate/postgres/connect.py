@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..errors import ConnectError, SluicegateError, UsageError
@@ -56,6 +57,18 @@ def session_options(url: str, extra: str = "") -> dict:
     """Keyword arguments for psycopg/psycopg2 connect: Sluicegate's session options and liveness."""
     client, server = liveness(url)
     return {**client, "options": " ".join(o for o in (SESSION_OPTIONS, server, extra) if o)}
+
+
+@contextmanager
+def usage_errors(where: str):
+    """A database error met inside is the user's to mend (a right, an object, a setting): one UsageError line
+    that says on which side, `where`."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise UsageError(f"{where}: {first_line(exc)}") from None
 
 
 def describe(url: str) -> str:

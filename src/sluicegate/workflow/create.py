@@ -16,9 +16,9 @@ from ..postgres.connect import (
     NoPasswordError,
     connect,
     describe,
-    first_line,
     has_password,
     strip_password,
+    usage_errors,
 )
 from ..postgres.identity import identify
 from ..preflight.plan import Plan
@@ -67,7 +67,8 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
     specs = parse_rules(rules)  # syntax first: no server needed to say a rule is malformed
     # autocommit: the source is only read here, and must not sit idle in a transaction while the target works
     with connect(source_url, role="source", autocommit=True) as src:
-        try:
+        # e.g. permission denied reading a table: say which side
+        with usage_errors(f"source {describe(source_url)}"):
             capture.check_source(src)
             if notes is not None and (note := ddl_capture.missing_note(src, "source", options)):
                 notes.append(note)
@@ -86,8 +87,6 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
             # A table with a rule gets a target of the rule's shape: only the others are made in full.
             definitions = table_definition.read(src, [t for t in described if t.qualified not in compiled]) \
                 if kind == "MoveTables" else {}
-        except psycopg.Error as exc:  # e.g. permission denied reading a table: say which side
-            raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
         # What the run will do as these users (switch-traffic's reverse stream included): refused now, not then.
         refuse(preflight(Plan(kind, [source_url], [target_url], [quote_name(t.schema, t.name) for t in described],
                               rules=bool(compiled), workflow=name, target_standbys=standby_flush.enabled(options),
@@ -95,14 +94,12 @@ def _create(kind: str, name: str, source_url: str, target_url: str, tables: list
                               target_tables=[
                                   (compiled[t.qualified].target.schema, compiled[t.qualified].target.name)
                                   if t.qualified in compiled else (t.schema, t.name) for t in described])))
-        with connect(target_url, role="target") as dst:
-            try:
-                check_not_the_source(src, dst, "target", target_url)
-                identity = identify(src).to_json()
-                lines = _create_on_target(src, dst, kind, name, source_url, described, compiled, options,
-                                          identity, definitions)
-            except psycopg.Error as exc:  # the transaction rolled back: nothing was created
-                raise UsageError(f"target {describe(target_url)}: {first_line(exc)}") from None
+        # a database error rolls the transaction back: nothing was created
+        with connect(target_url, role="target") as dst, usage_errors(f"target {describe(target_url)}"):
+            check_not_the_source(src, dst, "target", target_url)
+            identity = identify(src).to_json()
+            lines = _create_on_target(src, dst, kind, name, source_url, described, compiled, options,
+                                      identity, definitions)
     if notes is not None:
         notes.extend(lines)
     return [compiled[t.qualified].target.qualified if t.qualified in compiled else t.qualified for t in described]

@@ -14,13 +14,11 @@ from __future__ import annotations
 import threading
 from contextlib import ExitStack
 
-import psycopg
-
 from .. import config
 from ..errors import UsageError
 from ..postgres import capture, catalog, locks, replication
 from ..postgres.catalog import Table
-from ..postgres.connect import connect, describe, first_line, strip_password
+from ..postgres.connect import connect, describe, strip_password, usage_errors
 from ..postgres.identity import identify
 from ..rules.compile import compile_rule, quote
 from ..rules.spec import RuleSpec, parse_rules
@@ -73,11 +71,9 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
         sources = {}
         for shard, url in source_shards.items():
             conn = stack.enter_context(connect(url, role="source", autocommit=True))
-            try:
+            with usage_errors(f"source shard {shard} ({describe(url)})"):
                 capture.check_source(conn)
                 superuser = check_source_role(conn)
-            except psycopg.Error as exc:
-                raise UsageError(f"source shard {shard} ({describe(url)}): {first_line(exc)}") from None
             sources[shard] = (conn, superuser)
         described = catalog.exclude_tables(catalog.resolve_tables(sources[first][0], tables), exclude)
         catalog.refuse_keyless(described, "Reshard routes rows by a sharding column of a key; add a primary key "
@@ -105,14 +101,12 @@ def create_reshard(name: str, source_shards: dict[str, str], target_shards: dict
         targets = {}
         for shard, url in target_shards.items():
             conn = stack.enter_context(connect(url, role="target"))
-            try:
+            with usage_errors(f"target shard {shard} ({describe(url)})"):
                 for source_shard, (src, _) in sources.items():
                     check_not_the_source(src, conn, f"target shard {shard} (source shard {source_shard})", url)
                 rels = ["sluicegate.workflows", *(compiled[t.qualified].target.ident.as_string(conn) for t in described)]
                 with locks.guard(conn, f"creating workflow {name} on target shard {shard}", rels, then="try again"):
                     _prepare_target_shard(conn, name, shard, described, compiled, options, keyspace)
-            except psycopg.Error as exc:
-                raise UsageError(f"target shard {shard} ({describe(url)}): {first_line(exc)}") from None
             targets[shard] = conn
         for shard, conn in targets.items():
             for slot, source_shard, source_url, keyrange in plan[shard]:

@@ -14,7 +14,7 @@ from ...ddl import modes
 from ...errors import SluicegateError, UsageError
 from ...position import format_lsn
 from ...postgres import capture
-from ...postgres.connect import connect, describe, first_line
+from ...postgres.connect import connect, describe, first_line, usage_errors
 from ...preflight.plan import _ddl_capture
 from ...rules.spec import parse_rules
 from ...sizes import parse_duration
@@ -60,18 +60,16 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
     if store.exists(name):
         raise UsageError(f"workflow {name!r} already exists under {loc.uri}: pick another name, or "
                          f"`sluicegate workflow delete {name} --target {target}`")
-    with connect(source_url, role="source", autocommit=True) as src:
-        try:
-            described = check_source_tables(src, source_url, tables, exclude) if kind == "MoveTables" else []
-            compiled = compile_rules(src, specs, described, kind, udfs) if specs else {}
-            if kind == "Materialize":  # the rules' FROM tables, checked as a MoveTables' are
-                described = check_source_tables(src, source_url, [r.source.qualified for r in compiled.values()],
-                                                None)
-            check_no_leftovers(src, name)
-            left_out = generated_columns(src, [t for t in described if t.qualified not in compiled])
-            capture_note = _ddl_capture_note(src, options)
-        except psycopg.Error as exc:
-            raise UsageError(f"source {describe(source_url)}: {first_line(exc)}") from None
+    with connect(source_url, role="source", autocommit=True) as src, \
+            usage_errors(f"source {describe(source_url)}"):
+        described = check_source_tables(src, source_url, tables, exclude) if kind == "MoveTables" else []
+        compiled = compile_rules(src, specs, described, kind, udfs) if specs else {}
+        if kind == "Materialize":  # the rules' FROM tables, checked as a MoveTables' are
+            described = check_source_tables(src, source_url, [r.source.qualified for r in compiled.values()],
+                                            None)
+        check_no_leftovers(src, name)
+        left_out = generated_columns(src, [t for t in described if t.qualified not in compiled])
+        capture_note = _ddl_capture_note(src, options)
     lakes = {}  # qualified source name -> the Delta table's description
     for t in described:
         rule = compiled.get(t.qualified)
