@@ -5,6 +5,8 @@ Errors are picklable (Spark ships them from executors back to the driver) and re
 
 from __future__ import annotations
 
+import base64
+import pickle
 import re
 from dataclasses import dataclass, field
 
@@ -201,6 +203,16 @@ def from_exception(exc: BaseException) -> SluicegateError:
     if cls is TerminalError and state and (fix := _WAY_OUT.get(state) or _WAY_OUT.get(state[:2])):
         text += f": {fix}"
     return cls(text, sqlstate=state)
+
+
+def pack(exc: BaseException) -> str:
+    """An error as text, for a Spark task's result row (which carries no exception): from_exception's, so its
+    type, SQLSTATE and retryability reach the driver, which raises `unpack(text)`."""
+    return base64.b64encode(pickle.dumps(from_exception(exc))).decode()
+
+
+def unpack(text: str) -> SluicegateError:
+    return pickle.loads(base64.b64decode(text))
 
 
 _WAY_OUT = {  # the way out of a terminal database error, by SQLSTATE or its class

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import TerminalError, from_exception
+from ..errors import TerminalError, from_exception, pack, unpack
 from ..faults import fault_point
 from ..postgres import keyrange
 from ..postgres.catalog import Table
@@ -47,8 +47,6 @@ def copy_cycle_with_rule(runner, source_url: str, target_url: str, snapshot: str
     them in Spark, write each partition's output with COPY into the target. Returns rows written. A row the
     rule fails on (Spark's data error) is a TerminalError naming the table, the row's key (found with
     `snapshot_conn`, find_failing_row) and the value; an error of a writing task comes back classified."""
-    import base64
-    import pickle
     from functools import partial
 
     from ..spark import errors as spark_errors
@@ -71,7 +69,7 @@ def copy_cycle_with_rule(runner, source_url: str, target_url: str, snapshot: str
             except Exception:  # noqa: BLE001 - the search is a courtesy: report what is known
                 key = None
         raise rule_failure(rule, exc, key) from None
-    errors = [pickle.loads(base64.b64decode(r[1])) for r in results if r[1]]
+    errors = [unpack(r[1]) for r in results if r[1]]
     if errors:
         raise next((e for e in errors if not e.retryable), errors[0])
     return sum(r[0] for r in results)
@@ -199,9 +197,7 @@ def write_rows(task: RuleWrite, batches):
     """Runs in a Spark task: the rule's output for one partition, as CSV into the target, one transaction.
     An error of the target (a constraint, a type, a connection) comes back as a row, classified where it
     happened (errors.from_exception): Spark would report it only as a Python exception."""
-    import base64
     import io
-    import pickle
 
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -233,7 +229,7 @@ def write_rows(task: RuleWrite, batches):
     except Exception as exc:  # noqa: BLE001 - classified here, raised on the driver
         err = from_exception(exc)
         err = type(err)(f"writing {target.qualified}: {err}", err.sqlstate)
-        yield pa.RecordBatch.from_pydict({"rows": [0], "error": [base64.b64encode(pickle.dumps(err)).decode()]})
+        yield pa.RecordBatch.from_pydict({"rows": [0], "error": [pack(err)]})
         return
     yield pa.RecordBatch.from_pydict({"rows": [rows], "error": [None]})
 

@@ -18,15 +18,13 @@ slot. A peek is replayable: a task that dies leaves nothing behind, and the retr
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import pickle
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
 from ..appliers.postgres import PostgresApplier, TargetTable, check_columns
-from ..errors import RetryableError, TerminalError, from_exception
+from ..errors import RetryableError, TerminalError, pack, unpack
 from ..faults import fault_point
 from ..postgres import capture, durable, peek, slot_reader
 from ..postgres.assembler import Change, Framing, TruncateChange, assemble
@@ -170,21 +168,19 @@ def _run_batch(engine, spec: BatchSpec, runners: dict) -> dict:
     parts = [table_frame(engine, spec, runners, i).select(F.lit(i).alias("__sg_t"), "*") for i in spec.active]
     batch = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     try:
-        rows = _collect(engine, batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string"),
-                        f"replicate {task.workflow} through its rules")
+        rows = collect(engine, batch.coalesce(1).mapInArrow(partial(apply_changes, spec), "summary string"),
+                       f"replicate {task.workflow} through its rules")
     except Exception as exc:
-        from ..spark import errors as spark_errors
-
         if not spark_errors.is_data_error(exc):
             raise  # a lost worker, a cancelled job: the engine retries
         raise diagnose(engine, spec, runners, exc) from None
     summary = json.loads(rows[0][0])
     if summary.get("error"):
-        raise pickle.loads(base64.b64decode(summary["error"]))
+        raise unpack(summary["error"])
     return summary
 
 
-def _collect(engine, frame, description: str) -> list:
+def collect(engine, frame, description: str) -> list:
     """frame.collect() as one of the engine's jobs: a stop cancels it (Engine._cancel_on_stop)."""
     sc = engine.runner.sc
     sc.setJobDescription(description)
@@ -259,7 +255,7 @@ def diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Term
 
 
 def _count(engine, frame) -> int:
-    rows = _collect(engine, frame.mapInArrow(_count_rows, "n long"), "find the row a rule fails on")
+    rows = collect(engine, frame.mapInArrow(_count_rows, "n long"), "find the row a rule fails on")
     return sum(r[0] for r in rows)
 
 
@@ -286,7 +282,7 @@ def _key_at(engine, spec, runners, i, seq_no: int) -> list | None:
 
     table = Table.from_json(spec.task.tables[i][0])
     frame = table_frame(engine, spec, runners, i, (seq_no, seq_no + 1), ruled=False)
-    rows = _collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW.format(j)] for j in table.key_indices]),
+    rows = collect(engine, frame.select(*[frame[f"__sg_o{i}"][RAW.format(j)] for j in table.key_indices]),
                     "find the row a rule fails on")
     return list(rows[0]) if rows else None
 
@@ -326,7 +322,7 @@ def read_changes(spec: BatchSpec, index: int, _ids, seq: tuple[int, int] | None 
         yield from _read(spec, index, builder)
     except Exception as exc:  # noqa: BLE001 - carried to apply_changes, which rolls back and reports it
         yield from builder.flush()
-        yield from builder.marker("E", _pack_error(exc))
+        yield from builder.marker("E", pack(exc))
 
 
 def _read(spec: BatchSpec, index: int, builder):
@@ -488,7 +484,7 @@ def apply_changes(spec: BatchSpec, batches):
     try:
         _apply(spec, batches, summary)
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
-        summary["error"] = _pack_error(exc)
+        summary["error"] = pack(exc)
     yield pa.RecordBatch.from_arrays([pa.array([json.dumps(summary)], pa.string())], names=["summary"])
 
 
@@ -573,7 +569,7 @@ def _apply_part(applier, target, rule, part, markers: dict, index: int, target_c
         if op in ("M", "E"):
             meta = part.column(META)[j].as_py()
             if op == "E":
-                raise pickle.loads(base64.b64decode(meta))
+                raise unpack(meta)
             markers[index] = json.loads(meta)
             continue
         if op == "T":
@@ -601,6 +597,3 @@ def _apply_part(applier, target, rule, part, markers: dict, index: int, target_c
             applier.put(target, "D", key, tuple(row))
 
 
-def _pack_error(exc: BaseException) -> str:
-    """An error as the driver will raise it: ours as they are, others classified (errors.from_exception)."""
-    return base64.b64encode(pickle.dumps(from_exception(exc))).decode()

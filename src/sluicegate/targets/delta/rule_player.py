@@ -21,14 +21,12 @@ threshold, so a table takes part in a batch whole or not at all.
 
 from __future__ import annotations
 
-import base64
 import json
-import pickle
 import time
 from dataclasses import dataclass
 from functools import partial, reduce
 
-from ...errors import RetryableError, TerminalError, from_exception
+from ...errors import RetryableError, TerminalError, pack, unpack
 from ...faults import fault_point
 from ...postgres import capture, slot_reader
 from ...postgres.catalog import Table
@@ -171,7 +169,6 @@ def _run(engine, spec: LakeBatch, runners: dict) -> dict:
     """The batch as one Spark job; its summary. An error of the applying task is raised here, its type kept."""
     from pyspark.sql import functions as F
 
-
     batch = spec.batch
     if batch.active:
         parts = [rule_player.table_frame(engine, batch, runners, i).select(F.lit(i).alias("__sg_t"), "*")
@@ -180,20 +177,15 @@ def _run(engine, spec: LakeBatch, runners: dict) -> dict:
     else:  # no table takes changes yet: only the position moves
         frame = engine.runner.spark.range(0, 1, 1, numPartitions=1).select(F.lit(-1).alias("__sg_t"))
     out = frame.coalesce(1).mapInArrow(partial(apply_batch, spec), "summary string")
-    sc = engine.runner.sc
-    sc.setJobDescription(f"replicate {spec.workflow} through its rules")
-    sc.addJobTag(engine.tag)
     try:
-        rows = out.collect()
+        rows = rule_player.collect(engine, out, f"replicate {spec.workflow} through its rules")
     except Exception as exc:
         if batch.active and spark_errors.is_data_error(exc):
             raise rule_player.diagnose(engine, batch, runners, exc) from None
         raise  # a lost worker, a cancelled job: the engine retries
-    finally:
-        sc.removeJobTag(engine.tag)
     summary = json.loads(rows[0][0])
     if summary.get("error"):
-        raise pickle.loads(base64.b64decode(summary["error"]))
+        raise unpack(summary["error"])
     return summary
 
 
@@ -209,7 +201,7 @@ def apply_batch(spec: LakeBatch, batches):
     try:
         _apply(spec, batches, summary)
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
-        summary["error"] = base64.b64encode(pickle.dumps(from_exception(exc))).decode()
+        summary["error"] = pack(exc)
     yield pa.RecordBatch.from_arrays([pa.array([json.dumps(summary)], pa.string())], names=["summary"])
 
 
@@ -362,7 +354,7 @@ def _fold(effect: apply.NetEffect, source: Table, lake: Table, rule_json: dict |
     for j, op in enumerate(ops):
         if op in ("M", "E"):
             if op == "E":
-                raise pickle.loads(base64.b64decode(meta[j]))
+                raise unpack(meta[j])
             marker = json.loads(meta[j])
             continue
         if op == "T":
