@@ -16,6 +16,7 @@ Standard library only: the command line, the engine and every Spark worker impor
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -39,14 +40,18 @@ class Setting:
     env: str | None = None  # the SLUICEGATE_* variable that may give it
     flag: str | None = None  # the command-line flag that may give it
     kind: str = USER
+    tunable: bool = False  # an existing workflow's may be changed (`workflow set W KEY=VALUE`)
+    positive: bool = False  # a number above zero
 
     @property
     def sources(self) -> tuple[str, ...]:
         return tuple(s for s, on in ((OPTION, self.option), (ENV, self.env), (FLAG, self.flag)) if on)
 
 
-def _opt(name, type_, default, doc, flag=None) -> Setting:
-    return Setting(name, type_, default, doc, option=True, flag=flag)
+def _opt(name, type_, default, doc, flag=None, tunable=False) -> Setting:
+    # What a user may change on an existing workflow is a number whose next copy cycle or play task simply
+    # works to the new value; a tunable number must be above zero.
+    return Setting(name, type_, default, doc, option=True, flag=flag, tunable=tunable, positive=tunable)
 
 
 def _env(name, type_, default, doc, flag=None, kind=USER) -> Setting:
@@ -62,16 +67,17 @@ SETTINGS: tuple[Setting, ...] = (
     # Vitess copies for up to an hour before it catches up; a much shorter cycle here keeps each catchup small
     # and the snapshot short.
     _opt("cycle_rows", "int", 10_000_000, "rows per copy cycle (one snapshot; catchup and fast-forward between)",
-         "--cycle-rows"),
+         "--cycle-rows", tunable=True),
     # Whole waves of tasks: up to twice this (copier._tasks). Each task opens two sessions and imports the
     # snapshot; bigger tasks spend less on that.
-    _opt("chunk_rows", "int", 1_000_000, "rows per Spark copy task, about", "--chunk-rows"),
-    _opt("batch_changes", "int", 20_000, "pgoutput messages per replay batch"),
+    _opt("chunk_rows", "int", 1_000_000, "rows per Spark copy task, about", "--chunk-rows", tunable=True),
+    _opt("batch_changes", "int", 20_000, "pgoutput messages per replay batch", tunable=True),
     # None: a workflow with one stream plays until interrupted; streams sharing the executors use
     # engine.SHARED_SLICE_SECONDS.
     _opt("slice_seconds", "float", None, "how long a play task runs before the driver re-reads state (none: "
-                                         "until interrupted, or a shared slice)"),
-    _opt("idle_poll", "float", 0.1, "seconds a play task waits for changes when the source is quiet"),
+                                         "until interrupted, or a shared slice)", tunable=True),
+    _opt("idle_poll", "float", 0.1, "seconds a play task waits for changes when the source is quiet",
+         tunable=True),
     # One sorted build costs less than maintaining the indexes row by row during COPY (postgres/indexes.py).
     _opt("defer_indexes", "bool", True, "drop a target table's indexes before its first copy cycle, build them "
                                         "after (--keep-indexes: false)", "--keep-indexes"),
@@ -79,10 +85,11 @@ SETTINGS: tuple[Setting, ...] = (
                                                          "standbys flushed it", "--confirm-after-target-standbys"),
     _opt("on_ddl", "str", "stop", "what a stream does with a captured DDL statement: stop, ignore, exec, "
                                   "exec-ignore", "--on-ddl"),
-    _opt("stage_rows", "int", 50_000, "a Delta target: changes a batch holds in memory before staging them"),
+    _opt("stage_rows", "int", 50_000, "a Delta target: changes a batch holds in memory before staging them",
+         tunable=True),
     # Rows may be wide (a TOASTed document is sent whole): bytes bound what a batch holds as well as changes.
     _opt("stage_bytes", "size", 64 << 20, "a Delta target: bytes of changes (as the source sends them) a batch "
-                                         "holds in memory before staging them"),
+                                         "holds in memory before staging them", tunable=True),
     _opt("commit_every", "float", 30.0, "a Delta target: least seconds between two commits of changes",
          "--commit-every"),
     _opt("optimize_every", "float", 300.0, "a Delta target: seconds between compactions (0: never)",
@@ -130,6 +137,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 OPTION_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.option)
+TUNABLE_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.tunable)
 ENV_NAMES: tuple[str, ...] = tuple(s.env for s in SETTINGS if s.env)
 
 
@@ -177,6 +185,13 @@ _FALSE = ("0", "false", "no", "off")
 def parse(setting: Setting, value: Any, where: str, error: type[SluicegateError] = UsageError) -> Any:
     """`value` (a string from the environment or a flag, or a JSON value from options) as `setting.type`;
     `error` naming `where` when it is not one."""
+    parsed = _parse(setting, value, where, error)
+    if setting.positive and parsed is not None and not 0 < parsed < math.inf:  # (nan is neither)
+        raise error(f"{where}: must be above zero, and finite")
+    return parsed
+
+
+def _parse(setting: Setting, value: Any, where: str, error: type[SluicegateError]) -> Any:
     kind = setting.type
     if kind in ("json", "str") or value is None:
         if kind == "str" and not isinstance(value, str) and value is not None:
@@ -232,6 +247,29 @@ def check_options(options: Mapping[str, Any], error: type[SluicegateError] = Usa
             raise error(unknown_message(key, OPTION_NAMES, where) + way_out)
         parsed[key] = parse(setting, value, f"{where + ': ' if where else ''}setting {key!r} = {value!r}", error)
     return parsed
+
+
+# How an existing workflow's setting that is not tunable changes, if it does.
+_CHANGED_BY = {"on_ddl": "`workflow set --on-ddl`",
+               "confirm_after_target_standbys": "`workflow set --confirm-after-target-standbys`",
+               **dict.fromkeys(("optimize_every", "vacuum_every", "vacuum_retention", "commit_every"),
+                               "`sluicegate lake schedule`")}
+
+
+def tuned(pairs: Mapping[str, str], where: str) -> dict[str, Any]:
+    """`workflow set W KEY=VALUE ...`: the values parsed (None for `default`: the key goes, its default
+    applies); UsageError for a key that is unknown or not one an existing workflow may change (`where`:
+    "workflow W")."""
+    out = {}
+    for key, value in pairs.items():
+        setting = BY_NAME.get(key)
+        if setting is None or setting.kind != USER:
+            raise UsageError(unknown_message(key, TUNABLE_NAMES, where))
+        if not setting.tunable:
+            how = f"changed by {_CHANGED_BY[key]}" if key in _CHANGED_BY else "chosen at create only"
+            raise UsageError(f"{where}: {key} is {how}; KEY=VALUE changes {', '.join(TUNABLE_NAMES)}")
+        out[key] = None if value.lower() == "default" else parse(setting, value, f"{where}: {key}={value}")
+    return out
 
 
 def unknown_message(key: str, known: tuple[str, ...], where: str = "") -> str:

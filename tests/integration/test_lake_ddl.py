@@ -172,7 +172,7 @@ def test_stop_and_exec_ignore_on_a_delta_target(pair, spark, tmp_path):
     assert by_key(got.to_pylist()) == by_key(source_rows(pair.source, "public.gadgets"))
 
     # exec: a type a Delta column cannot widen to stops the stream, naming the column and the way out
-    lake.set_on_ddl("sx", target, "exec")
+    lake.configure("sx", target, "exec", {})
     pair.src("ALTER TABLE gadgets ALTER COLUMN v TYPE text")
     pair.src("UPDATE gadgets SET v = 'x' WHERE id = 1")
     assert LakeEngine(target, "sx", SparkRunner(spark)).run() == "Error"

@@ -147,3 +147,17 @@ def test_bad_shards_are_refused(keyspace, spark):
         create_reshard("bad", sources, targets, None, {"events": "account_id"}, [], {})
     for url in ks["targets"].values():  # nothing was created anywhere
         assert _sql(url, "SELECT to_regclass('sluicegate.workflows')")[0][0] is None
+
+
+def test_workflow_set_reaches_every_target_shard(keyspace):
+    ks = keyspace
+    for shard, url in ks["sources"].items():
+        _load(url, shard)
+    create_reshard("rs", parse_shards("source", [f"{n}={u}" for n, u in ks["sources"].items()]),
+                   parse_shards("target", [f"{n}={u}" for n, u in ks["targets"].items()]),
+                   None, {"events": "account_id"}, [], {"cycle_rows": 4000})
+    out = _cli("workflow", "set", "rs", "cycle_rows=123", "batch_changes=456", "--target", ks["targets"]["55-aa"])
+    assert out.returncode == 0 and out.stdout.strip() == "workflow rs: cycle_rows 123, batch_changes 456", out.stderr
+    for url in ks["targets"].values():  # each target shard's engine reads its own row
+        options = _sql(url, "SELECT options FROM sluicegate.workflows WHERE name = 'rs'")[0][0]
+        assert (options["cycle_rows"], options["batch_changes"]) == (123, 456), (url, options)

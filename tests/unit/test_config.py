@@ -292,3 +292,33 @@ def test_the_scan_finds_a_new_key():
     visitor = _Keys("x.py", source, {})
     visitor.visit(visitor.tree)
     assert {k for _, _, k in visitor.found} == {"new_key", "read_key", "merged_key"}
+
+
+def test_workflow_set_takes_only_what_a_workflow_may_change():
+    tuned = config.tuned({"batch_changes": "5000", "stage_bytes": "32MB", "idle_poll": "0.5",
+                          "slice_seconds": "default"}, "workflow w")
+    assert tuned == {"batch_changes": 5000, "stage_bytes": 32 << 20, "idle_poll": 0.5, "slice_seconds": None}
+    with pytest.raises(UsageError, match="workflow w: unknown setting 'batch_change'; did you mean"):
+        config.tuned({"batch_change": "5"}, "workflow w")
+    # set at create only (an index dropped before the copy, not after), or by a flag of its own
+    with pytest.raises(UsageError, match="defer_indexes is chosen at create only; KEY=VALUE changes cycle"):
+        config.tuned({"defer_indexes": "false"}, "workflow w")
+    with pytest.raises(UsageError, match="on_ddl is changed by `workflow set --on-ddl`"):
+        config.tuned({"on_ddl": "exec"}, "workflow w")
+    with pytest.raises(UsageError, match="commit_every is changed by `sluicegate lake schedule`"):
+        config.tuned({"commit_every": "5"}, "workflow w")
+    with pytest.raises(UsageError, match="unknown setting 'traffic'"):  # a record the code keeps
+        config.tuned({"traffic": "{}"}, "workflow w")
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(UsageError, match=f"workflow w: idle_poll={bad}: must be above zero, and finite"):
+            config.tuned({"idle_poll": bad}, "workflow w")
+    with pytest.raises(UsageError, match="batch_changes=many: not an integer"):
+        config.tuned({"batch_changes": "many"}, "workflow w")
+
+
+def test_a_size_a_run_works_in_is_above_zero_wherever_it_comes_from():
+    with pytest.raises(UsageError, match="must be above zero"):
+        check_options({"cycle_rows": -1})
+    with pytest.raises(TerminalError, match="workflow w: setting 'chunk_rows' = 0: must be above zero"):
+        Settings.from_options({"chunk_rows": 0}, "workflow w")
+    assert check_options({"slice_seconds": None}) == {"slice_seconds": None}  # (none: until interrupted)

@@ -418,6 +418,13 @@ def workflow_list(target, as_json):
     emit({"workflows": rows}, as_json, lambda r: print_workflows(make_console(), r["workflows"]))
 
 
+def _pair(text: str, where: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"{where}: {text!r} is not KEY=VALUE (e.g. batch_changes=10000)")
+    return key.strip(), value.strip()
+
+
 def _set_state(name: str, target: str, verb: str) -> str:
     return targets.resolve(target).set_state(name, verb)
 
@@ -444,6 +451,7 @@ def workflow_start(name, target):
 
 @workflow.command("set")
 @click.argument("name")
+@click.argument("pairs", nargs=-1, metavar="[KEY=VALUE]...")
 @TARGET
 @click.option("--on-ddl", type=click.Choice(("stop", "ignore", "exec", "exec-ignore")), default=None,
               help="The workflow's DDL mode (see `movetables create --on-ddl`); the next statement the stream "
@@ -452,11 +460,19 @@ def workflow_start(name, target):
               help="Confirm source positions only once the target's standbys have flushed them (see `movetables "
                    "create`); a running `workflow run` follows it once restarted.")
 @friendly
-def workflow_set(name, target, on_ddl, target_standbys):
-    """Change a setting of an existing workflow."""
-    if on_ddl is None and target_standbys is None:
-        raise UsageError("workflow set: give a setting to change (--on-ddl, --confirm-after-target-standbys)")
-    changed = targets.resolve(target).configure(name, on_ddl, target_standbys)
+def workflow_set(name, pairs, target, on_ddl, target_standbys):
+    """Change settings of an existing workflow: its DDL mode and standbys by their flags, and as KEY=VALUE
+    (KEY=default: back to the default) the sizes a run works in: cycle_rows, chunk_rows, batch_changes,
+    slice_seconds; a PostgreSQL target's idle_poll; a Delta target's stage_rows, stage_bytes (README,
+    "Settings"). A running `workflow run` takes a copy setting at its next cycle and a stream's at its next
+    play task: a Delta target's at its next batch; a PostgreSQL target's at its next slice, which for a single
+    stream without slice_seconds is once `workflow run` is restarted."""
+    where = f"workflow {name}"
+    settings = config.tuned(dict(_pair(p, where) for p in pairs), where)
+    if on_ddl is None and target_standbys is None and not settings:
+        raise UsageError("workflow set: give a setting to change (KEY=VALUE, --on-ddl, "
+                         "--confirm-after-target-standbys)")
+    changed = targets.resolve(target).configure(name, on_ddl, target_standbys, settings)
     click.echo(f"workflow {name}: {', '.join(changed)}")
 
 

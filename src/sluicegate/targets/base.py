@@ -78,8 +78,9 @@ class Target:
         """`workflow stop|start`: the new state."""
         raise NotImplementedError
 
-    def configure(self, name: str, on_ddl: str | None, target_standbys: str | None) -> list[str]:
-        """`workflow set`: what changed."""
+    def configure(self, name: str, on_ddl: str | None, target_standbys: str | None,
+                  settings: dict) -> list[str]:
+        """`workflow set`: what changed. `settings`: config.tuned's, into the workflow's options."""
         raise NotImplementedError
 
     def delete(self, name: str, drop_tables: bool, say: Callable[[str], None]) -> list[str]:

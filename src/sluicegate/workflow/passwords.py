@@ -10,7 +10,6 @@ and until then warns, as status does, at every run.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ..errors import SluicegateError
@@ -80,5 +79,4 @@ def _strip(conn, wf: st.Workflow, urls: set[str]) -> None:
     if keyspace:
         for side in ("source_shards", "target_shards"):
             keyspace[side] = {k: strip_password(u) if u in urls else u for k, u in keyspace.get(side, {}).items()}
-        conn.execute("UPDATE sluicegate.workflows SET options = options || %s::jsonb WHERE name = %s",
-                     (json.dumps({"keyspace": keyspace}), wf.name))
+        st.set_options(conn, wf.name, {"keyspace": keyspace})

@@ -423,6 +423,14 @@ def set_traffic(conn: psycopg.Connection, workflow: str, state: str, epoch: int,
     )
 
 
+def set_options(conn: psycopg.Connection, workflow: str, values: dict) -> None:
+    """Set keys of the workflow's options (the others stay; a key whose value is None goes), in the caller's
+    transaction."""
+    conn.execute("UPDATE sluicegate.workflows SET options = (options || %s::jsonb) - %s::text[] "
+                 "WHERE name = %s", (json.dumps({k: v for k, v in values.items() if v is not None}),
+                                     [k for k, v in values.items() if v is None], workflow))
+
+
 def drop_option(conn: psycopg.Connection, workflow: str, key: str) -> None:
     """Remove one key from the workflow's options (a pending task done), in the caller's transaction."""
     conn.execute("UPDATE sluicegate.workflows SET options = options - %s WHERE name = %s", (key, workflow))

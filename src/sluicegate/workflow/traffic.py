@@ -23,7 +23,6 @@ the one workflow that carries the traffic write.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -260,7 +259,7 @@ def _save_reverse(src: psycopg.Connection, sides: Sides, rev: str, slot: str, st
         stream_id = sides.reverse.streams[0].id
         st.lock_stream(src, stream_id)
         if options:
-            _set_options(src, rev, **options)
+            st.set_options(src, rev, options)
     st.set_traffic(src, rev, SWITCHED, epoch, format_lsn(position), reverse_of=sides.forward.name)
     src.execute("""UPDATE sluicegate.streams SET state = %s, position = %s::pg_lsn, message = '',
                           caught_up_at = now(), updated_at = now() WHERE id = %s""",
@@ -623,11 +622,6 @@ def _create_slot(url: str, slot: str, timeout: float) -> int:
             raise RetryableError(f"creating replication slot {slot} on the target waited {timeout:g} s for its "
                                  f"running transactions{locks.describe_transactions(conn)}; nothing was changed; "
                                  f"try again") from None
-
-
-def _set_options(conn: psycopg.Connection, name: str, **options) -> None:
-    conn.execute("UPDATE sluicegate.workflows SET options = options || %s::jsonb WHERE name = %s",
-                 (json.dumps(options), name))
 
 
 def _rollback(*conns) -> None:

@@ -105,12 +105,13 @@ class DeltaTarget(Target):
 
         return lake.set_state(name, self.url, verb)
 
-    def configure(self, name, on_ddl, target_standbys) -> list[str]:
+    def configure(self, name, on_ddl, target_standbys, settings) -> list[str]:
         from . import cli as lake
 
         self._no_standbys(target_standbys is not None)
-        lake.set_on_ddl(name, self.url, on_ddl)
-        return [f"on-ddl {on_ddl}"]
+        lake.configure(name, self.url, on_ddl, settings)
+        return ([f"on-ddl {on_ddl}"] if on_ddl else []) + [f"{k} {'default' if v is None else v}"
+                                                            for k, v in settings.items()]
 
     def delete(self, name: str, drop_tables: bool, say: Callable[[str], None]) -> list[str]:
         from . import cli as lake

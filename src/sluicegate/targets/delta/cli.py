@@ -124,16 +124,24 @@ def _ddl_capture_note(src, options: dict) -> list[str]:
     return [f"{p.what}: {p.action}" for p in _ddl_capture(src, "source", modes.of(options))]
 
 
-def set_on_ddl(name: str, target: str, mode: str) -> None:
-    """`workflow set W --on-ddl MODE` of a Delta workflow: kept in its options; a running driver's play task
-    sees the options change and ends, and the next one follows the mode."""
-    if mode not in modes.MODES:
-        raise UsageError(f"--on-ddl {mode}: one of {', '.join(modes.MODES)}")
+def configure(name: str, target: str, on_ddl: str | None, settings: dict) -> None:
+    """`workflow set` of a Delta workflow (its DDL mode, config.tuned's settings): kept in its options; a
+    running driver's play task sees the options change and ends, and the next one follows them."""
+    if on_ddl is not None and on_ddl not in modes.MODES:
+        raise UsageError(f"--on-ddl {on_ddl}: one of {', '.join(modes.MODES)}")
+    if "idle_poll" in settings:  # (the Delta player waits for changes by its commit schedule)
+        raise UsageError(f"workflow {name}: idle_poll is a PostgreSQL target's setting; this target is Delta")
     store = open_store(target)
     if not store.exists(name):
         raise UsageError(f"no workflow {name} under {location.parse(target).uri}")
     with store.update(name) as w:
-        w.options[modes.OPTION] = mode
+        if on_ddl is not None:
+            w.options[modes.OPTION] = on_ddl
+        for key, value in settings.items():
+            if value is None:
+                w.options.pop(key, None)
+            else:
+                w.options[key] = value
 
 
 def generated_columns(conn, tables) -> dict[str, list[str]]:

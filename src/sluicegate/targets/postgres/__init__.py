@@ -78,10 +78,10 @@ class PostgresTarget(Target):
 
         return set_state(name, self.url, verb)
 
-    def configure(self, name, on_ddl, target_standbys) -> list[str]:
+    def configure(self, name, on_ddl, target_standbys, settings) -> list[str]:
         from .admin import configure
 
-        return configure(name, self.url, on_ddl, target_standbys)
+        return configure(name, self.url, on_ddl, target_standbys, settings)
 
     def delete(self, name, drop_tables, say) -> list[str]:
         from .admin import delete

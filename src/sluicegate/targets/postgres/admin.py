@@ -72,8 +72,15 @@ def _set_shard_state(name: str, target: str, verb: str) -> str:
         return wf.streams[0].state
 
 
-def configure(name: str, target: str, on_ddl: str | None, target_standbys: str | None) -> list[str]:
+# Settings only a Delta target's player reads (config.py): refused here rather than kept and never used.
+_NOT_HERE = ("stage_rows", "stage_bytes")
 
+
+def configure(name: str, target: str, on_ddl: str | None, target_standbys: str | None,
+              settings: dict) -> list[str]:
+    for key in settings:
+        if key in _NOT_HERE:
+            raise UsageError(f"workflow {name}: {key} is a Delta target's setting; this target is PostgreSQL")
     with connect(target, role="target") as conn:
         if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
                                                          (name,)).fetchone():
@@ -85,9 +92,16 @@ def configure(name: str, target: str, on_ddl: str | None, target_standbys: str |
             modes.set_mode(conn, name, on_ddl)
         if target_standbys is not None:
             standby_flush.set_enabled(conn, name, target_standbys == "on")
+        if settings:
+            st.set_options(conn, name, settings)
         conn.commit()
+    for _, url, _ in load_all(name, target) if settings else ():
+        if url != target:  # a Reshard's other target shards: their engines read their own row
+            with connect(url, role="target") as conn:
+                st.set_options(conn, name, settings)
     changed = [f"on-ddl {on_ddl}"] if on_ddl else []
-    return changed + ([f"confirm-after-target-standbys {target_standbys}"] if target_standbys else [])
+    changed += [f"confirm-after-target-standbys {target_standbys}"] if target_standbys else []
+    return changed + [f"{k} {'default' if v is None else v}" for k, v in settings.items()]
 
 
 def delete(name: str, target: str, drop_tables: bool, say: Callable[[str], None]) -> list[str]:
