@@ -156,8 +156,11 @@ def test_workflow_set_reaches_every_target_shard(keyspace):
     create_reshard("rs", parse_shards("source", [f"{n}={u}" for n, u in ks["sources"].items()]),
                    parse_shards("target", [f"{n}={u}" for n, u in ks["targets"].items()]),
                    None, {"events": "account_id"}, [], {"cycle_rows": 4000})
-    out = _cli("workflow", "set", "rs", "cycle_rows=123", "batch_changes=456", "--target", ks["targets"]["55-aa"])
-    assert out.returncode == 0 and out.stdout.strip() == "workflow rs: cycle_rows 123, batch_changes 456", out.stderr
+    out = _cli("workflow", "set", "rs", "cycle_rows=123", "batch_changes=456", "--on-ddl", "ignore",
+               "--target", ks["targets"]["55-aa"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "workflow rs: on-ddl ignore, cycle_rows 123, batch_changes 456"
     for url in ks["targets"].values():  # each target shard's engine reads its own row
         options = _sql(url, "SELECT options FROM sluicegate.workflows WHERE name = 'rs'")[0][0]
-        assert (options["cycle_rows"], options["batch_changes"]) == (123, 456), (url, options)
+        assert (options["cycle_rows"], options["batch_changes"], options["on_ddl"]) == (123, 456, "ignore"), \
+            (url, options)

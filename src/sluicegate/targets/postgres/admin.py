@@ -81,24 +81,20 @@ def configure(name: str, target: str, on_ddl: str | None, target_standbys: str |
     for key in settings:
         if key in _NOT_HERE:
             raise UsageError(f"workflow {name}: {key} is a Delta target's setting; this target is PostgreSQL")
-    with connect(target, role="target") as conn:
-        if not st.has_schema(conn) or not conn.execute("SELECT 1 FROM sluicegate.workflows WHERE name = %s",
-                                                         (name,)).fetchone():
-            raise UsageError(f"no workflow {name} on this target")
-        if target_standbys == "on":
-            for problem in probes.privileged(conn, f"target {describe(target)}", {needs.TARGET_STANDBYS}):
+    urls = [url for _, url, _ in load_all(name, target)]  # a Reshard's every target shard: each reads its own
+    for url in urls if target_standbys == "on" else ():     # (all checked before any is changed)
+        with connect(url, role="target") as conn:
+            for problem in probes.privileged(conn, f"target {describe(url)}", {needs.TARGET_STANDBYS}):
                 raise UsageError(problem.line())
-        if on_ddl is not None:
-            modes.set_mode(conn, name, on_ddl)
-        if target_standbys is not None:
-            standby_flush.set_enabled(conn, name, target_standbys == "on")
-        if settings:
-            st.set_options(conn, name, settings)
-        conn.commit()
-    for _, url, _ in load_all(name, target) if settings else ():
-        if url != target:  # a Reshard's other target shards: their engines read their own row
-            with connect(url, role="target") as conn:
+    for url in urls:
+        with connect(url, role="target") as conn:
+            if on_ddl is not None:
+                modes.set_mode(conn, name, on_ddl)
+            if target_standbys is not None:
+                standby_flush.set_enabled(conn, name, target_standbys == "on")
+            if settings:
                 st.set_options(conn, name, settings)
+            conn.commit()
     changed = [f"on-ddl {on_ddl}"] if on_ddl else []
     changed += [f"confirm-after-target-standbys {target_standbys}"] if target_standbys else []
     return changed + [f"{k} {'default' if v is None else v}" for k, v in settings.items()]
