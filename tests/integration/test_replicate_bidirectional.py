@@ -21,7 +21,7 @@ from sluicegate.position import parse_lsn
 from sluicegate.postgres import origins
 from sluicegate.postgres.connect import strip_password
 
-from ..conftest import wait_for
+from ..conftest import drop_slots, wait_for
 from .cluster_helpers import Consumer, cli, run, status, stream
 from .helpers import table_rows
 
@@ -49,14 +49,7 @@ class Pair:
             with contextlib.suppress(Exception), psycopg.connect(server.url(), autocommit=True) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
                           "AND pid <> pg_backend_pid()", (self.name,))
-                for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
-                                         (self.name,)).fetchall():
-                    for _ in range(100):
-                        try:
-                            c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                            break
-                        except psycopg.errors.ObjectInUse:
-                            time.sleep(0.05)
+                drop_slots(c, self.name)
                 origins.drop(c, origin_name(W, strip_password(url), peer))
             with contextlib.suppress(Exception):
                 server.drop_database(self.name)
