@@ -40,8 +40,7 @@ class Setting:
     env: str | None = None  # the SLUICEGATE_* variable that may give it
     flag: str | None = None  # the command-line flag that may give it
     kind: str = USER
-    tunable: bool = False  # an existing workflow's may be changed (`workflow set W KEY=VALUE`)
-    positive: bool = False  # a number above zero
+    tunable: bool = False  # an existing workflow's may be changed (`workflow set W KEY=VALUE`); above zero
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -51,7 +50,7 @@ class Setting:
 def _opt(name, type_, default, doc, flag=None, tunable=False) -> Setting:
     # What a user may change on an existing workflow is a number whose next copy cycle or play task simply
     # works to the new value; a tunable number must be above zero.
-    return Setting(name, type_, default, doc, option=True, flag=flag, tunable=tunable, positive=tunable)
+    return Setting(name, type_, default, doc, option=True, flag=flag, tunable=tunable)
 
 
 def _env(name, type_, default, doc, flag=None, kind=USER) -> Setting:
@@ -186,7 +185,7 @@ def parse(setting: Setting, value: Any, where: str, error: type[SluicegateError]
     """`value` (a string from the environment or a flag, or a JSON value from options) as `setting.type`;
     `error` naming `where` when it is not one."""
     parsed = _parse(setting, value, where, error)
-    if setting.positive and parsed is not None and not 0 < parsed < math.inf:  # (nan is neither)
+    if setting.tunable and parsed is not None and not 0 < parsed < math.inf:  # (nan is neither)
         raise error(f"{where}: must be above zero, and finite")
     return parsed
 
