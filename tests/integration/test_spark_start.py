@@ -20,6 +20,7 @@ import json, sys
 from sluicegate.spark.session import get_spark_context
 sc = get_spark_context()
 sc.parallelize(range(4), 2).map(lambda x: x + 1).collect()
+workers = sc.parallelize(range(2), 2).map(lambda _: __import__("pyspark").__file__).collect()
 loaded = [m for m in ("pandas", "numpy", "pyarrow") if m in sys.modules]
 import numpy as np
 # Once NumPy is loaded, its arrays still reach the JVM as Java arrays (PySpark's converter, unwrapped).
@@ -27,7 +28,7 @@ length = sc._jvm.java.lang.reflect.Array.getLength(np.array([1, 2, 3], dtype=np.
 conf = {k: sc.getConf().get(k) for k in ("spark.master", "spark.driver.host", "spark.driver.bindAddress",
                                          "spark.app.name")}
 sc.stop()
-print(json.dumps({"loaded": loaded, "length": length, "conf": conf}))
+print(json.dumps({"loaded": loaded, "length": length, "conf": conf, "workers": workers}))
 """
 
 
@@ -39,6 +40,9 @@ def test_a_local_start_binds_to_loopback_and_loads_no_pandas_numpy_or_pyarrow():
                          check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Python workers import pyspark from its package (compiled code cached), not from Spark's pyspark.zip
+    import pyspark
+    assert result.pop("workers") == [pyspark.__file__] * 2
     assert result == {"loaded": [], "length": 3, "conf": {
         "spark.master": "local[*]", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
         "spark.app.name": "sluicegate"}}

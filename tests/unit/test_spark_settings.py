@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from sluicegate.errors import UsageError
@@ -36,10 +38,25 @@ def test_only_local_and_local_n_run_executors_in_the_drivers_jvm():
 
 
 def test_a_local_master_gets_loopback_for_the_driver_and_ours_for_what_nobody_set():
-    assert default_settings("local[*]", {"spark.app.name": "pyspark-shell"}) == {
+    named = {"spark.app.name": "pyspark-shell"}
+    assert default_settings("local[*]", named, workers_python=sys.executable) == {
         "spark.app.name": "sluicegate", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
         "spark.python.task.killTimeout": "500ms", "spark.sql.shuffle.partitions": "8",
-        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.python.daemon.module": "sluicegate.spark.daemon"}
+
+
+def test_only_workers_that_import_this_sluicegate_get_its_daemon():
+    daemon = "spark.python.daemon.module"
+    assert daemon in default_settings("local-cluster[2,1,1024]", {}, workers_python=sys.executable)
+    # another Python, a path put before its packages, executors elsewhere, or the user's own daemon:
+    # PySpark's, so that the executor check can run and name a missing or other Sluicegate
+    assert daemon not in default_settings("local[2]", {}, workers_python="/opt/bare/bin/python")
+    assert daemon not in default_settings("local[2]", {}, workers_python=None)
+    assert daemon not in default_settings("local[2]", {"spark.executorEnv.PYTHONPATH": "/other"},
+                                          workers_python=sys.executable)
+    assert daemon not in default_settings("spark://10.0.0.5:7077", {}, workers_python=sys.executable)
+    assert daemon not in default_settings("local[2]", {daemon: "mine.daemon"}, workers_python=sys.executable)
 
 
 @pytest.mark.parametrize("master", ["spark://10.0.0.5:7077", "yarn", "k8s://https://k8s.example:6443"])
@@ -54,8 +71,8 @@ def test_what_spark_defaults_or_conf_set_is_never_defaulted():
     seen = {"spark.driver.host": "10.1.2.3", "spark.ui.enabled": "true", "spark.app.name": "nightly",
             "spark.sql.shuffle.partitions": "64"}
     # The driver's host set: Spark binds to it (no loopback bind address beside a host of the user's).
-    assert default_settings("local[2]", seen) == {"spark.ui.showConsoleProgress": "false",
-                                                  "spark.python.task.killTimeout": "500ms"}
+    assert default_settings("local[2]", seen, workers_python=None) == {
+        "spark.ui.showConsoleProgress": "false", "spark.python.task.killTimeout": "500ms"}
     bind_only = default_settings("local[2]", {"spark.driver.bindAddress": "0.0.0.0"})
     assert bind_only["spark.driver.host"] == "127.0.0.1" and "spark.driver.bindAddress" not in bind_only
 

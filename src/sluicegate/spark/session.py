@@ -86,10 +86,11 @@ def launch_settings(master: str | None, conf: Mapping[str, str]) -> dict[str, st
     return settings
 
 
-def default_settings(master: str, seen: Mapping[str, str],
-                     app_name: str = DEFAULT_APP_NAME) -> dict[str, str]:
+def default_settings(master: str, seen: Mapping[str, str], app_name: str = DEFAULT_APP_NAME,
+                     workers_python: str | None = None) -> dict[str, str]:
     """Sluicegate's defaults for the keys not in `seen` (what spark-defaults.conf and --conf set), given the
-    master Spark resolved. Loopback for the driver only when every executor is on this machine."""
+    master Spark resolved and the Python its workers run. Loopback for the driver only when every executor
+    is on this machine."""
     defaults = {
         "spark.ui.enabled": "false",  # Spark's UI listens on every interface: opt in with --conf
         "spark.ui.showConsoleProgress": "false",
@@ -99,6 +100,9 @@ def default_settings(master: str, seen: Mapping[str, str],
     }
     if is_local(master):
         defaults["spark.sql.shuffle.partitions"] = "8"  # sized for one machine; Spark's 200 is for clusters
+        if _runs_this_sluicegate(workers_python, seen):
+            # PySpark's daemon, importing pyspark from its package, where Python keeps compiled code
+            defaults["spark.python.daemon.module"] = "sluicegate.spark.daemon"
         if "spark.driver.host" not in seen:
             defaults["spark.driver.host"] = LOOPBACK
             if "spark.driver.bindAddress" not in seen:  # (Spark binds to spark.driver.host when it is set)
@@ -107,6 +111,14 @@ def default_settings(master: str, seen: Mapping[str, str],
     if seen.get("spark.app.name", _SUBMIT_APP_NAME) == _SUBMIT_APP_NAME:
         defaults["spark.app.name"] = app_name
     return defaults
+
+
+def _runs_this_sluicegate(workers_python: str | None, seen: Mapping[str, str]) -> bool:
+    """Whether Python workers on this machine run this interpreter with nothing put before its packages: they
+    import this very Sluicegate, so its daemon can start them. Anywhere else the executor check
+    (executors.py) must be able to run, and name a missing or other Sluicegate, on PySpark's own daemon."""
+    return (workers_python is not None and os.path.abspath(workers_python) == os.path.abspath(sys.executable)
+            and "spark.executorEnv.PYTHONPATH" not in seen)
 
 
 def unreachable_driver(master: str, driver_host: str | None) -> str | None:
@@ -235,7 +247,9 @@ def get_spark_context(master: str | None = None, conf: Mapping[str, str] | None 
         conf_obj = SparkConf()  # (on a running JVM: its spark.* properties; else SparkContext adds them)
         for key, value in settings.items():
             conf_obj.set(key, value)
-        for key, value in default_settings(seen.get("spark.master", "local[*]"), seen, app_name).items():
+        workers_python = seen.get("spark.pyspark.python") or os.environ["PYSPARK_PYTHON"]
+        for key, value in default_settings(seen.get("spark.master", "local[*]"), seen, app_name,
+                                           workers_python).items():
             conf_obj.set(key, value)
         if _PROGRESS_BAR not in settings:
             # Spark's launcher turns the bars on for every PySpark application ("pyspark-shell"), so
