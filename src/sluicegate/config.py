@@ -131,6 +131,8 @@ SETTINGS: tuple[Setting, ...] = (
     _env("fault_pause", "str", None, "a fault point to pause at (tests)", kind=INTERNAL),
     _env("fault_dir", "str", None, "where a paused fault point leaves its marker file (tests)", kind=INTERNAL),
     _env("all_tests", "bool", False, "the test suite also runs its slow fault scenarios", kind=INTERNAL),
+    _env("test_workers", "int", 2, "pytest workers scripts/test runs the suite in (0: one process)",
+         kind=INTERNAL),
     _env("golden_update", "bool", False, "golden-file tests rewrite their expected output", kind=INTERNAL),
     _env("venv", "str", None, "the virtual environment scripts/ use", kind=INTERNAL),
 )
