@@ -243,8 +243,10 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
                  180, what="both sinks running", describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
         writer.start()
         wait_for(lambda: len(writer.inserted) > 50, 60, what="writes")
-        before = points.read(root, c.workflow)
-        assert before and all("public.orders" not in p["versions"] for p in before)
+        # the Delta consumer's first consistent point comes with its first batch of those writes
+        before = wait_for(lambda: points.read(root, c.workflow), 120, what="a consistent point",
+                          describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
+        assert all("public.orders" not in p["versions"] for p in before)
         out = cli("replicate", "add-tables", c.workflow, "--tables", "orders", "--target", lake)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "sink s2 (delta:" in out.stdout and "public.orders: copy — new setup, Delta table created" in out.stdout
