@@ -14,7 +14,7 @@ import threading
 import time
 
 from ..errors import UsageError
-from .session import in_process_executors
+from .session import in_process_executors, runs_this_sluicegate
 
 log = logging.getLogger("sluicegate")
 
@@ -113,16 +113,10 @@ def job_failure(text: str, version: str, python_exec: str) -> str:
 def needs_check(sc) -> bool:
     """Not for executors that are threads of the driver's JVM running this very Python (local[N] with the
     default PYSPARK_PYTHON): they import what the driver imports."""
-    import os
-    import shutil
-
-
-    if not in_process_executors(sc.master):
+    conf = sc.getConf()
+    if not in_process_executors(sc.master) or conf.get("spark.pyspark.python"):
         return True
-    if sc.getConf().get("spark.pyspark.python") or sc.getConf().get("spark.executorEnv.PYTHONPATH"):
-        return True
-    python = shutil.which(sc.pythonExec) or sc.pythonExec
-    return os.path.abspath(python) != os.path.abspath(sys.executable)
+    return not runs_this_sluicegate(sc.pythonExec, bool(conf.get("spark.executorEnv.PYTHONPATH")))
 
 
 def check(sc) -> None:

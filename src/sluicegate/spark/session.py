@@ -100,7 +100,7 @@ def default_settings(master: str, seen: Mapping[str, str], app_name: str = DEFAU
     }
     if is_local(master):
         defaults["spark.sql.shuffle.partitions"] = "8"  # sized for one machine; Spark's 200 is for clusters
-        if _runs_this_sluicegate(workers_python, seen):
+        if runs_this_sluicegate(workers_python, "spark.executorEnv.PYTHONPATH" in seen):
             # PySpark's daemon, importing pyspark from its package, where Python keeps compiled code
             defaults["spark.python.daemon.module"] = "sluicegate.spark.daemon"
         if "spark.driver.host" not in seen:
@@ -113,12 +113,14 @@ def default_settings(master: str, seen: Mapping[str, str], app_name: str = DEFAU
     return defaults
 
 
-def _runs_this_sluicegate(workers_python: str | None, seen: Mapping[str, str]) -> bool:
-    """Whether Python workers on this machine run this interpreter with nothing put before its packages: they
-    import this very Sluicegate, so its daemon can start them. Anywhere else the executor check
-    (executors.py) must be able to run, and name a missing or other Sluicegate, on PySpark's own daemon."""
-    return (workers_python is not None and os.path.abspath(workers_python) == os.path.abspath(sys.executable)
-            and "spark.executorEnv.PYTHONPATH" not in seen)
+def runs_this_sluicegate(workers_python: str | None, pythonpath_set: bool) -> bool:
+    """Whether Python workers on this machine run this interpreter (`workers_python`) with nothing put before
+    its packages (no spark.executorEnv.PYTHONPATH): they import this very Sluicegate. Then its daemon can start
+    them and, for executors in the driver's JVM, the executor check (executors.py) is not needed; anywhere
+    else that check must run, on PySpark's own daemon, to name a missing or other Sluicegate."""
+    if workers_python is None or pythonpath_set:
+        return False
+    return os.path.abspath(shutil.which(workers_python) or workers_python) == os.path.abspath(sys.executable)
 
 
 def unreachable_driver(master: str, driver_host: str | None) -> str | None:
