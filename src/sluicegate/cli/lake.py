@@ -16,10 +16,6 @@ LAKE_TARGET = click.option("--target", envvar=config.env_var("target"), required
                            help="The workflow's Delta target, delta:PATH (or SLUICEGATE_TARGET).")
 
 
-def _path(target: str) -> str:
-    return DeltaTarget.require(target)
-
-
 @click.group("lake")
 def lake_group() -> None:
     """Housekeeping of a Delta Lake target: compact small files, vacuum unneeded ones.
@@ -47,7 +43,7 @@ def lake_optimize(name, target, as_json):
             click.echo(f"{t['table']}: {t['files_before']} files -> {t['files_after']} "
                        f"(version {t['version_before']} -> {t['version_after']})")
 
-    emit(optimize(_path(target), name), as_json, human)
+    emit(optimize(DeltaTarget.require(target), name), as_json, human)
 
 
 def _retention(text: str) -> timedelta:
@@ -80,7 +76,8 @@ def lake_vacuum(name, target, retention, dry_run, list_files, allow_short_retent
     """
     from ..targets.delta.housekeeping import format_vacuum, vacuum
 
-    report = vacuum(_path(target), name, _retention(retention), dry_run=dry_run, allow_short=allow_short_retention)
+    report = vacuum(DeltaTarget.require(target), name, _retention(retention), dry_run=dry_run,
+                    allow_short=allow_short_retention)
     emit(report, as_json, lambda r: click.echo("\n".join(format_vacuum(r, list_files))))
 
 
@@ -110,6 +107,6 @@ def lake_schedule(name, target, optimize_every, vacuum_every, vacuum_retention, 
                 else str(timedelta(seconds=seconds))
             click.echo(f"{key.replace('_', '-')}: {shown}")
 
-    _path(target)
+    DeltaTarget.require(target)
     emit(schedule(name, target, {"optimize_every": optimize_every, "vacuum_every": vacuum_every,
                                  "vacuum_retention": vacuum_retention, "commit_every": commit_every}), as_json, human)

@@ -195,11 +195,7 @@ def movetables_create(name, source, target, tables, schemas, exclude_tables, rul
     moved, made = where.create_movetables(name, source, _table_names(tables, schemas), _excluded(exclude_tables),
                                           _all_rules(rules, rules_file), options, parse_udfs(list(udfs)), schedule,
                                           notes)
-    for line in made:
-        click.echo(f"created {line}")
-    _created(name, f"{len(moved)} tables ({', '.join(moved)})", where.hint(), [source])
-    for line in notes:  # what the target tables do not get of their source's definition
-        click.echo(f"note: {line}", err=True)
+    _created(name, f"{len(moved)} tables ({', '.join(moved)})", where.hint(), [source], made, notes)
 
 
 def _table_names(tables: str | None, schemas: str | None = None) -> list[str] | None:
@@ -223,13 +219,18 @@ def _excluded(exclude_tables: str | None) -> list[str] | None:
     return split_list(exclude_tables) if exclude_tables else None
 
 
-def _created(name: str, what: str, target_hint: str = "", sources: list[str] = ()) -> None:
+def _created(name: str, what: str, target_hint: str = "", sources: list[str] = (), made: list[str] = (),
+             notes: list[str] = ()) -> None:
     from ..workflow.create import source_password_note
 
+    for line in made:
+        click.echo(f"created {line}")
     click.echo(f"created workflow {name}: {what}; run it with: sluicegate workflow run {shlex.quote(name)}"
                f"{target_hint}")
     for note in dict.fromkeys(filter(None, map(source_password_note, sources))):
         click.echo(note, err=True)
+    for line in notes:  # what the target tables do not get of their source's definition
+        click.echo(f"note: {line}", err=True)
 
 
 @cli.group()
@@ -252,11 +253,7 @@ def materialize_create(name, source, target, rules, rules_file, udfs, cycle_rows
     created, made = where.create_materialize(name, source, _all_rules(rules, rules_file),
                                              _options(cycle_rows, chunk_rows, target_standbys),
                                              parse_udfs(list(udfs)), notes)
-    for line in made:
-        click.echo(f"created {line}")
-    _created(name, f"{len(created)} tables ({', '.join(created)})", where.hint(), [source])
-    for line in notes:
-        click.echo(f"note: {line}", err=True)
+    _created(name, f"{len(created)} tables ({', '.join(created)})", where.hint(), [source], made, notes)
 
 
 @cli.group()
@@ -425,17 +422,13 @@ def _pair(text: str, where: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _set_state(name: str, target: str, verb: str) -> str:
-    return targets.resolve(target).set_state(name, verb)
-
-
 @workflow.command("stop")
 @click.argument("name")
 @TARGET
 @friendly
 def workflow_stop(name, target):
     """Stop the workflow; a running driver notices within one batch and exits."""
-    _set_state(name, target, "stop")
+    targets.resolve(target).set_state(name, "stop")
     click.echo(f"workflow {name}: Stopped")
 
 
@@ -445,7 +438,7 @@ def workflow_stop(name, target):
 @friendly
 def workflow_start(name, target):
     """Start a stopped (or failed) workflow again from where it stands; then `workflow run` it."""
-    _set_state(name, target, "start")
+    targets.resolve(target).set_state(name, "start")
     click.echo(f"workflow {name}: started; run it with: sluicegate workflow run {shlex.quote(name)}")
 
 

@@ -136,7 +136,7 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
         click.echo(f"created workflow {name}: {len({d.table for d in decisions})} table(s) from "
                    f"{len(source_shards)} source shard(s) to {len(sinks)} sink(s); run each sink's consumer with:")
         for url in sinks:
-            click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
+            click.echo(f"  {_run(name, url)}")
         for note in filter(None, (source_password_note(i.partition("=")[2].strip()) for i in source_shards)):
             click.echo(note, err=True)
         return
@@ -154,19 +154,19 @@ def replicate_create(name, source, source_shards, shard_keys, sinks, tables, sch
     if bidirectional:
         click.echo(f"created workflow {name}: {tables_n} table(s) both ways between the source and the sink; run "
                    f"each side's consumer with:")
-        click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(source))}")
+        click.echo(f"  {_run(name, source)}")
     else:
         click.echo(f"created workflow {name}: {tables_n} table(s) to {len(sinks)} sink(s); run each sink's "
                    f"consumer with:")
     for url in sinks:
-        click.echo(f"  sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(_shown(url))}")
+        click.echo(f"  {_run(name, url)}")
     note = source_password_note(source)
     if note:
         click.echo(note, err=True)
 
 
-def _shown(url: str) -> str:
-    return strip_password(url)
+def _run(name: str, url: str) -> str:
+    return f"sluicegate workflow run {shlex.quote(name)} --target {shlex.quote(strip_password(url))}"
 
 
 @replicate_group.command("bootstrap")
@@ -179,8 +179,7 @@ def replicate_bootstrap(name, sink, tables):
     """Re-copy, from the source, what this sink cannot resume; the other sinks are not touched."""
     for line in targets.resolve(sink).bootstrap_sink(name, _names(tables, "--tables")):
         click.echo(line)
-    click.echo(f"run the sink's consumer: sluicegate workflow run {shlex.quote(name)} --target "
-               f"{shlex.quote(_shown(sink))}")
+    click.echo(f"run the sink's consumer: {_run(name, sink)}")
 
 
 @replicate_group.command("add-tables")
