@@ -32,9 +32,10 @@ def _from_create(create: click.Command, kind: str) -> click.Command:
 
 
 def _check(kind: str, kw: dict) -> None:
-    from ..postgres.catalog import split_list, with_schemas
+    from ..postgres.catalog import split_list, split_name, with_schemas
     from ..preflight.plan import Plan, check
     from ..preflight.report import errors
+    from ..rules.spec import load_rules_file, parse_rules
 
     def shards(values) -> list[str]:
         return [v.partition("=")[2].strip() for v in values or ()]
@@ -44,8 +45,8 @@ def _check(kind: str, kw: dict) -> None:
         names = with_schemas(names, split_list(kw["schemas"]))
 
     plan = Plan(
-        kind="Materialize" if kind == "materialize" else {"movetables": "MoveTables", "reshard": "Reshard",
-                                                           "replicate": "Replicate"}[kind],
+        kind={"movetables": "MoveTables", "materialize": "Materialize", "reshard": "Reshard",
+              "replicate": "Replicate"}[kind],
         sources=[kw["source"]] if kw.get("source") else shards(kw.get("source_shards")),
         targets=[kw["target"]] if kw.get("target") else list(kw.get("sinks") or ()) or shards(kw.get("target_shards")),
         tables=names, exclude=split_list(kw["exclude_tables"]) if kw.get("exclude_tables") else None,
@@ -57,18 +58,19 @@ def _check(kind: str, kw: dict) -> None:
         raise click.UsageError("name the source: --source URL (or --source-shard RANGE=URL)")
     rules = list(kw.get("rules") or ())
     if kw.get("rules_file"):
-        from ..rules.spec import load_rules_file
-
         rules += load_rules_file(kw["rules_file"])
-    if rules and plan.kind == "Materialize":  # its tables are the rules' FROM tables (Spark's parser says which)
-        plan.tables = _rule_sources(rules) or plan.tables
-    if rules:  # what is written on the target: each rule's target table (a pattern: the source's names)
-        from ..postgres.catalog import split_name
-        from ..rules.spec import parse_rules
+    specs = parse_rules(rules) if rules else []
+    # A pattern matches by name: every table of schema public (or --tables) is checked, and written under
+    # the source's names.
+    if specs and not any(s.is_pattern for s in specs):
+        if plan.kind == "Materialize":  # its tables are the rules' FROM tables (Spark's parser says which)
+            from ..rules.compile import from_name
+            from ..spark.session import get_spark
 
-        specs = parse_rules(rules)
-        if not any(s.is_pattern for s in specs):
-            plan.target_tables = [(schema or "public", name) for schema, name in (split_name(s.target) for s in specs)]
+            plan.tables = [from_name(get_spark(), s) for s in specs]
+        # what is written on the target: each rule's target table
+        plan.target_tables = [(schema or "public", name)
+                              for schema, name in (split_name(s.target) for s in specs)]
     problems = check(plan)
 
     def human(_) -> None:
@@ -81,18 +83,6 @@ def _check(kind: str, kw: dict) -> None:
     emit({"ok": not errors(problems), "problems": [p.to_json() for p in problems]}, kw["as_json"], human)
     if errors(problems):
         raise SystemExit(1)
-
-
-def _rule_sources(rules: list[str]) -> list[str] | None:
-    from ..rules.compile import from_name
-    from ..rules.spec import parse_rules
-    from ..spark.session import get_spark
-
-    specs = parse_rules(rules)
-    if any(s.is_pattern for s in specs):
-        return None  # a pattern matches by name: every table of schema public (or --tables) is checked
-    spark = get_spark()
-    return [from_name(spark, s) for s in specs]
 
 
 def check_group(creates: dict[str, click.Command]) -> click.Group:
