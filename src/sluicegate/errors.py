@@ -87,24 +87,14 @@ def classify(err: BaseException) -> str:
     how we find out."""
     if isinstance(err, SluicegateError):
         return RETRYABLE if err.retryable else TERMINAL
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover
-        psycopg = None
-    if psycopg is not None and isinstance(err, psycopg.Error):
-        if _psycopg_retryable(err):
-            return RETRYABLE
-        return classify_state(err.sqlstate) or TERMINAL
+    import psycopg
     import psycopg2
     import psycopg2.errors
 
     # psycopg2 carries the copy's passthrough (Spark copy tasks): the same classes, its own types.
-    if isinstance(err, psycopg2.Error):
-        if isinstance(err, (psycopg2.OperationalError, psycopg2.errors.SerializationFailure,
-                            psycopg2.errors.DeadlockDetected, psycopg2.errors.LockNotAvailable,
-                            psycopg2.errors.ObjectInUse, psycopg2.errors.QueryCanceled)):
-            return RETRYABLE
-        return classify_state(err.pgcode) or TERMINAL
+    for driver, state in ((psycopg, "sqlstate"), (psycopg2, "pgcode")):
+        if isinstance(err, driver.Error):
+            return RETRYABLE if _passing(err, driver) else classify_state(getattr(err, state)) or TERMINAL
     if isinstance(err, (ConnectionError, TimeoutError, EOFError)):
         return RETRYABLE
     if type(err).__module__.startswith(("py4j", "pyspark")):
@@ -116,14 +106,12 @@ def classify(err: BaseException) -> str:
     return TERMINAL  # a bug of ours (ValueError, KeyError...): retrying runs the same code again
 
 
-def _psycopg_retryable(err) -> bool:
-    import psycopg
-
+def _passing(err, driver) -> bool:
     # Connection loss, admin shutdown, serialization/lock failures are passing; everything else
     # (syntax, undefined table, constraint violation) needs a person.
-    return isinstance(err, (psycopg.OperationalError, psycopg.errors.SerializationFailure,
-                            psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable,
-                            psycopg.errors.ObjectInUse, psycopg.errors.QueryCanceled))
+    e = driver.errors
+    return isinstance(err, (driver.OperationalError, e.SerializationFailure, e.DeadlockDetected,
+                            e.LockNotAvailable, e.ObjectInUse, e.QueryCanceled))
 
 
 def is_retryable(err: BaseException) -> bool:
