@@ -29,15 +29,17 @@ def sink_safe_time(conn, workflow: str) -> datetime | None:
 def safe_time_fields(wf: st.Workflow, conn, source_now: datetime | None) -> dict:
     """`safe_time` (ISO 8601, UTC) and `safe_time_lag_seconds` (by the source's clock when known, else the
     sink's), for status."""
-    from datetime import timezone
-
     safe = sink_safe_time(conn, wf.name)
     if source_now is None:
         source_now = conn.execute("SELECT now()").fetchone()[0]
+    return _fields(safe, source_now)
+
+
+def _fields(safe: datetime | None, now: datetime) -> dict:
     if safe is None:
         return {"safe_time": None, "safe_time_lag_seconds": None}
-    return {"safe_time": safe.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
-            "safe_time_lag_seconds": round(max(0.0, (source_now - safe).total_seconds()), 3)}
+    lag = round(max(0.0, (now - safe).total_seconds()), 3)
+    return {"safe_time": format_time(safe), "safe_time_lag_seconds": lag}
 
 
 def advance_safe_time(previous: str | None, commit_time: datetime | None,
@@ -63,9 +65,4 @@ def format_time(t: datetime) -> str:
 def lake_safe_time_fields(safe_time: str | None, source_now: datetime | None) -> dict:
     """`safe_time` and `safe_time_lag_seconds` of a Delta sink (by the source's clock when known, else this
     machine's)."""
-    safe = parse_time(safe_time)
-    if safe is None:
-        return {"safe_time": None, "safe_time_lag_seconds": None}
-    now = source_now or datetime.now(timezone.utc)
-    lag = round(max(0.0, (now - safe).total_seconds()), 3)
-    return {"safe_time": format_time(safe), "safe_time_lag_seconds": lag}
+    return _fields(parse_time(safe_time), source_now or datetime.now(timezone.utc))
