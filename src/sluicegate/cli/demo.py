@@ -152,7 +152,7 @@ class _Demo:
         """Sluicegate stores no passwords: libpq finds the servers' in a pgpass file, as a user's would. Set
         before Spark starts, so that its workers inherit it."""
         path = self.root / "pgpass"
-        path.write_text("".join(f"{s.host}:{s.port}:*:{s.user}:{s.password}\n" for s in (self.source, self.target)))
+        path.write_text(self.source.pgpass_line() + self.target.pgpass_line())
         path.chmod(0o600)
         os.environ["PGPASSFILE"] = str(path)
 
