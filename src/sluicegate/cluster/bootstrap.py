@@ -41,7 +41,9 @@ def bootstrap(workflow: str, sink_url: str, tables: list[str] | None) -> list[st
                 if why is None and s.state == st.INIT:
                     lines.append(f"{here}: nothing to bootstrap: the stream has not started; `workflow run` copies")
                 elif why is not None:
-                    _drop_capture(src, s)
+                    # A slot that cannot supply the stream is of no use: dropped with its publication (and
+                    # the governor's note); the stream's Init makes both again, and copies from the new slot.
+                    capture.drop_capture(src, s.slot_name, s.publication)
                     _reset(conn, s.id, sorted(names))
                     st.restart_stream(conn, s.id, f"re-bootstrap: {why}")
                     lines += [f"{here}, table {t}: copy (re-bootstrap: {why})" for t in sorted(names)]
@@ -85,12 +87,6 @@ def _resolve(tables: list[str], names: set[str]) -> list[str]:
                              f"add it with `sluicegate replicate add-tables`") from None
         chosen.append(f"{schema}.{name}")
     return chosen
-
-
-def _drop_capture(src: psycopg.Connection, s: st.Stream) -> None:
-    """A slot that cannot supply the stream is of no use: drop it (and its publication, with the governor's
-    note); the stream's Init makes both again and the copy starts at the new slot's position."""
-    capture.drop_capture(src, s.slot_name, s.publication)
 
 
 def _reset(conn: psycopg.Connection, stream_id: int, tables: list[str]) -> None:
