@@ -29,7 +29,7 @@ from ..postgres.catalog import Table
 from ..postgres.connect import connect, describe, first_line, strip_password, usage_errors
 from ..postgres.identity import identify, same_database
 from ..postgres.needs import BIDIRECTIONAL
-from ..preflight.probes import privileged
+from ..preflight.probes import privileged, table_exists
 from ..preflight.report import refuse
 from ..workflow import state as st
 from ..workflow.create_checks import (
@@ -189,7 +189,7 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
         capture.check_source(b)
         superuser = check_source_role(b)
         if not superuser:
-            check_table_rights(b, [t for t in described if schema_safety.table_exists(b, t)])
+            check_table_rights(b, [t for t in described if table_exists(b, t)])
         check_no_leftovers(b, name, slot_name(name, "a"))
         check_slots_available(b, 1)
         # A loop through another workflow: one that already writes B from A (B->A would send its rows back).
@@ -201,7 +201,7 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
         unsafe = schema_safety.problems(a, b, ("source", "sink"), described)
         notes = [line for side, conn in (("source", a), ("sink", b))
                  for line in schema_safety.toast_notes(conn, side, [t for t in described
-                                                                    if schema_safety.table_exists(conn, t)])]
+                                                                    if table_exists(conn, t)])]
     except psycopg.Error as exc:
         raise UsageError(f"sink {describe(b_url)}: {first_line(exc)}") from None
     finally:

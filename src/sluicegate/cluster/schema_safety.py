@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from ..postgres.catalog import Table
+from ..preflight.probes import table_exists
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,6 @@ def key_sequences(conn: psycopg.Connection, table: Table) -> list[KeySequence]:
         out.append(KeySequence(column, name, step, last % step if step else 0, identity,
                                max(last, top) if isinstance(top, int) else last))
     return out
-
-
-def table_exists(conn: psycopg.Connection, table: Table) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.ident.as_string(conn),)).fetchone()[0]
 
 
 def problems(a: psycopg.Connection, b: psycopg.Connection, names: tuple[str, str],

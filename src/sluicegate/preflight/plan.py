@@ -96,7 +96,7 @@ def check(plan: Plan) -> list[Problem]:
             if plan.target_standbys:
                 p += probes.privileged(conn, where, {nd.TARGET_STANDBYS})
             if plan.bidirectional or plan.switches:  # read as a source too
-                existing = [t for t in tables if probes._table_exists(conn, t)]
+                existing = [t for t in tables if probes.table_exists(conn, t)]
                 p += probes.settings(conn, where, 1, plan.bidirectional)
                 p += probes.source_role(conn, where, existing, publication)
                 p += probes.replication_access(conn, url, where)

@@ -204,7 +204,7 @@ def target_rights(conn: psycopg.Connection, where: str, tables: list[Table], *, 
                                   f"{db} (the workflow's state, and the tables' schemas)",
                            _q(conn, "GRANT CREATE ON DATABASE %I TO %I", db, user)))
     for t in tables:
-        if not _table_exists(conn, t):
+        if not table_exists(conn, t):
             continue
         lacking = conn.execute(
             "SELECT array_agg(p) FROM unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE']) p "
@@ -216,7 +216,7 @@ def target_rights(conn: psycopg.Connection, where: str, tables: list[Table], *, 
     return out
 
 
-def _table_exists(conn: psycopg.Connection, t: Table) -> bool:
+def table_exists(conn: psycopg.Connection, t: Table) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t.ident.as_string(conn),)).fetchone()[0]
 
 
