@@ -57,9 +57,7 @@ def check(plan: Plan) -> list[Problem]:
     problems: list[Problem] = []
     tables: list[Table] = []
     fks = False
-    publication = None
-    if plan.workflow:
-        publication = object_name("sg", plan.workflow)
+    publication = object_name("sg", plan.workflow) if plan.workflow else None
     for url in plan.sources:
         where = f"source {describe(url)}"
         conn = _connect(url, "source", where, problems)
@@ -119,20 +117,14 @@ def _merged(problems: list[Problem]) -> list[Problem]:
 
 
 def _uses(plan: Plan, fks: bool) -> set[str]:
-    uses = set()
-    if plan.bidirectional:
-        uses.add(nd.BIDIRECTIONAL)
-    if fks:
-        uses.add(nd.REPLICA_ROLE)
-    return uses
+    return {use for use, on in ((nd.BIDIRECTIONAL, plan.bidirectional), (nd.REPLICA_ROLE, fks)) if on}
 
 
 def _fk_problems(conn: psycopg.Connection, where: str, uses: set[str]) -> list[Problem]:
     """A MoveTables without session_replication_role runs, without the foreign keys: create leaves them out
     (with a note), so this is a warning."""
-    return [Problem(p.database, p.what + "; without it `create` leaves the foreign keys between the moved tables "
-                    "out", p.fix, p.action, p.restart, "warning", p.area)
-            for p in probes.privileged(conn, where, uses)]
+    return [replace(p, what=f"{p.what}; without it `create` leaves the foreign keys between the moved tables "
+                    "out", severity="warning") for p in probes.privileged(conn, where, uses)]
 
 
 @contextmanager
