@@ -224,9 +224,8 @@ class _Demo:
                         + (f": {message}" if message else ""))
 
     def _poll(self, done: Callable[[], bool], timeout: float, what: str,
-              every: Callable[[], None] | None = None, interval: float = 0.2,
-              every_seconds: float = 2.0) -> float:
-        """Poll `done` until true; seconds it took. `every` runs every `every_seconds` (status lines)."""
+              every: Callable[[], None] | None = None) -> float:
+        """Poll `done` until true; seconds it took. `every` runs every 2 s (status lines)."""
         t0 = time.monotonic()
         last_report = t0
         while True:
@@ -239,10 +238,10 @@ class _Demo:
                 raise DemoError(f"workflow {WORKFLOW} did not {what} within {timeout:.0f}s (it is "
                                 f"{status['state']}{': ' + status['message'] if status['message'] else ''}); "
                                 f"run with -v to see what the engine does")
-            if every and now - last_report >= every_seconds:
+            if every and now - last_report >= 2.0:
                 every()
                 last_report = now
-            time.sleep(interval)
+            time.sleep(0.2)
 
     def _wait_running(self) -> float:
         last_line = [""]
@@ -282,9 +281,9 @@ class _Demo:
                 self.view.stop()
                 self.view = None
 
-    def _show_lag(self, samples: int = 3, pause: float = 1.5) -> None:
-        for _ in range(samples):
-            self.engine.join(pause)  # writes keep flowing meanwhile; returns early if the engine dies
+    def _show_lag(self) -> None:
+        for _ in range(3):
+            self.engine.join(1.5)  # writes keep flowing meanwhile; returns early if the engine dies
             self._check_engine()
             lag = self._status()["streams"][0]["lag_seconds"]
             self.say(f"replicating: lag {'-' if lag is None else f'{lag:.2f}s'}, "

@@ -80,15 +80,14 @@ def friendly(fn=None, *, code: int = 1):
     return wrapper
 
 
-def make_console(stderr: bool = False) -> Console:
-    """A console that wraps nothing when its output is not a terminal (a file, a pipe, a log collector):
+def make_console() -> Console:
+    """A console on stdout that wraps nothing when it is not a terminal (a file, a pipe, a log collector):
     one line per line, whatever the width rich would guess."""
     from rich.console import Console
 
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
-        return Console(stderr=stderr, highlight=False)
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=10_000)
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True, width=10_000)
 
 
 # Streams of more tables than this show a summary line and the tables being copied; `status --tables` lists all.
