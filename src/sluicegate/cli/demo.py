@@ -34,7 +34,8 @@ from ..vdiff.executor import DriverVDiffs, execute_or_wait, request
 from ..workflow import state as st
 from ..workflow.heartbeat import Heartbeat
 from ..workflow.status import workflow_status
-from .progress import read_streams
+from .output import print_status
+from .progress import ProgressView, read_streams
 
 WORKFLOW = "demo"
 DATABASE = "shop"
@@ -130,8 +131,6 @@ class _Demo:
         self._show_lag()
         self._stop_writer_and_catch_up()
         equal = self._vdiff()
-        from .output import print_status
-
         print_status(self.console, self._status())
         return equal
 
@@ -266,8 +265,6 @@ class _Demo:
                 last_line[0] = line
 
         if self.console.is_terminal:
-            from .progress import ProgressView
-
             self.view = ProgressView(self.target_url, WORKFLOW, self.console)
             self.view.start()
         try:

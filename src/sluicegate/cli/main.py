@@ -17,6 +17,7 @@ from ..postgres.connect import connect, redact
 from ..sizes import parse_size
 from .ddl import ON_DDL
 from .logsetup import LEVELS
+from .logsetup import configure as configure_logging
 from .output import JSON, VERBOSE, emit, fail, friendly, make_console, print_status, print_workflows
 from .traffic import echo_dropped
 
@@ -41,15 +42,13 @@ def _log_option(ctx: click.Context, param: click.Parameter, value) -> None:
 
 
 def _configure_logging(root: click.Context) -> None:
-    from .logsetup import configure
-
     options = root.meta.get(_LOG, {})
     level = LEVELS[options["log_level"]] if options.get("log_level") else (
         logging.INFO if options.get("verbose") else logging.WARNING)
     if level <= logging.INFO:
         root.meta[VERBOSE] = True  # an unexpected error shows its traceback
     try:
-        configure(level, options.get("log_file"))
+        configure_logging(level, options.get("log_file"))
     except OSError as exc:
         fail(f"cannot write the log file {options.get('log_file')}: {exc.strerror or exc}")
 
