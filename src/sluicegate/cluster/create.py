@@ -210,11 +210,10 @@ def _check_pair(a: psycopg.Connection, b: psycopg.Connection, name: str, a_url: 
     if unsafe and not allow_unsafe:
         raise UsageError(f"unsafe schema for active-active replication: {unsafe[0]}"
                          + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""))
-    for line in unsafe:
-        if warn is not None:
+    if warn is not None:
+        for line in unsafe:
             warn(f"--allow-unsafe-schema: {line.rsplit(', or pass --allow-unsafe-schema', 1)[0]}")
-    for line in notes:
-        if warn is not None:
+        for line in notes:
             warn(line)
 
 
