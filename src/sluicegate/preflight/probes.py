@@ -148,9 +148,7 @@ def source_tables(conn: psycopg.Connection, where: str, names: list[str] | None,
     (no key and no REPLICA IDENTITY FULL, UNLOGGED…), with its fix."""
     out: list[Problem] = []
     existing = catalog.list_tables(conn)
-    chosen: list[tuple[str, str]] = []
-    if not names:
-        chosen = [t for t in existing if t[0] == "public"]
+    chosen: list[tuple[str, str]] = [] if names else [t for t in existing if t[0] == "public"]
     for raw in names or []:
         try:
             if raw.strip().endswith(".*"):
