@@ -293,7 +293,7 @@ class LakeDdl:
                 k = spec.column_names.index(a.column)
                 spec = _dropped(spec, a.column)
                 tables.fills.get(q, {}).pop(a.column, None)
-                reshape(tables, batch, q, spec, lambda values, keep, k=k: (
+                _reshape(batch, q, spec, lambda values, keep, k=k: (
                     values[:k] + values[k + 1:], frozenset(i - (i > k) for i in keep if i != k)))
         if retyped:
             was = {c.name: c for c in spec.columns}
@@ -302,7 +302,7 @@ class LakeDdl:
             spec = replace(spec, columns=tuple(retyped.get(c.name, c) for c in spec.columns),
                            type_tree=_without(spec.type_tree, list(retyped)))
             if converts:
-                reshape(tables, batch, q, spec, lambda values, keep: (tuple(
+                _reshape(batch, q, spec, lambda values, keep: (tuple(
                     converts[i](v) if i in converts and i not in keep else v for i, v in enumerate(values)), keep))
             elif q in batch.effects:
                 batch.effects[q].table = spec
@@ -380,42 +380,25 @@ def _touch(tables, batch, q: str, spec: Table) -> None:
     effect.changes += 1
 
 
-def reshape(tables, batch, q: str, spec: Table, fn) -> None:
-    """The batch's rows of table q (in memory and staged) in the new shape `spec`: `fn(values, keep)` gives
-    a row's new values and kept columns. Staged generations are read back and staged again, one partition at
-    a time (memory stays bounded by a partition)."""
-
+def _reshape(batch, q: str, spec: Table, fn) -> None:
+    """The batch's rows of table q (in memory and staged) in the new shape `spec` (NetEffect.reshaped's
+    `fn`). Staged generations are read back and staged again, one partition at a time (memory stays bounded
+    by a partition)."""
     effect = batch.effects.get(q)
     if effect is None:
         return
-    fresh = NetEffect(spec)
-    fresh.changes, fresh.truncated = effect.changes, effect.truncated
     spill = batch.spills.get(q)
-
-    def converted(rows: dict) -> dict:
-        out = {}
-        for key, (op, values, keep) in rows.items():
-            if values is None:
-                out[key] = (op, None, keep)
-            else:
-                v, k = fn(values, keep)
-                out[key] = (op, tuple(v), frozenset(k))
-        return out
-
     if spill is not None and spill.generations > 0:
         again = staging.Spill(spill.dir.with_name(spill.dir.name + f".r{spill.generations}"))
         for part in spill.partitions(effect):
-            moved = NetEffect(spec)
-            moved.rows = converted(part.rows)
-            again.write(moved)
+            again.write(part.reshaped(spec, fn))
+        effect.clear()  # (its rows are staged again, with the rest)
         spill.discard()
         if again.dir.exists():
             again.dir.rename(spill.dir)
         again.dir = spill.dir
         batch.spills[q] = again
-    else:
-        fresh.rows = converted(effect.rows)
-    batch.effects[q] = fresh
+    batch.effects[q] = effect.reshaped(spec, fn)
 
 
 def _renamed(spec: Table, old: str, new: str) -> Table:

@@ -466,16 +466,8 @@ def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch) -> Table:
 def _padded(old: apply.NetEffect, spec: Table, pads: dict[int, str | None], keep: set[int]) -> apply.NetEffect:
     """`old`'s rows widened to `spec`: each new column holds its value in `pads`; those in `keep`, the
     Delta table's own (upserts only)."""
-    fresh = apply.NetEffect(spec)
-    fresh.changes, fresh.truncated = old.changes, old.truncated
-    width = len(old.table.columns)
-    tail = tuple(pads.get(i) for i in range(width, len(spec.columns)))
-    for k, (op, v, kept) in old.rows.items():
-        if v is None:
-            fresh.rows[k] = (op, v, kept)
-        else:
-            fresh.rows[k] = (op, v + tail, kept | frozenset(keep) if op == "U" else kept)
-    return fresh
+    tail = tuple(pads.get(i) for i in range(len(old.table.columns), len(spec.columns)))
+    return old.reshaped(spec, lambda values, kept: (values + tail, kept | keep))
 
 
 def _order(rel, spec: Table) -> tuple | None:
