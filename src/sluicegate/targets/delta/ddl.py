@@ -309,9 +309,10 @@ class LakeDdl:
         tables.specs[q] = batch.reshaped[q] = spec
         if not skipped and lsn > tables.markers.get(q, 0) and any(a.kind in ("rename", "drop", "type") for a in acts):
             self.pending.setdefault(q, []).extend((a, lsn) for a in acts if a.kind in ("rename", "drop", "type"))
-            _touch(tables, batch, q, spec)
+            # the table commits with the batch (its rewrite) even when the batch has no rows of it
+            batch.effects.setdefault(q, NetEffect(spec)).changes += 1
 
-    def failed(self, tag: str, at: str, names: str, statement: str, why: str, column: str | None = None) -> None:
+    def failed(self, tag: str, at: str, names: str, statement: str, why: str) -> None:
         where = f" at {at}" if at else ""
         if self.mode == modes.EXEC_IGNORE:
             note = f"on-ddl exec-ignore: passed over {tag}{where} on {names}: {why}"
@@ -326,13 +327,13 @@ class LakeDdl:
             f"exec-ignore --target {self.target}` and `workflow start` to pass the statement over")
 
     # -- the batch's commit -----------------------------------------------------------------------------------------
-    def rewrite_pending(self, dt, q: str, spec: Table, tables, app: str) -> bool:
-        """The table rewritten in its new shape, if statements of this batch changed it: True if it was."""
+    def rewrite_pending(self, q: str, tables) -> bool:
+        """Table q rewritten in its new shape, if statements of this batch changed it: True if it was."""
         ops = self.pending.pop(q, None)
         if not ops:
             return False
         last = max(lsn for _, lsn in ops)
-        done = rewrite(dt, [a for a, _ in ops], spec, app, last)
+        done = rewrite(tables.dts[q], [a for a, _ in ops], tables.specs[q], tables.ddl_app, last)
         tables.markers[q] = last
         if done:
             log.info("Delta table of %s rewritten in its new shape (statements up to %s)", q, format_lsn(last))
@@ -370,14 +371,6 @@ def _touched(ddl: DdlMessage, specs: dict) -> set[str]:
     """The moved tables ("schema.table") the statement names: those it changed, those it dropped."""
     moved = {(s.schema, s.name): q for q, s in specs.items()}
     return {moved[t] for t in touched(ddl, lambda s, n: (s, n) in moved)}
-
-
-def _touch(tables, batch, q: str, spec: Table) -> None:
-    """The table commits with the batch (its rewrite) even when the batch has no rows of it."""
-    effect = batch.effects.get(q)
-    if effect is None:
-        effect = batch.effects[q] = NetEffect(spec)
-    effect.changes += 1
 
 
 def _reshape(batch, q: str, spec: Table, fn) -> None:

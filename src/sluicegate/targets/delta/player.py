@@ -494,10 +494,10 @@ def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -
     for q, effect in batch.effects.items():
         if tables.threshold[q] >= batch.position or not effect.changes:
             continue
+        if ddl is not None and ddl.rewrite_pending(q, tables):
+            fault_point("lake.replicate.rewritten")
         dt = tables.dts[q]
         spec = tables.specs[q]
-        if ddl is not None and ddl.rewrite_pending(dt, q, spec, tables, tables.ddl_app):
-            fault_point("lake.replicate.rewritten")
         spill = batch.spills.get(q)
         staged = spill is not None and spill.generations > 0
         if effect.truncated:
