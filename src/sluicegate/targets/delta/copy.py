@@ -21,6 +21,7 @@ from functools import partial
 
 import psycopg2.errors
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from ...faults import fault_point
@@ -198,8 +199,6 @@ class KeyBounds:
         self.high: dict = {}
 
     def add(self, batch) -> None:
-        import pyarrow.compute as pc
-
         for c in self.columns:
             mm = pc.min_max(batch.column(c)).as_py()
             if mm["min"] is None:

@@ -34,7 +34,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...ddl import modes
 from ...ddl.message import BadDdlMessage, DdlMessage, parse
@@ -170,8 +172,6 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
 
 def _float4_as_float8(text: str | None) -> str | None:
     """A real's text as PostgreSQL's real -> double precision cast gives it (1.1 -> 1.100000023841858)."""
-    import numpy as np
-
     if text is None or text in ("NaN", "Infinity", "-Infinity"):
         return text
     return repr(float(np.float32(text)))
@@ -425,7 +425,6 @@ def rewrite(dt, ops: list[Action], spec: Table, app: str, lsn: int) -> bool:
     types cast to `spec`'s, `_sg_special` entries following their columns; the commit carries app transaction
     (ddl_app_id, lsn). Streams the table batch by batch. False (no commit) when the table has that shape
     already."""
-    import pyarrow.compute as pc
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     current = pa.schema(dt.schema().to_arrow())
@@ -456,8 +455,6 @@ def rewrite(dt, ops: list[Action], spec: Table, app: str, lsn: int) -> bool:
         return False
     schema = pa.schema(fields)
     columns = sources + ([SPECIAL] if special else [])
-
-
     # (pyarrow's own file system: delta-rs's would be called back inside write_deltalake's runtime)
     data = _dataset(dt)
 

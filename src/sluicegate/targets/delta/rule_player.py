@@ -37,7 +37,7 @@ from ...postgres.catalog import Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import UNCHANGED
 from ...rules.compile import CompiledRule
-from ...rules.evaluate import KEEP, target_columns
+from ...rules.evaluate import KEEP, RuleRunner, target_columns
 from ...spark import errors as spark_errors
 from ...workflow import play_loop, rule_player
 from ...workflow.play_loop import PlayResult
@@ -91,8 +91,6 @@ class _RuleSink(play_loop.Sink):
         for t in wf.tables:
             rule = t.compiled
             if rule is not None and not rule.moves_only:
-                from ...rules.evaluate import RuleRunner
-
                 self.runners[(rule.source.schema, rule.source.name)] = RuleRunner(engine.runner.spark, rule)
         self.thresholds = _thresholds(engine, wf, self.lakes)
         self.current = wf
