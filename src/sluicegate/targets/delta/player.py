@@ -264,16 +264,12 @@ def _folded(task: LakePlayTask, tables: _Tables, batch: _Batch, size: int) -> No
     batch.in_memory += 1
     batch.in_memory_bytes += size
     if batch.in_memory >= task.stage_rows or batch.in_memory_bytes >= task.stage_bytes:
-        _stage(tables.root, tables.workflow, batch)
-
-
-def _stage(root, workflow: str, batch: _Batch) -> None:
-    for q, effect in batch.effects.items():
-        spill = batch.spills.get(q)
-        if spill is None:
-            spill = batch.spills[q] = staging.Spill(staging.staging_dir(root, workflow) / q)
-        spill.write(effect)
-    batch.in_memory = batch.in_memory_bytes = 0
+        for q, effect in batch.effects.items():
+            spill = batch.spills.get(q)
+            if spill is None:
+                spill = batch.spills[q] = staging.Spill(staging.staging_dir(tables.root, tables.workflow) / q)
+            spill.write(effect)
+        batch.in_memory = batch.in_memory_bytes = 0
 
 
 def _point_here(root, workflow: str, tables: _Tables, position: int) -> None:
@@ -500,11 +496,8 @@ def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -
         spec = tables.specs[q]
         spill = batch.spills.get(q)
         staged = spill is not None and spill.generations > 0
-        if effect.truncated:
-            if effect.nonempty or staged:
-                apply.truncate(dt, tables.app)
-            else:
-                apply.truncate(dt, tables.app, batch.position)
+        if effect.truncated:  # (with the batch's version when no MERGE follows)
+            apply.truncate(dt, tables.app, None if effect.nonempty or staged else batch.position)
         fills = tables.fills.pop(q, None)
         literals = None
         if fills and (staged or effect.nonempty):
