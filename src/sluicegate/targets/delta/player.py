@@ -157,7 +157,7 @@ class _DeltaSink(play_loop.Sink):
         if current.options != self.wf.options:  # e.g. `lake schedule`: the driver plans again
             return current, "the workflow's options changed"
         if self.task.stop_at is not None:  # its own stop: the controller's fields are not its business
-            own = _Control(current.state, current.position)
+            own = replace(current, stop_position=None, stop_reason="")
             if position < self.task.stop_at and current.state not in (RUNNING, STOPPED):
                 return own, f"stream is {current.state} at {current.position}"
             return own, ""
@@ -226,16 +226,6 @@ class _DeltaSink(play_loop.Sink):
                 w.state = STOPPED  # with the position: it is final now (control.py)
                 w.message = control_fields.stopped_message(batch.position, w.stop_reason)
         return batch.position
-
-
-@dataclass(frozen=True)
-class _Control:
-    """A play to the task's own stop: the stream's state and position, no controller's stop."""
-
-    state: str
-    position: int
-    stop_position: int | None = None
-    stop_reason: str = ""
 
 
 @dataclass
