@@ -66,7 +66,7 @@ def test_fill_literals_give_the_streams_values(tmp_path):
     add_columns(dt, spec, [c.name for c, _ in LITERALS], "w")  # again (a replay): nothing to add
     fills = {c.name: sql_literal(c, text) for c, text in LITERALS}
     effect = NetEffect(spec)
-    effect.insert(("3", "c", *(None for _ in LITERALS)))
+    effect.add("I", None, ("3", "c", *(None for _ in LITERALS)))
     merge(dt, spec, effect, "sluicegate:w", 5, fills)
     got = rows(tmp_path)
     want = {c.name: convert_column(c, [text])[0].as_py() for c, text in LITERALS}
@@ -84,9 +84,9 @@ def test_a_fill_value_without_a_delta_form_stops():
 
 def test_rows_of_the_old_shape_are_padded():
     old = NetEffect(BASE)
-    old.insert(("1", "a"))
-    old.delete(("2", None))
-    old.update(("3", "c"), ("3", "C"))
+    old.add("I", None, ("1", "a"))
+    old.add("D", ("2", None), None)
+    old.add("U", ("3", "c"), ("3", "C"))
     spec = widened(Column("tag", "text", 25, False, None, -1), Column("k", "text", 25, False, None, -1))
     fresh = _padded(old, spec, {2: "plain"}, {3})
     assert fresh.rows == {("1",): ("U", ("1", "a", "plain", None), frozenset({3})),
@@ -97,14 +97,14 @@ def test_rows_of_the_old_shape_are_padded():
 
 def test_staged_rows_of_the_old_shape_are_padded(tmp_path):
     old = NetEffect(BASE)
-    old.insert(("1", "a"))
-    old.delete(("2", None))
+    old.add("I", None, ("1", "a"))
+    old.add("D", ("2", None), None)
     spill = Spill(tmp_path / "s")
     spill.write(old)
     spec = widened(Column("tag", "text", 25, False, None, -1))
     spill.pads[2] = "plain"
     later = NetEffect(spec)
-    later.insert(("4", "d", "given"))
+    later.add("I", None, ("4", "d", "given"))
     parts = {k: v for p in spill.partitions(later) for k, v in p.rows.items()}
     assert parts == {("1",): ("U", ("1", "a", "plain"), frozenset()), ("2",): ("D", None, frozenset()),
                      ("4",): ("U", ("4", "d", "given"), frozenset())}

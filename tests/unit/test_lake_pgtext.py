@@ -260,14 +260,14 @@ def test_a_kept_toasted_column_keeps_its_special_entry(tmp_path):
     t = table()
     DeltaTable.create(str(tmp_path), arrow_schema(t))
     first = NetEffect(t)
-    first.insert(("1", "NaN", "[0:1]={1,2}", "2024-01-01"))
-    first.insert(("2", "1.00", "{1}", None))
-    first.insert(("3", "NaN", "{5}", None))
+    first.add("I", None, ("1", "NaN", "[0:1]={1,2}", "2024-01-01"))
+    first.add("I", None, ("2", "1.00", "{1}", None))
+    first.add("I", None, ("3", "NaN", "{5}", None))
     merge(DeltaTable(str(tmp_path)), t, first, "sluicegate:w", 1)
     second = NetEffect(t)
-    second.update(None, ("1", "2.50", UNCHANGED, None))  # n's entry goes, a's stays
-    second.update(None, ("2", "NaN", UNCHANGED, None))  # a kept, with no entry: n's new one
-    second.update(None, ("3", "NaN", "{{1}}", None))  # nothing kept
+    second.add("U", None, ("1", "2.50", UNCHANGED, None))  # n's entry goes, a's stays
+    second.add("U", None, ("2", "NaN", UNCHANGED, None))  # a kept, with no entry: n's new one
+    second.add("U", None, ("3", "NaN", "{{1}}", None))  # nothing kept
     merge(DeltaTable(str(tmp_path)), t, second, "sluicegate:w", 2)
     import pyarrow.dataset as ds
 

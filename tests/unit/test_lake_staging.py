@@ -50,11 +50,11 @@ def changes(seed, n=3000):
 def fold(effect, change):
     op, values = change
     if op == "I":
-        effect.insert(values)
+        effect.add("I", None, values)
     elif op == "U":
-        effect.update(None, values)
+        effect.add("U", None, values)
     else:
-        effect.delete(values)
+        effect.add("D", values, None)
 
 
 def test_staged_effect_merges_like_the_effect_in_memory(tmp_path):
@@ -63,7 +63,7 @@ def test_staged_effect_merges_like_the_effect_in_memory(tmp_path):
     t = table()
     base = NetEffect(t)
     for k in range(1, 101):
-        base.insert((str(k), "0", f"base{k}"))
+        base.add("I", None, (str(k), "0", f"base{k}"))
     for seed in range(3):
         plain, staged = str(tmp_path / f"plain{seed}"), str(tmp_path / f"staged{seed}")
         for path in (plain, staged):
@@ -89,9 +89,9 @@ def test_staged_effect_merges_like_the_effect_in_memory(tmp_path):
 def test_discard_forgets_what_was_staged(tmp_path):
     t = table()
     effect = NetEffect(t)
-    effect.insert(("1", "1", "a"))
+    effect.add("I", None, ("1", "1", "a"))
     spill = Spill(tmp_path / "s")
     spill.write(effect)
     spill.discard()
-    effect.insert(("2", "2", "b"))
+    effect.add("I", None, ("2", "2", "b"))
     assert [dict(p.rows) for p in spill.partitions(effect)] == [{("2",): ("U", ("2", "2", "b"), frozenset())}]

@@ -96,11 +96,11 @@ def test_record_batch_empty_and_rows():
 
 def test_net_effect_last_state_per_key():
     e = NetEffect(table())
-    e.insert(("1", "0", "a"))
-    e.update(None, ("1", "5", "b"))
-    e.insert(("2", "0", "x"))
-    e.delete(("2", None, None))
-    e.update(("3", None, None), ("4", "1", "moved"))  # a key change: 3 goes, 4 comes
+    e.add("I", None, ("1", "0", "a"))
+    e.add("U", None, ("1", "5", "b"))
+    e.add("I", None, ("2", "0", "x"))
+    e.add("D", ("2", None, None), None)
+    e.add("U", ("3", None, None), ("4", "1", "moved"))  # a key change: 3 goes, 4 comes
     src = e.merge_source().to_pylist()
     by_id = {r["id"]: r for r in src}
     assert by_id[1] == {"id": 1, "qty": 5, "note": "b", "_op": "U"}
@@ -111,9 +111,9 @@ def test_net_effect_last_state_per_key():
 
 def test_net_effect_unchanged_toast():
     e = NetEffect(table())
-    e.insert(("1", "0", "big"))
-    e.update(None, ("1", "1", UNCHANGED))  # taken from the earlier change in the batch
-    e.update(None, ("2", "1", UNCHANGED))  # kept as the table has it: a flag column says so
+    e.add("I", None, ("1", "0", "big"))
+    e.add("U", None, ("1", "1", UNCHANGED))  # taken from the earlier change in the batch
+    e.add("U", None, ("2", "1", UNCHANGED))  # kept as the table has it: a flag column says so
     src = e.merge_source()
     assert "__u_2" in src.column_names
     rows = {r["id"]: r for r in src.to_pylist()}
@@ -124,7 +124,7 @@ def test_net_effect_unchanged_toast():
 def test_net_effect_moved_key_without_toast_value_stops():
     e = NetEffect(table())
     with pytest.raises(TerminalError, match="REPLICA IDENTITY FULL"):
-        e.update(("1", None, None), ("2", "1", UNCHANGED))
+        e.add("U", ("1", None, None), ("2", "1", UNCHANGED))
 
 
 def test_merge_applies_net_effect_with_app_transaction(tmp_path):
@@ -135,12 +135,12 @@ def test_merge_applies_net_effect_with_app_transaction(tmp_path):
     dt = DeltaTable.create(path, arrow_schema(t))
     first = NetEffect(t)
     for i in range(1, 4):
-        first.insert((str(i), "0", f"n{i}"))
+        first.add("I", None, (str(i), "0", f"n{i}"))
     merge(dt, t, first, "sluicegate:w", 100)
     second = NetEffect(t)
-    second.update(None, ("1", "9", UNCHANGED))  # keeps n1
-    second.delete(("2", None, None))
-    second.insert(("5", "5", "five"))
+    second.add("U", None, ("1", "9", UNCHANGED))  # keeps n1
+    second.add("D", ("2", None, None), None)
+    second.add("I", None, ("5", "5", "five"))
     merge(dt, t, second, "sluicegate:w", 200)
     assert dt.transaction_version("sluicegate:w") == 200
     rows = sorted(ds.dataset(DeltaTable(path).file_uris()).to_table().to_pylist(), key=lambda r: r["id"])
@@ -155,11 +155,11 @@ def test_merge_adds_a_column_the_source_added(tmp_path):
     path = str(tmp_path / "items")
     dt = DeltaTable.create(path, arrow_schema(t))
     e = NetEffect(t)
-    e.insert(("1", "0", "a"))
+    e.add("I", None, ("1", "0", "a"))
     merge(dt, t, e, "sluicegate:w", 1)
     wider = table(Column("price", "numeric(8,2)", 1700, False, None, numeric(8, 2)))
     e = NetEffect(wider)
-    e.insert(("2", "0", "b", "3.50"))
+    e.add("I", None, ("2", "0", "b", "3.50"))
     merge(dt, wider, e, "sluicegate:w", 2)
     rows = sorted(ds.dataset(DeltaTable(path).file_uris()).to_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": 1, "qty": 0, "note": "a", "price": None},

@@ -65,15 +65,6 @@ class NetEffect:
         self._ops.append(kind)
         self._values.append(new)
 
-    def insert(self, new: tuple) -> None:
-        self.add("I", None, new)
-
-    def delete(self, old: tuple) -> None:
-        self.add("D", old, None)
-
-    def update(self, old: tuple | None, new: tuple) -> None:
-        self.add("U", old, new)
-
     def truncate(self) -> None:
         self.changes += 1
         self.truncated = True
@@ -107,33 +98,32 @@ class NetEffect:
             self._ops, self._values, self._old_at, self._olds = [], [], [], []
         return self._rows
 
-    @rows.setter
-    def rows(self, rows: dict) -> None:
-        self.clear()
-        self._rows = rows
+    def reshaped(self, table: Table, fn) -> NetEffect:
+        """The effect in the shape `table`: `fn(values, keep)` gives a row's new values and kept columns."""
+        fresh = NetEffect(table)
+        fresh.changes, fresh.truncated = self.changes, self.truncated
+        for key, (op, values, keep) in self.rows.items():
+            if values is not None:
+                values, keep = fn(values, keep)
+                values, keep = tuple(values), frozenset(keep)
+            fresh._rows[key] = (op, values, keep)
+        return fresh
 
     def frame(self) -> pa.Table:
         """The net effect as a frame (netframe.py), one row per key."""
         if self._ops:
             logged = netframe.log_frame(self.table, self._ops, self._values, self._old_at, self._olds)
             if logged is None:  # an unchanged TOAST value: it takes from earlier changes of its row
-                rows = self.rows
+                self.rows  # noqa: B018 (folds the log)
+            else:
+                base = self._frame if self._frame is not None else netframe.from_rows(self.table, self._rows)
                 self.clear()
-                self._rows, self._frame = None, netframe.from_rows(self.table, rows)
-                return self._frame
-            base = self._frame if self._frame is not None else netframe.from_rows(self.table, self._rows)
-            self.clear()
-            # (no row of the log keeps a column: each replaces its key's earlier state whole)
-            self._rows = None
-            self._frame = logged if base.num_rows == 0 else netframe.last_per_key(
-                self.table, pa.concat_tables([base, logged]))
-        elif self._frame is None:
+                # (no row of the log keeps a column: each replaces its key's earlier state whole)
+                self._rows, self._frame = None, logged if base.num_rows == 0 else netframe.last_per_key(
+                    self.table, pa.concat_tables([base, logged]))
+        if self._frame is None:
             self._rows, self._frame = None, netframe.from_rows(self.table, self._rows)
         return self._frame
-
-    def kept(self) -> set[int]:
-        """The columns some row keeps from the Delta table."""
-        return netframe.kept(self.frame())
 
     def _key(self, values: tuple) -> tuple:
         return tuple(values[i] for i in self.table.key_indices)
@@ -174,25 +164,20 @@ class NetEffect:
     def merge_source(self, kept: set[int] | None = None) -> pa.Table:
         """The net effect as the merge's source: the table's columns, `_op`, and a flag per column some row
         keeps (or per column of `kept`: every part of a staged effect has the same columns)."""
-        return frame_source(self.table, self.frame(), kept)
-
-
-def frame_source(table: Table, frame: pa.Table, kept: set[int] | None = None) -> pa.Table:
-    """A frame (netframe.py) as a merge's source (NetEffect.merge_source)."""
-    n = len(table.columns)
-    kept = sorted(kept if kept is not None else netframe.kept(frame))
-    schema = arrow_schema(table)
-    arrays = convert_text_arrays(table, [frame.column(f"c{i}").combine_chunks() for i in range(n)])
-    fields = list(schema)
-    arrays.append(frame.column(OP).combine_chunks())
-    fields.append(pa.field(OP, pa.string(), nullable=False))
-    if kept:
-        keeps = frame.column(netframe.KEEP).to_pylist() if netframe.has_keep(frame) else None
-        for i in kept:
-            flags = [False] * frame.num_rows if keeps is None else [i in (k or ()) for k in keeps]
-            arrays.append(pa.array(flags, pa.bool_()))
-            fields.append(pa.field(_flag(i), pa.bool_(), nullable=False))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        table, frame = self.table, self.frame()
+        n = len(table.columns)
+        kept = sorted(kept if kept is not None else netframe.kept(frame))
+        arrays = convert_text_arrays(table, [frame.column(f"c{i}").combine_chunks() for i in range(n)])
+        fields = list(arrow_schema(table))
+        arrays.append(frame.column(OP).combine_chunks())
+        fields.append(pa.field(OP, pa.string(), nullable=False))
+        if kept:
+            keeps = frame.column(netframe.KEEP).to_pylist() if netframe.has_keep(frame) else None
+            for i in kept:
+                flags = [False] * frame.num_rows if keeps is None else [i in (k or ()) for k in keeps]
+                arrays.append(pa.array(flags, pa.bool_()))
+                fields.append(pa.field(_flag(i), pa.bool_(), nullable=False))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def quote(name: str) -> str:
@@ -257,9 +242,8 @@ def merge_staged(dt, table: Table, effect: NetEffect, spill, app: str, version: 
                  fills: dict[str, str] | None = None) -> dict:
     """`merge` of an effect part of which is staged (staging.Spill): the merge's source streams from the
     staged partitions, one in memory at a time, into one Delta commit."""
-    kept = spill.kept | spill.pad_keep | effect.kept()
-    first = NetEffect(table)
-    schema = first.merge_source(kept).schema
+    kept = spill.kept | spill.pad_keep | netframe.kept(effect.frame())
+    schema = NetEffect(table).merge_source(kept).schema
 
     bounds = spill.bounds if spill.bounded else None
     if bounds is not None and effect.nonempty:

@@ -17,9 +17,11 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 import psycopg2.errors
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from ...faults import fault_point
@@ -117,23 +119,22 @@ def _batch(into: Table, schema, columns: int, block: bytes):
 def copy_range(task: LakeCopyTask) -> list[dict]:
     """Runs in a Spark task: the range's rows as Parquet files in the table's directory; their add actions
     (as dicts) for the driver to commit."""
-
-
     table = Table.from_json(task.table)
     where = task_where(table, CopyRange(task.source_url, "", task.table, task.snapshot, task.lo, task.hi,
                                         task.pages))
     lake, columns = table, None
     if task.rule is not None:  # a rule that only moves columns: read its columns, under its names
-        from ...rules.compile import CompiledRule
-        from .rules import lake_table
-
         rule = CompiledRule.from_json(task.rule, table)
         lake, columns = lake_table(rule), [table.columns[ref] for _, ref in rule.outputs]
-    schema = arrow_schema(lake)
-    fs, directory = filesystem(task.directory)
-    files = FileWriter(fs, directory, schema, lake.key, task.cycle, local="://" not in task.directory)
+    return _written(task.directory, lake, task.cycle,
+                    snapshot_batches(task.source_url, task.snapshot, table, where, task.label, columns, lake))
+
+
+def _written(directory: str, lake: Table, cycle: int, batches) -> list[dict]:
+    """`batches` as the cycle's Parquet files (FileWriter), nothing committed; their add actions."""
+    files = FileWriter(directory, arrow_schema(lake), lake.key, cycle)
     try:
-        for batch in snapshot_batches(task.source_url, task.snapshot, table, where, task.label, columns, lake):
+        for batch in batches:
             files.write(batch)
     except BaseException:
         files.abandon()
@@ -144,11 +145,12 @@ def copy_range(task: LakeCopyTask) -> list[dict]:
 
 
 class FileWriter:
-    """A copy task's Parquet files in the table's directory, of up to FILE_ROWS rows each; `files`: their add
-    actions (as dicts) for the driver to commit."""
+    """A copy task's Parquet files in the table's directory (or URI), of up to FILE_ROWS rows each; `files`:
+    their add actions (as dicts) for the driver to commit."""
 
-    def __init__(self, fs, directory: str, schema, key, cycle: int, local: bool):
-        self.fs, self.directory, self.schema, self.cycle, self.local = fs, directory, schema, cycle, local
+    def __init__(self, directory: str, schema, key, cycle: int):
+        self.fs, self.directory = filesystem(directory)
+        self.schema, self.cycle, self.local = schema, cycle, "://" not in directory
         self.files: list[dict] = []
         self.writer, self.path, self.name, self.rows = None, "", "", 0
         self.bounds = KeyBounds(schema, key)
@@ -192,15 +194,11 @@ class KeyBounds:
     for PostgreSQL, Arrow and delta-rs (text orders by collation in PostgreSQL, by bytes in delta-rs)."""
 
     def __init__(self, schema, key: list[str]):
-        import pyarrow as pa
-
         self.columns = [c for c in key if pa.types.is_integer(schema.field(c).type)]
         self.low: dict = {}
         self.high: dict = {}
 
     def add(self, batch) -> None:
-        import pyarrow.compute as pc
-
         for c in self.columns:
             mm = pc.min_max(batch.column(c)).as_py()
             if mm["min"] is None:
@@ -273,9 +271,6 @@ def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, ru
     """The cycle's key ranges read as text (one Spark partition each: the PostgreSQL copy's reader,
     workflow/copier.py), the rule's SELECT over them in Spark, each partition's output written as Parquet files
     into the table's directory; their add actions, for the driver's one commit (copy.commit_cycle)."""
-    from functools import partial
-
-
     if not ranges:
         return []
     rules = RuleRunner(runner.spark, rule)
@@ -301,22 +296,9 @@ def copy_cycle_through_rule(runner, tag: str, source_url: str, snapshot: str, ru
 def write_files(task: RuleFiles, batches):
     """Runs in a Spark task: the rule's output for one partition as Parquet files (copy.FileWriter), nothing
     committed; one row per file (its add action as JSON)."""
-
     rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
     lake = lake_table(rule)
-    fs, directory = filesystem(task.directory)
-    files = FileWriter(fs, directory, arrow_schema(lake), lake.key, task.cycle,
-                       local="://" not in task.directory)
-    try:
-        for batch in batches:
-            if batch.num_rows:
-                files.write(target_batch(rule, lake, batch))
-    except BaseException:
-        files.abandon()
-        raise
-    files.finish()
-    fault_point("lake.copy.task_written")
-    import pyarrow as pa
-
-    yield pa.RecordBatch.from_pydict({"file": [json.dumps(f) for f in files.files]},
+    files = _written(task.directory, lake, task.cycle,
+                     (target_batch(rule, lake, b) for b in batches if b.num_rows))
+    yield pa.RecordBatch.from_pydict({"file": [json.dumps(f) for f in files]},
                                      schema=pa.schema([pa.field("file", pa.string())]))

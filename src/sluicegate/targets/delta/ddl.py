@@ -34,7 +34,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...ddl import modes
 from ...ddl.message import BadDdlMessage, DdlMessage, parse
@@ -170,8 +172,6 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
 
 def _float4_as_float8(text: str | None) -> str | None:
     """A real's text as PostgreSQL's real -> double precision cast gives it (1.1 -> 1.100000023841858)."""
-    import numpy as np
-
     if text is None or text in ("NaN", "Infinity", "-Infinity"):
         return text
     return repr(float(np.float32(text)))
@@ -293,7 +293,7 @@ class LakeDdl:
                 k = spec.column_names.index(a.column)
                 spec = _dropped(spec, a.column)
                 tables.fills.get(q, {}).pop(a.column, None)
-                reshape(tables, batch, q, spec, lambda values, keep, k=k: (
+                _reshape(batch, q, spec, lambda values, keep, k=k: (
                     values[:k] + values[k + 1:], frozenset(i - (i > k) for i in keep if i != k)))
         if retyped:
             was = {c.name: c for c in spec.columns}
@@ -302,16 +302,17 @@ class LakeDdl:
             spec = replace(spec, columns=tuple(retyped.get(c.name, c) for c in spec.columns),
                            type_tree=_without(spec.type_tree, list(retyped)))
             if converts:
-                reshape(tables, batch, q, spec, lambda values, keep: (tuple(
+                _reshape(batch, q, spec, lambda values, keep: (tuple(
                     converts[i](v) if i in converts and i not in keep else v for i, v in enumerate(values)), keep))
             elif q in batch.effects:
                 batch.effects[q].table = spec
         tables.specs[q] = batch.reshaped[q] = spec
         if not skipped and lsn > tables.markers.get(q, 0) and any(a.kind in ("rename", "drop", "type") for a in acts):
             self.pending.setdefault(q, []).extend((a, lsn) for a in acts if a.kind in ("rename", "drop", "type"))
-            _touch(tables, batch, q, spec)
+            # the table commits with the batch (its rewrite) even when the batch has no rows of it
+            batch.effects.setdefault(q, NetEffect(spec)).changes += 1
 
-    def failed(self, tag: str, at: str, names: str, statement: str, why: str, column: str | None = None) -> None:
+    def failed(self, tag: str, at: str, names: str, statement: str, why: str) -> None:
         where = f" at {at}" if at else ""
         if self.mode == modes.EXEC_IGNORE:
             note = f"on-ddl exec-ignore: passed over {tag}{where} on {names}: {why}"
@@ -326,13 +327,13 @@ class LakeDdl:
             f"exec-ignore --target {self.target}` and `workflow start` to pass the statement over")
 
     # -- the batch's commit -----------------------------------------------------------------------------------------
-    def rewrite_pending(self, dt, q: str, spec: Table, tables, app: str) -> bool:
-        """The table rewritten in its new shape, if statements of this batch changed it: True if it was."""
+    def rewrite_pending(self, q: str, tables) -> bool:
+        """Table q rewritten in its new shape, if statements of this batch changed it: True if it was."""
         ops = self.pending.pop(q, None)
         if not ops:
             return False
         last = max(lsn for _, lsn in ops)
-        done = rewrite(dt, [a for a, _ in ops], spec, app, last)
+        done = rewrite(tables.dts[q], [a for a, _ in ops], tables.specs[q], tables.ddl_app, last)
         tables.markers[q] = last
         if done:
             log.info("Delta table of %s rewritten in its new shape (statements up to %s)", q, format_lsn(last))
@@ -372,50 +373,25 @@ def _touched(ddl: DdlMessage, specs: dict) -> set[str]:
     return {moved[t] for t in touched(ddl, lambda s, n: (s, n) in moved)}
 
 
-def _touch(tables, batch, q: str, spec: Table) -> None:
-    """The table commits with the batch (its rewrite) even when the batch has no rows of it."""
-    effect = batch.effects.get(q)
-    if effect is None:
-        effect = batch.effects[q] = NetEffect(spec)
-    effect.changes += 1
-
-
-def reshape(tables, batch, q: str, spec: Table, fn) -> None:
-    """The batch's rows of table q (in memory and staged) in the new shape `spec`: `fn(values, keep)` gives
-    a row's new values and kept columns. Staged generations are read back and staged again, one partition at
-    a time (memory stays bounded by a partition)."""
-
+def _reshape(batch, q: str, spec: Table, fn) -> None:
+    """The batch's rows of table q (in memory and staged) in the new shape `spec` (NetEffect.reshaped's
+    `fn`). Staged generations are read back and staged again, one partition at a time (memory stays bounded
+    by a partition)."""
     effect = batch.effects.get(q)
     if effect is None:
         return
-    fresh = NetEffect(spec)
-    fresh.changes, fresh.truncated = effect.changes, effect.truncated
     spill = batch.spills.get(q)
-
-    def converted(rows: dict) -> dict:
-        out = {}
-        for key, (op, values, keep) in rows.items():
-            if values is None:
-                out[key] = (op, None, keep)
-            else:
-                v, k = fn(values, keep)
-                out[key] = (op, tuple(v), frozenset(k))
-        return out
-
     if spill is not None and spill.generations > 0:
         again = staging.Spill(spill.dir.with_name(spill.dir.name + f".r{spill.generations}"))
         for part in spill.partitions(effect):
-            moved = NetEffect(spec)
-            moved.rows = converted(part.rows)
-            again.write(moved)
+            again.write(part.reshaped(spec, fn))
+        effect.clear()  # (its rows are staged again, with the rest)
         spill.discard()
         if again.dir.exists():
             again.dir.rename(spill.dir)
         again.dir = spill.dir
         batch.spills[q] = again
-    else:
-        fresh.rows = converted(effect.rows)
-    batch.effects[q] = fresh
+    batch.effects[q] = effect.reshaped(spec, fn)
 
 
 def _renamed(spec: Table, old: str, new: str) -> Table:
@@ -449,7 +425,6 @@ def rewrite(dt, ops: list[Action], spec: Table, app: str, lsn: int) -> bool:
     types cast to `spec`'s, `_sg_special` entries following their columns; the commit carries app transaction
     (ddl_app_id, lsn). Streams the table batch by batch. False (no commit) when the table has that shape
     already."""
-    import pyarrow.compute as pc
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     current = pa.schema(dt.schema().to_arrow())
@@ -480,8 +455,6 @@ def rewrite(dt, ops: list[Action], spec: Table, app: str, lsn: int) -> bool:
         return False
     schema = pa.schema(fields)
     columns = sources + ([SPECIAL] if special else [])
-
-
     # (pyarrow's own file system: delta-rs's would be called back inside write_deltalake's runtime)
     data = _dataset(dt)
 

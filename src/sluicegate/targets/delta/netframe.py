@@ -30,15 +30,11 @@ def schema(n: int) -> pa.Schema:
                       pa.field(OP, pa.string()), pa.field(KEEP, KEEP_TYPE)])
 
 
-def empty(n: int) -> pa.Table:
-    return schema(n).empty_table()
-
-
 def from_rows(table: Table, rows: dict) -> pa.Table:
     """NetEffect.rows (key -> (op, values, keep)) as a frame; a delete's values are its key alone."""
     n = len(table.columns)
     if not rows:
-        return empty(n)
+        return schema(n).empty_table()
     key_indices = table.key_indices
     columns: list[list] = [[] for _ in range(n)]
     ops, keeps = [], []
@@ -105,7 +101,7 @@ def log_frame(table: Table, ops: list[str], values: list[tuple], old_at: list[in
     n = len(table.columns)
     count = len(values)
     if count == 0:
-        return empty(n)
+        return schema(n).empty_table()
     arrays = _text_columns(values, n)
     if arrays is None:
         return None

@@ -153,17 +153,13 @@ def _range_at(text: str, i: int):
     if i >= len(text) or text[i] not in "[(":
         raise ValueError(f"not a range: {text[i:i + 40]!r}")
     lower_inc = text[i] == "["
-    lower, i = _range_bound(text, i + 1)
+    lower, i = _field(text, i + 1, len(text), ",)]")
     if i >= len(text) or text[i] != ",":
         raise ValueError("range without ','")
-    upper, i = _range_bound(text, i + 1)
+    upper, i = _field(text, i + 1, len(text), ",)]")
     if i >= len(text) or text[i] not in ")]":
         raise ValueError("unterminated range")
     return (lower, upper, lower_inc, text[i] == "]", False), i + 1
-
-
-def _range_bound(text: str, i: int) -> tuple[str | None, int]:
-    return _field(text, i, len(text), ",)]")
 
 
 def _field(text: str, i: int, end: int, stops: str) -> tuple[str | None, int]:

@@ -157,7 +157,7 @@ class _DeltaSink(play_loop.Sink):
         if current.options != self.wf.options:  # e.g. `lake schedule`: the driver plans again
             return current, "the workflow's options changed"
         if self.task.stop_at is not None:  # its own stop: the controller's fields are not its business
-            own = _Control(current.state, current.position)
+            own = replace(current, stop_position=None, stop_reason="")
             if position < self.task.stop_at and current.state not in (RUNNING, STOPPED):
                 return own, f"stream is {current.state} at {current.position}"
             return own, ""
@@ -228,16 +228,6 @@ class _DeltaSink(play_loop.Sink):
         return batch.position
 
 
-@dataclass(frozen=True)
-class _Control:
-    """A play to the task's own stop: the stream's state and position, no controller's stop."""
-
-    state: str
-    position: int
-    stop_position: int | None = None
-    stop_reason: str = ""
-
-
 @dataclass
 class _Batch:
     position: int
@@ -264,16 +254,12 @@ def _folded(task: LakePlayTask, tables: _Tables, batch: _Batch, size: int) -> No
     batch.in_memory += 1
     batch.in_memory_bytes += size
     if batch.in_memory >= task.stage_rows or batch.in_memory_bytes >= task.stage_bytes:
-        _stage(tables.root, tables.workflow, batch)
-
-
-def _stage(root, workflow: str, batch: _Batch) -> None:
-    for q, effect in batch.effects.items():
-        spill = batch.spills.get(q)
-        if spill is None:
-            spill = batch.spills[q] = staging.Spill(staging.staging_dir(root, workflow) / q)
-        spill.write(effect)
-    batch.in_memory = batch.in_memory_bytes = 0
+        for q, effect in batch.effects.items():
+            spill = batch.spills.get(q)
+            if spill is None:
+                spill = batch.spills[q] = staging.Spill(staging.staging_dir(tables.root, tables.workflow) / q)
+            spill.write(effect)
+        batch.in_memory = batch.in_memory_bytes = 0
 
 
 def _point_here(root, workflow: str, tables: _Tables, position: int) -> None:
@@ -466,16 +452,8 @@ def _follow(tables: _Tables, q: str, spec: Table, rel, batch: _Batch) -> Table:
 def _padded(old: apply.NetEffect, spec: Table, pads: dict[int, str | None], keep: set[int]) -> apply.NetEffect:
     """`old`'s rows widened to `spec`: each new column holds its value in `pads`; those in `keep`, the
     Delta table's own (upserts only)."""
-    fresh = apply.NetEffect(spec)
-    fresh.changes, fresh.truncated = old.changes, old.truncated
-    width = len(old.table.columns)
-    tail = tuple(pads.get(i) for i in range(width, len(spec.columns)))
-    for k, (op, v, kept) in old.rows.items():
-        if v is None:
-            fresh.rows[k] = (op, v, kept)
-        else:
-            fresh.rows[k] = (op, v + tail, kept | frozenset(keep) if op == "U" else kept)
-    return fresh
+    tail = tuple(pads.get(i) for i in range(len(old.table.columns), len(spec.columns)))
+    return old.reshaped(spec, lambda values, kept: (values + tail, kept | keep))
 
 
 def _order(rel, spec: Table) -> tuple | None:
@@ -502,17 +480,14 @@ def _commit_tables(tables: _Tables, batch: _Batch, ddl: LakeDdl | None = None) -
     for q, effect in batch.effects.items():
         if tables.threshold[q] >= batch.position or not effect.changes:
             continue
+        if ddl is not None and ddl.rewrite_pending(q, tables):
+            fault_point("lake.replicate.rewritten")
         dt = tables.dts[q]
         spec = tables.specs[q]
-        if ddl is not None and ddl.rewrite_pending(dt, q, spec, tables, tables.ddl_app):
-            fault_point("lake.replicate.rewritten")
         spill = batch.spills.get(q)
         staged = spill is not None and spill.generations > 0
-        if effect.truncated:
-            if effect.nonempty or staged:
-                apply.truncate(dt, tables.app)
-            else:
-                apply.truncate(dt, tables.app, batch.position)
+        if effect.truncated:  # (with the batch's version when no MERGE follows)
+            apply.truncate(dt, tables.app, None if effect.nonempty or staged else batch.position)
         fills = tables.fills.pop(q, None)
         literals = None
         if fills and (staged or effect.nonempty):

@@ -24,7 +24,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial, reduce
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...errors import RetryableError, TerminalError, pack, unpack
 from ...faults import fault_point
@@ -33,7 +37,7 @@ from ...postgres.catalog import Table
 from ...postgres.connect import connect
 from ...postgres.pgoutput import UNCHANGED
 from ...rules.compile import CompiledRule
-from ...rules.evaluate import KEEP, target_columns
+from ...rules.evaluate import KEEP, RuleRunner, target_columns
 from ...spark import errors as spark_errors
 from ...workflow import play_loop, rule_player
 from ...workflow.play_loop import PlayResult
@@ -64,11 +68,11 @@ def play(engine, wf: LakeWorkflow, batch_changes: int, max_seconds: float, idle_
          heartbeat_seconds: float = 1.0) -> PlayResult:
     """Batches until stopped, `max_seconds` pass (housekeeping is due), or the stream leaves Running: the one
     play loop (workflow/play_loop.py), each batch a Spark job."""
+    way_out = capture.rebootstrap(wf.name)
     with connect(wf.source_url, role="source", autocommit=True) as src:
-        slot_reader.take_slot(src, wf.slot, wf.position, capture.rebootstrap(wf.name))
+        slot_reader.take_slot(src, wf.slot, wf.position, way_out)
         sink = _RuleSink(engine, wf, src, batch_changes, idle_poll)
         limits = play_loop.Limits(max_seconds=max_seconds, heartbeat_seconds=heartbeat_seconds)
-        way_out = capture.rebootstrap(wf.name)
         return play_loop.run(sink, slot_reader.PeekedSlot(src, wf.slot), src, wf.slot, way_out, wf.position,
                              limits, engine.stop)
 
@@ -87,8 +91,6 @@ class _RuleSink(play_loop.Sink):
         for t in wf.tables:
             rule = t.compiled
             if rule is not None and not rule.moves_only:
-                from ...rules.evaluate import RuleRunner
-
                 self.runners[(rule.source.schema, rule.source.name)] = RuleRunner(engine.runner.spark, rule)
         self.thresholds = _thresholds(engine, wf, self.lakes)
         self.current = wf
@@ -195,8 +197,6 @@ def _run(engine, spec: LakeBatch, runners: dict) -> dict:
 def apply_batch(spec: LakeBatch, batches):
     """Runs in the batch's task: every table's rule output merged, then the point and the position. Yields one
     summary row (JSON), errors included (pickled: they keep their type across the executor boundary)."""
-    import pyarrow as pa
-
     summary = {"position": spec.batch.start, "rows": 0, "interrupted": "", "error": None}
     try:
         _apply(spec, batches, summary)
@@ -206,10 +206,6 @@ def apply_batch(spec: LakeBatch, batches):
 
 
 def _apply(spec: LakeBatch, batches, summary: dict) -> None:
-    from datetime import datetime
-
-    import pyarrow as pa
-    import pyarrow.compute as pc
     from deltalake import DeltaTable
 
     batch = spec.batch
@@ -249,7 +245,7 @@ def _apply(spec: LakeBatch, batches, summary: dict) -> None:
     todo = [i for i in batch.active if effects[i].changes and (dts[i].transaction_version(app) or 0) < end]
     for i in todo:  # before any MERGE: nothing of the batch applied if one cannot be
         if not effects[i].truncated:
-            _check_kept_rows(dts[i], effects[i].table, effects[i], Table.from_json(batch.task.tables[i][0]).qualified)
+            _check_kept_rows(dts[i], effects[i], Table.from_json(batch.task.tables[i][0]).qualified)
     merged = []
     for i in todo:
         effect, dt = effects[i], dts[i]
@@ -293,14 +289,13 @@ def _apply(spec: LakeBatch, batches, summary: dict) -> None:
     summary["position"] = end
 
 
-def _check_kept_rows(dt, lake: Table, effect: apply.NetEffect, source: str) -> None:
+def _check_kept_rows(dt, effect: apply.NetEffect, source: str) -> None:
     """A row whose upsert keeps a column's value from the Delta table (unchanged TOAST) must be there, or the
     MERGE would insert NULL: an update that changes the key, or brings the row into a rule's WHERE, does not
     carry that value (read_changes sends a key change as a delete and an upsert)."""
     import pyarrow.dataset as ds
 
-
-    frame = effect.frame()
+    lake, frame = effect.table, effect.frame()
     if not netframe.has_keep(frame):
         return
     keeps = frame.column(netframe.KEEP).to_pylist()
@@ -329,9 +324,6 @@ def _check_kept_rows(dt, lake: Table, effect: apply.NetEffect, source: str) -> N
 def _fold(effect: apply.NetEffect, source: Table, lake: Table, rule_json: dict | None, rows, i: int) -> dict | None:
     """Table i's rows of the batch (the rule's output, in source order) into `effect`, the net effect per
     target key; the batch's end marker."""
-    import pyarrow as pa
-
-
     rule = CompiledRule.from_json(rule_json, source) if rule_json else None
     ops = rows.column(rule_player.OP).to_pylist()
     unch = rows.column(rule_player.UNCH).to_pylist()

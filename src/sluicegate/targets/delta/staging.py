@@ -32,7 +32,6 @@ from . import netframe
 from .apply import NetEffect
 
 PARTITIONS = 32
-OP, KEEP = netframe.OP, netframe.KEEP
 
 
 def staging_dir(root: Path | str, workflow: str) -> Path:
@@ -122,13 +121,13 @@ def _widened(data: pa.Table, n: int, pads: dict[int, str | None], pad_keep: set[
     rows = data.num_rows
     columns = [data.column(f"c{i}") for i in range(staged_n)]
     columns += [pa.array([pads.get(i)] * rows, pa.string()) for i in range(staged_n, n)]
-    keep = data.column(KEEP)
+    keep = data.column(netframe.KEEP)
     added_keep = sorted(i for i in pad_keep if i >= staged_n)
     if added_keep:
-        ops, keeps = data.column(OP).to_pylist(), keep.to_pylist()
+        ops, keeps = data.column(netframe.OP).to_pylist(), keep.to_pylist()
         keep = pa.array([sorted(set(k or ()) | set(added_keep)) if op == "U" else k for op, k in zip(ops, keeps)],
                         netframe.KEEP_TYPE)
-    return pa.Table.from_arrays([*columns, data.column(OP), keep], schema=netframe.schema(n))
+    return pa.Table.from_arrays([*columns, data.column(netframe.OP), keep], schema=netframe.schema(n))
 
 
 def _fold(rows: dict, key: tuple, row: tuple) -> None:

@@ -156,7 +156,8 @@ class _Mapper:
         if d["kind"] == "c":
             return self._composite([(n, self.convert(o, m, nd)) for n, o, m, nd in d["attrs"]])
         if d["kind"] == "r":
-            return self._range(self.convert(d["sub"], -1))
+            sub = self.convert(d["sub"], -1)
+            return lambda text: _range_value(sub, pgtext.parse_range(text))
         if d["kind"] == "m":
             sub = self.convert(self.desc(d["range"])["sub"], -1)
             return lambda text: [_range_value(sub, r) for r in pgtext.parse_multirange(text)]
@@ -196,10 +197,6 @@ class _Mapper:
             return {n: None if v is None else fn(v) for (n, fn), v in zip(attrs, fields)}
 
         return convert
-
-    @staticmethod
-    def _range(sub: Callable) -> Callable[[str], dict]:
-        return lambda text: _range_value(sub, pgtext.parse_range(text))
 
 
 def _range_value(sub: Callable, parsed: tuple) -> dict:
@@ -401,7 +398,7 @@ def _convert_one(table: Table, column: Column, texts: list, extra: list, special
 
 def convert_column(column: Column, texts: list, types: dict | None = None) -> pa.Array:
     """Text values (None for NULL) as one Arrow array of the column's type (no `_sg_special` fallback)."""
-    table = Table("", "", (column,), (), type_tree=None if types is None else types)
+    table = Table("", "", (column,), (), type_tree=types)
     fn = converter(column, types)
     dtype = arrow_type(column, types)
     try:
@@ -457,8 +454,6 @@ def sql_literal(column: Column, text: str | None, types: dict | None = None) -> 
     elif pa.types.is_integer(dtype):
         shown = str(value)
     else:
-        from ...errors import TerminalError
-
         raise TerminalError(f"column {column.name} ({column.type_sql}) was added with a default for older rows; "
                             f"a Delta target fills such columns of scalar types only: re-create the workflow")
     return f"CAST('{shown}' AS {_sql_type(dtype)})"
