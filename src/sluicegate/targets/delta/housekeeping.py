@@ -14,15 +14,11 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from ...errors import RetryableError, UsageError
-from . import durable, read
+from . import durable, location, pins, read
 from .location import filesystem_paths
+from .state import app_id, open_store
 
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
-
-
-def app_id(workflow: str) -> str:
-    """The Delta app transaction id under which the workflow's commits record their source position."""
-    return f"sluicegate:{workflow}"
 
 
 def workflow_tables(path: str, workflow: str, storage_options=None) -> list[str]:
@@ -146,9 +142,6 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
 
 def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
     """The points and versions vdiffs compare at (targets/delta/pins.py)."""
-    from . import location, pins
-    from .state import open_store
-
     store = open_store(location.parse(path))
     if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
         return set(), {}

@@ -49,11 +49,6 @@ class Location:
         """The URI of the Delta table of schema.name: ROOT/<schema>/<name>."""
         return self.join(schema, name)
 
-    def filesystem(self):
-        """(pyarrow filesystem, the root's path on it). Executors call this too: it needs only the URI and the
-        environment."""
-        return filesystem(self.uri)
-
 
 def filesystem(uri: str):
     """(pyarrow filesystem, path on it) of a local path or a URI."""

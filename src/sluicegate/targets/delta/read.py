@@ -81,15 +81,10 @@ def _arrow_schema(dt):
     return pa.schema(dt.schema().to_arrow())  # arro3 -> pyarrow through the Arrow C interface
 
 
-def _filesystem(uris: list[str]):
-    """(pyarrow filesystem, paths on it) for a version's file URIs: local paths as they are."""
-    return filesystem_paths(uris)
-
-
 def _missing(uris: list[str]) -> list[str]:
     import pyarrow.fs as pafs
 
-    fs, paths = _filesystem(uris)
+    fs, paths = filesystem_paths(uris)
     return [u for u, info in zip(uris, fs.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
 
 
@@ -98,7 +93,7 @@ def _dataset(dt):
     added column read it as null)."""
     import pyarrow.dataset as ds
 
-    fs, paths = _filesystem(file_uris(dt))
+    fs, paths = filesystem_paths(file_uris(dt))
     return ds.dataset(paths, schema=_arrow_schema(dt), format="parquet", filesystem=fs)
 
 

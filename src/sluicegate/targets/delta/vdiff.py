@@ -197,7 +197,7 @@ def _wait_stopped(store, name: str, reason: str, position: int | None, timeout: 
     A one-line error when the hold goes (a user's `workflow stop`/`start`, or the driver's lapse), the stream
     stops elsewhere, the driver ends, or `timeout` passes."""
     deadline = time.monotonic() + timeout
-    way = f"`sluicegate workflow status {name} --target {target_text(store)}`"
+    way = f"`sluicegate workflow status {name} --target delta:{store.root}`"
     while True:
         wf = store.load(name)
         if wf.stop_reason != reason:
@@ -223,10 +223,6 @@ def _wait_stopped(store, name: str, reason: str, position: int | None, timeout: 
             raise RetryableError(f"workflow {name}: its driver did not {what} within {timeout:.0f}s; see "
                                  f"{way} and the driver's log, then run the vdiff again")
         time.sleep(0.05)
-
-
-def target_text(store) -> str:
-    return f"delta:{store.root}"
 
 
 def _point_now(target: str, wf, position: int):
