@@ -21,11 +21,6 @@ from .state import app_id, open_store
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
 
 
-def workflow_tables(path: str, workflow: str, storage_options=None) -> list[str]:
-    """The workflow's tables ("schema.table"), as its newest point lists them."""
-    return sorted(read.point_for(path, workflow, storage_options=storage_options).versions)
-
-
 def _table(uri: str, storage_options=None):
     dt = read._open(uri, storage_options=storage_options)
     if dt is None:
@@ -45,8 +40,8 @@ def optimize(path: str, workflow: str, *, target_size: int | None = None, storag
     from deltalake.exceptions import CommitFailedError
 
     report = {"workflow": workflow, "path": read.lake_path(path), "tables": []}
-    for name, uri in [*((t, read.table_uri(path, t)) for t in workflow_tables(path, workflow, storage_options)),
-                      ("(points)", read.points_uri(path))]:
+    tables = sorted(read.point_for(path, workflow, storage_options=storage_options).versions)
+    for name, uri in [*((t, read.table_uri(path, t)) for t in tables), ("(points)", read.points_uri(path))]:
         dt = _table(uri, storage_options)
         before = {"files": len(dt.file_uris()), "version": dt.version(),
                   "transaction": dt.transaction_version(app_id(workflow))}
@@ -85,10 +80,6 @@ def _kept_points(points: list[read.Point], cutoff: datetime) -> list[read.Point]
     return kept[::-1]
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = False, allow_short: bool = False,
            now: datetime | None = None, storage_options=None) -> dict:
     """Drop points older than `retention` (never the newest), then delete from each of the workflow's tables
@@ -122,8 +113,9 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     if dropped and not dry_run:
         pts = _table(points_uri, storage_options)
         spared = "".join(f" AND position <> {int(p)}" for p in sorted(pins) if p < oldest)
+        quoted = workflow.replace("'", "''")
         try:
-            pts.delete(f"workflow = {_quote(workflow)} AND position < {oldest}{spared}")
+            pts.delete(f"workflow = '{quoted}' AND position < {oldest}{spared}")
         except CommitFailedError as exc:
             raise _commit_failed(points_uri, "dropping old points", exc) from None
 

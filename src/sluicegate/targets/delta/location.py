@@ -16,8 +16,7 @@ from ...errors import RetryableError, UsageError
 
 PREFIX = "delta:"
 # Schemes delta-rs 1.x opens (object_store) and pyarrow can read and write too.
-REMOTE = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "az": "Azure", "abfs": "Azure", "abfss": "Azure",
-          "azure": "Azure", "adl": "Azure"}
+REMOTE = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "adl"}
 WAY_OUT = "use a local directory, s3://, gs:// or abfss:// (credentials in the AWS_*/GOOGLE_*/AZURE_* environment)"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ...position import format_lsn, parse_lsn
@@ -221,11 +222,6 @@ def arrow_tables_as_of(path: str, workflow: str, tables=None, position=None,
     return out
 
 
-def _spark_path(uri: str) -> str:
-    # A bare path means the cluster's default filesystem to Spark (HDFS on some): name the local one.
-    return "file://" + uri if uri.startswith("/") else uri
-
-
 def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, storage_options=None) -> dict:
     """{table: Spark DataFrame} of `tables` (default: all of the workflow's) at one consistent point: the newest,
     or the newest at or before `position` (an int, '0/16B3748', or a Point)."""
@@ -241,7 +237,8 @@ def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, st
         if not files:
             out[name] = spark.createDataFrame([], schema)
         elif files[0].startswith("/"):
-            out[name] = spark.read.schema(schema).parquet(*map(_spark_path, files))
+            # A bare path means the cluster's default filesystem to Spark (HDFS on some): name the local one.
+            out[name] = spark.read.schema(schema).parquet(*("file://" + f for f in files))
         else:
             out[name] = _object_store_frame(spark, files, _arrow_schema(dt), schema)
     return out
@@ -253,21 +250,15 @@ def _object_store_frame(spark, files: list[str], arrow_schema, schema):
     (hadoop-aws for s3a://...), which a plain PySpark install lacks."""
     sc = spark.sparkContext
     rdd = sc.parallelize([(f,) for f in files], max(1, min(len(files), 4 * sc.defaultParallelism)))
-    return spark.createDataFrame(rdd, "file string").mapInArrow(_FileReader(arrow_schema), schema)
+    return spark.createDataFrame(rdd, "file string").mapInArrow(partial(_read_files, arrow_schema), schema)
 
 
-class _FileReader:
+def _read_files(arrow_schema, batches):
     """mapInArrow's function: each input row names one Parquet file; out come its rows in the version's schema
     (a column added later is null in older files)."""
+    import pyarrow.dataset as ds
 
-    def __init__(self, arrow_schema):
-        self.schema = arrow_schema
-
-    def __call__(self, batches):
-        import pyarrow.dataset as ds
-
-
-        for batch in batches:
-            for uri in batch.column(0).to_pylist():
-                fs, path = filesystem(uri)
-                yield from ds.dataset([path], schema=self.schema, format="parquet", filesystem=fs).to_batches()
+    for batch in batches:
+        for uri in batch.column(0).to_pylist():
+            fs, path = filesystem(uri)
+            yield from ds.dataset([path], schema=arrow_schema, format="parquet", filesystem=fs).to_batches()
