@@ -14,7 +14,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from ...errors import RetryableError, UsageError
-from . import durable, location, pins, read
+from . import durable, pins, read
 from .location import filesystem_paths
 from .state import app_id, open_store
 
@@ -100,19 +100,22 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     # an hour of a busy table's old versions is many times its size (bench/README.md, "Issue 34: lake size").
     hours = (math.floor if allow_short else math.ceil)(retention.total_seconds() / 3600)
 
-    # Read before the points: a vdiff pins its point's position before the point is recorded.
-    pins, pinned_versions = _pinned(path, workflow)
+    # Read before the points: a vdiff pins its point's position before the point is recorded (pins.py). A
+    # lake whose workflow state went has no vdiff running on it.
+    store = open_store(path)
+    pinned, pinned_versions = (pins.pinned(store.load(workflow).pins) if store.exists(workflow)
+                               else (set(), {}))
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
         read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
     oldest = _kept_points(all_points, cutoff)[0].position
     # What the log holds once older ones are gone; a point a running vdiff compares at stays, however old.
-    kept = [p for p in all_points if p.position >= oldest or p.position in pins]
+    kept = [p for p in all_points if p.position >= oldest or p.position in pinned]
     dropped = len(all_points) - len(kept)
     points_uri = read.points_uri(path)
     if dropped and not dry_run:
         pts = _table(points_uri, storage_options)
-        spared = "".join(f" AND position <> {int(p)}" for p in sorted(pins) if p < oldest)
+        spared = "".join(f" AND position <> {int(p)}" for p in sorted(pinned) if p < oldest)
         quoted = workflow.replace("'", "''")
         try:
             pts.delete(f"workflow = '{quoted}' AND position < {oldest}{spared}")
@@ -130,14 +133,6 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     # Readers read the points table's newest version only: no version of it needs keeping.
     report["tables"].append(_vacuum_one("(points)", points_uri, hours, [], dry_run, storage_options))
     return report
-
-
-def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
-    """The points and versions vdiffs compare at (targets/delta/pins.py)."""
-    store = open_store(location.parse(path))
-    if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
-        return set(), {}
-    return pins.pinned(store.load(workflow).pins)
 
 
 def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:
