@@ -100,15 +100,11 @@ def _dataset(dt):
 
 # --- the consistent-read log ----------------------------------------------------------------------------------
 
-def _point_rows(path: str, workflow: str | None, storage_options=None):
-    """The points table's rows (of `workflow`, or all), or None when there is no points table yet."""
-    import pyarrow.dataset as ds
-
+def _point_rows(path: str, where, storage_options=None):
+    """The points table's rows `where` selects (a pyarrow.dataset filter; None: all), or None when there is
+    no points table yet."""
     dt = _open(points_uri(path), storage_options=storage_options)
-    if dt is None:
-        return None
-    data = _dataset(dt)
-    return data.to_table(filter=None if workflow is None else ds.field("workflow") == workflow)
+    return None if dt is None else _dataset(dt).to_table(filter=where)
 
 
 def _to_point(row: dict) -> Point:
@@ -119,7 +115,9 @@ def _to_point(row: dict) -> Point:
 
 def points(path: str, workflow: str, storage_options=None) -> list[Point]:
     """Every recorded point of `workflow`, oldest first ([] when there is none)."""
-    rows = _point_rows(path, workflow, storage_options)
+    import pyarrow.dataset as ds
+
+    rows = _point_rows(path, ds.field("workflow") == workflow, storage_options)
     if rows is None:
         return []
     return sorted((_to_point(r) for r in rows.to_pylist()), key=lambda p: p.position)
@@ -131,14 +129,11 @@ def latest_point(path: str, workflow: str, position=None, storage_options=None) 
     import pyarrow.dataset as ds
 
     limit = as_position(position)
-    dt = _open(points_uri(path), storage_options=storage_options)
-    if dt is None:
-        return None
     where = ds.field("workflow") == workflow
     if limit is not None:
         where = where & (ds.field("position") <= limit)
-    rows = _dataset(dt).to_table(filter=where)
-    if rows.num_rows == 0:
+    rows = _point_rows(path, where, storage_options)
+    if rows is None or rows.num_rows == 0:
         return None
     newest = pc.max(rows["position"]).as_py()
     return _to_point(rows.filter(pc.equal(rows["position"], newest)).slice(0, 1).to_pylist()[0])
