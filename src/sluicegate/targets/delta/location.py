@@ -99,12 +99,8 @@ def file_uris(dt) -> list[str]:
 
 def filesystem_paths(uris: list[str]):
     """(pyarrow filesystem, paths on it) of file URIs (or local paths) of one store."""
-    if not uris:
-        import pyarrow.fs as pafs
-
-        return pafs.LocalFileSystem(), []
-    fs, first = filesystem(uris[0])
-    if "://" not in uris[0]:
+    fs, first = filesystem(uris[0] if uris else "")  # (none: the local one)
+    if not uris or "://" not in uris[0]:
         return fs, list(uris)
     if uris[0].split("://", 1)[0].lower() in ("s3", "s3a", "gs", "gcs"):
         # bucket/key, decoded: what from_uri gives, without a client each
