@@ -49,7 +49,7 @@ from ...position import format_lsn
 from ...postgres import keyrange
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
-from ...vdiff.differ import plan_ranges
+from ...vdiff.differ import MAX_RANGE_ROWS, MIN_RANGE_ROWS, plan_ranges
 from ...vdiff.labels import choose
 from . import control, location, pins, rule_player, rule_vdiff
 from .copy import snapshot_batches
@@ -62,7 +62,6 @@ from .types import SPECIAL, arrow_schema
 log = logging.getLogger("sluicegate")
 
 SIDE_S, SIDE_T = "_sg_source", "_sg_target"
-MIN_RANGE_ROWS, MAX_RANGE_ROWS = 50_000, 1_000_000
 
 
 @dataclass(frozen=True)
