@@ -19,7 +19,7 @@ from sluicegate.position import parse_lsn
 from sluicegate.postgres.catalog import describe_table
 from sluicegate.postgres.connect import connect
 from sluicegate.targets.delta import cli as lake
-from sluicegate.targets.delta import points
+from sluicegate.targets.delta.read import points
 from sluicegate.targets.delta.state import Store, app_id
 from sluicegate.targets.delta.types import record_batch
 
@@ -149,11 +149,11 @@ def test_movetables_into_delta_survives_kill_9(pair, spark, tmp_path):
     assert slot_confirmed(pair, wf.slot) <= wf.position
 
     # The points log: the last point names each table's current version.
-    log_points = points.read(root, "lk")
-    assert log_points and log_points[-1]["position"] <= wf.position
-    positions = [p["position"] for p in log_points]
+    log_points = points(root, "lk")
+    assert log_points and log_points[-1].position <= wf.position
+    positions = [p.position for p in log_points]
     assert positions == sorted(set(positions))
-    last = log_points[-1]["versions"]
+    last = log_points[-1].versions
     assert last == {q: DeltaTable(str(root / "public" / q.split(".")[1])).version() for q in last}
 
     # An independent reader agrees: DuckDB's delta_scan.
@@ -225,9 +225,9 @@ def test_no_point_before_the_stream_passes_every_copy(pair, tmp_path):
     # (past `flushed` when anything else wrote WAL meanwhile: the server's, autovacuum's)
     assert a.copied_to < b.copied_to and b.copied_to >= flushed, (a.copied_to, b.copied_to, flushed)
     assert wf.position >= b.copied_to and a.applied > a.copied_to
-    recorded = points.read(root, "pt")
-    assert recorded and all(p["position"] >= b.copied_to for p in recorded), \
-        [(p["position"], b.copied_to) for p in recorded[:3]]
+    recorded = points(root, "pt")
+    assert recorded and all(p.position >= b.copied_to for p in recorded), \
+        [(p.position, b.copied_to) for p in recorded[:3]]
     for qualified in ("public.a", "public.b"):
         assert by_key(delta_rows(root, qualified)) == by_key(source_rows(pair.source, qualified)), qualified
 

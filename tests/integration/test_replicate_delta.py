@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from sluicegate.position import parse_lsn
-from sluicegate.targets.delta import points
+from sluicegate.targets.delta.read import points
 from sluicegate.targets.delta.state import Store
 
 from ..conftest import wait_for
@@ -244,9 +244,9 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
         writer.start()
         wait_for(lambda: len(writer.inserted) > 50, 60, what="writes")
         # the Delta consumer's first consistent point comes with its first batch of those writes
-        before = wait_for(lambda: points.read(root, c.workflow), 120, what="a consistent point",
+        before = wait_for(lambda: points(root, c.workflow), 120, what="a consistent point",
                           describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
-        assert all("public.orders" not in p["versions"] for p in before)
+        assert all("public.orders" not in p.versions for p in before)
         out = cli("replicate", "add-tables", c.workflow, "--tables", "orders", "--target", lake)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "sink s2 (delta:" in out.stdout and "public.orders: copy — new setup, Delta table created" in out.stdout
@@ -254,8 +254,8 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
         wait_for(lambda: store.load(c.workflow).state == "Running" and store.load(c.workflow).table(
             "public.orders").done, 300, what="orders copied into Delta",
             describe=lambda: (tmp_path / "delta.log").read_text()[-2000:])
-        wait_for(lambda: len(points.read(root, c.workflow)) > len(before) and "public.orders" in
-                 points.read(root, c.workflow)[-1]["versions"], 120, what="a point with orders")
+        wait_for(lambda: len(points(root, c.workflow)) > len(before) and "public.orders" in
+                 points(root, c.workflow)[-1].versions, 120, what="a point with orders")
         # bootstrap --tables on a healthy slot, the consumer still running: items is copied again meanwhile
         recopied = store.load(c.workflow).table("public.items").cycles
         out = cli("replicate", "bootstrap", c.workflow, "--sink", lake, "--tables", "items")
@@ -285,11 +285,11 @@ def test_add_tables_on_a_delta_sink_while_it_runs(rc, tmp_path):
         assert src == dst, f"{table}: source {len(src)} rows, Delta sink {len(dst)}"
         assert_equal(c, c.sinks[0], table, ["id"])
     assert {r["id"] for r in delta_rows(root, "public.orders")} >= set(writer.inserted)
-    recorded = points.read(root, c.workflow)
-    with_orders = [p for p in recorded if "public.orders" in p["versions"]]
-    assert with_orders and all(p["position"] >= orders.copied_to for p in with_orders), \
-        [(p["position"], orders.copied_to) for p in with_orders[:3]]
-    assert all(p["position"] < orders.copy_from for p in recorded if "public.orders" not in p["versions"])
+    recorded = points(root, c.workflow)
+    with_orders = [p for p in recorded if "public.orders" in p.versions]
+    assert with_orders and all(p.position >= orders.copied_to for p in with_orders), \
+        [(p.position, orders.copied_to) for p in with_orders[:3]]
+    assert all(p.position < orders.copy_from for p in recorded if "public.orders" not in p.versions)
 
 
 @pytest.mark.slow

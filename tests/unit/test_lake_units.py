@@ -12,7 +12,7 @@ import pytest
 from sluicegate.errors import TerminalError, UsageError
 from sluicegate.postgres.catalog import Column, Table
 from sluicegate.postgres.pgoutput import UNCHANGED
-from sluicegate.targets.delta import points
+from sluicegate.targets.delta import points, read
 from sluicegate.targets.delta.apply import NetEffect, merge
 from sluicegate.targets.delta.state import LakeWorkflow, Store, TableState
 from sluicegate.targets.delta.types import arrow_schema, arrow_type, convert_column, record_batch
@@ -170,14 +170,14 @@ def test_points_record_once_per_position(tmp_path):
     assert points.record(tmp_path, "w", 10, None, {"public.b": 1, "public.a": 2})
     assert not points.record(tmp_path, "w", 10, None, {"public.a": 2})  # replayed after a kill
     assert points.record(tmp_path, "w", 20, datetime(2024, 1, 1, tzinfo=timezone.utc), {"public.a": 3})
-    got = points.read(tmp_path, "w")
-    assert [(p["position"], p["position_text"], p["versions"]) for p in got] == [
+    got = read.points(tmp_path, "w")
+    assert [(p.position, p.position_text, p.versions) for p in got] == [
         (10, "0/A", {"public.a": 2, "public.b": 1}), (20, "0/14", {"public.a": 3})]
     from deltalake import DeltaTable
 
-    schema = DeltaTable(str(points.points_path(tmp_path))).schema().to_arrow()
+    schema = DeltaTable(read.points_uri(tmp_path)).schema().to_arrow()
     assert [f.name for f in schema] == ["workflow", "position", "position_text", "committed_at", "versions"]
-    assert got[1]["committed_at"] == datetime(2024, 1, 1, tzinfo=timezone.utc)
+    assert got[1].committed_at == datetime(2024, 1, 1, tzinfo=timezone.utc)
 
 
 def test_state_document_round_trip_and_lock(tmp_path):

@@ -43,12 +43,10 @@ class DeltaTarget(Target):
     @classmethod
     def require(cls, url: str) -> str:
         """The lake commands' target: its path, or a UsageError saying how to write one."""
-        from .read import lake_path
-
         if not cls.claims(url) or not url[len(PREFIX):].strip():
             raise UsageError(f"--target {url!r} is not a Delta target: write delta:PATH (a directory or a URI "
                              f"delta-rs supports, e.g. delta:/data/lake or delta:s3://bucket/lake)")
-        return lake_path(url)
+        return location.parse(url).uri
 
     def hint(self) -> str:
         import shlex

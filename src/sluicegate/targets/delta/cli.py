@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 
@@ -24,7 +23,7 @@ from ...workflow import state as pg_state
 from ...workflow.create_checks import check_no_leftovers, check_source_tables
 from . import location
 from .rules import check_keyed, lake_table
-from .sink import start_consumer
+from .sink import make_tables, start_consumer
 from .state import (
     COPYING,
     ERROR,
@@ -96,14 +95,8 @@ def create(name: str, source_url: str, target: str, tables: list[str] | None, ex
                          f"{'them' if len(cols) > 1 else 'it'} in the reader")
         if compiled:
             notes.append("a Delta table written through a rule follows no schema change of its source table")
-    lines = []
-    for lake in lakes.values():
-        path = loc.table(lake.schema, lake.name)
-        if loc.local:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        DeltaTable.create(path, arrow_schema(lake), mode="overwrite" if _is_delta(path) else "error",
-                          name=lake.qualified)
-        lines.append(f"Delta table {path}")
+    make_tables(loc, list(lakes.values()))  # (an existing one has no files: checked above)
+    lines = [f"Delta table {loc.table(lake.schema, lake.name)}" for lake in lakes.values()]
     slot = pg_state.object_name("sg", name)
     states = [TableState(t.to_json(), rule=compiled[t.qualified].to_json() if t.qualified in compiled else None)
               for t in described]

@@ -25,12 +25,6 @@ def sync_file(path: str | Path) -> None:
         os.close(fd)
 
 
-def sync_dirs(dirs) -> None:
-    """The directory entries (a new name, a rename) survive a crash."""
-    for d in sorted(set(dirs), key=lambda p: len(str(p)), reverse=True):  # deepest first, parents after
-        sync_file(d)
-
-
 def sync_versions(table_uri: str, after: int | None, upto: int | None) -> None:
     """fsync what versions `after`+1 … `upto` of the table at `table_uri` added (data files, log entries,
     their directories). `after` None: from version 0. Nothing to do on an object store."""
@@ -61,7 +55,9 @@ def sync_versions(table_uri: str, after: int | None, upto: int | None) -> None:
             for part in log.glob(f"{checkpoint:020d}.checkpoint*.parquet"):
                 sync_file(part)
             sync_file(last_checkpoint)
-    sync_dirs(dirs)
+    # The directory entries (a new name, a rename) survive a crash.
+    for d in sorted(dirs, key=lambda p: len(str(p)), reverse=True):  # deepest first
+        sync_file(d)
 
 
 class Versions:

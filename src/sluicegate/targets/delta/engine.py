@@ -237,7 +237,7 @@ class LakeEngine(StreamLoop):
 
     def replicate_step(self, wf: LakeWorkflow) -> None:
         settings = Settings.from_options(wf.options, f"workflow {wf.name}")
-        until_due = self.housekeeping(wf)
+        until_due = self.housekeeping(wf, settings)
         if self.stop.is_set():
             return
         slice_seconds = math.inf if settings.slice_seconds is None else settings.slice_seconds
@@ -248,12 +248,11 @@ class LakeEngine(StreamLoop):
                                commit_every=settings.commit_every)
         self.runner.map(play, [task], f"replicate {wf.name}", tag=self.tag)
 
-    def housekeeping(self, wf: LakeWorkflow) -> float:
+    def housekeeping(self, wf: LakeWorkflow, settings: Settings) -> float:
         """Run the housekeeping that is due (no play task runs now); seconds until the next is due. Each job
         first comes due one interval after replication starts. A failure is logged and tried again at the next
         interval: replication goes on."""
         wait = math.inf
-        settings = Settings.from_options(wf.options, f"workflow {wf.name}")
         for job in ("optimize", "vacuum"):
             every = getattr(settings, f"{job}_every")
             if every <= 0:
@@ -265,14 +264,14 @@ class LakeEngine(StreamLoop):
             now = time.time()
             if last is None or now - last >= every:
                 if last is not None:
-                    self._housekeep(job, wf)
+                    self._housekeep(job, wf, settings.vacuum_retention)
                 last = time.time()
                 with self.store.update(wf.name) as w:
                     w.housekeeping[job] = last
             wait = min(wait, last + every - time.time())
         return max(wait, 0.0)
 
-    def _housekeep(self, job: str, wf: LakeWorkflow) -> None:
+    def _housekeep(self, job: str, wf: LakeWorkflow, retention: float) -> None:
         from . import housekeeping
 
         try:
@@ -281,7 +280,6 @@ class LakeEngine(StreamLoop):
                 log.info("optimize %s: %s", wf.name, ", ".join(
                     f"{t['table']} {t['files_before']} -> {t['files_after']} files" for t in report["tables"]))
             else:
-                retention = Settings.from_options(wf.options, f"workflow {wf.name}").vacuum_retention
                 # allow_short: between play tasks this driver is the tables' only writer (it holds the run lock).
                 report = housekeeping.vacuum(self.root, wf.name, timedelta(seconds=retention),
                                              allow_short=True)

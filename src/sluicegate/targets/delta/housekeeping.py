@@ -14,20 +14,11 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from ...errors import RetryableError, UsageError
-from . import durable, read
+from . import durable, pins, read
 from .location import filesystem_paths
+from .state import app_id, open_store
 
 SHORT_RETENTION = timedelta(hours=1)  # below this a running writer's not yet committed files are at risk
-
-
-def app_id(workflow: str) -> str:
-    """The Delta app transaction id under which the workflow's commits record their source position."""
-    return f"sluicegate:{workflow}"
-
-
-def workflow_tables(path: str, workflow: str, storage_options=None) -> list[str]:
-    """The workflow's tables ("schema.table"), as its newest point lists them."""
-    return sorted(read.point_for(path, workflow, storage_options=storage_options).versions)
 
 
 def _table(uri: str, storage_options=None):
@@ -49,8 +40,8 @@ def optimize(path: str, workflow: str, *, target_size: int | None = None, storag
     from deltalake.exceptions import CommitFailedError
 
     report = {"workflow": workflow, "path": read.lake_path(path), "tables": []}
-    for name, uri in [*((t, read.table_uri(path, t)) for t in workflow_tables(path, workflow, storage_options)),
-                      ("(points)", read.points_uri(path))]:
+    tables = sorted(read.point_for(path, workflow, storage_options=storage_options).versions)
+    for name, uri in [*((t, read.table_uri(path, t)) for t in tables), ("(points)", read.points_uri(path))]:
         dt = _table(uri, storage_options)
         before = {"files": len(dt.file_uris()), "version": dt.version(),
                   "transaction": dt.transaction_version(app_id(workflow))}
@@ -89,10 +80,6 @@ def _kept_points(points: list[read.Point], cutoff: datetime) -> list[read.Point]
     return kept[::-1]
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = False, allow_short: bool = False,
            now: datetime | None = None, storage_options=None) -> dict:
     """Drop points older than `retention` (never the newest), then delete from each of the workflow's tables
@@ -113,21 +100,25 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     # an hour of a busy table's old versions is many times its size (bench/README.md, "Issue 34: lake size").
     hours = (math.floor if allow_short else math.ceil)(retention.total_seconds() / 3600)
 
-    # Read before the points: a vdiff pins its point's position before the point is recorded.
-    pins, pinned_versions = _pinned(path, workflow)
+    # Read before the points: a vdiff pins its point's position before the point is recorded (pins.py). A
+    # lake whose workflow state went has no vdiff running on it.
+    store = open_store(path)
+    pinned, pinned_versions = (pins.pinned(store.load(workflow).pins) if store.exists(workflow)
+                               else (set(), {}))
     all_points = read.points(path, workflow, storage_options)
     if not all_points:
         read.point_for(path, workflow, storage_options=storage_options)  # the error saying why
     oldest = _kept_points(all_points, cutoff)[0].position
     # What the log holds once older ones are gone; a point a running vdiff compares at stays, however old.
-    kept = [p for p in all_points if p.position >= oldest or p.position in pins]
+    kept = [p for p in all_points if p.position >= oldest or p.position in pinned]
     dropped = len(all_points) - len(kept)
     points_uri = read.points_uri(path)
     if dropped and not dry_run:
         pts = _table(points_uri, storage_options)
-        spared = "".join(f" AND position <> {int(p)}" for p in sorted(pins) if p < oldest)
+        spared = "".join(f" AND position <> {int(p)}" for p in sorted(pinned) if p < oldest)
+        quoted = workflow.replace("'", "''")
         try:
-            pts.delete(f"workflow = {_quote(workflow)} AND position < {oldest}{spared}")
+            pts.delete(f"workflow = '{quoted}' AND position < {oldest}{spared}")
         except CommitFailedError as exc:
             raise _commit_failed(points_uri, "dropping old points", exc) from None
 
@@ -142,17 +133,6 @@ def vacuum(path: str, workflow: str, retention: timedelta, *, dry_run: bool = Fa
     # Readers read the points table's newest version only: no version of it needs keeping.
     report["tables"].append(_vacuum_one("(points)", points_uri, hours, [], dry_run, storage_options))
     return report
-
-
-def _pinned(path: str, workflow: str) -> tuple[set[int], dict[str, set[int]]]:
-    """The points and versions vdiffs compare at (targets/delta/pins.py)."""
-    from . import location, pins
-    from .state import open_store
-
-    store = open_store(location.parse(path))
-    if not store.exists(workflow):  # a lake whose workflow state went: no vdiff can run on it
-        return set(), {}
-    return pins.pinned(store.load(workflow).pins)
 
 
 def _vacuum_one(name, uri, hours, keep, dry_run, storage_options) -> dict:

@@ -16,8 +16,7 @@ from ...errors import RetryableError, UsageError
 
 PREFIX = "delta:"
 # Schemes delta-rs 1.x opens (object_store) and pyarrow can read and write too.
-REMOTE = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "az": "Azure", "abfs": "Azure", "abfss": "Azure",
-          "azure": "Azure", "adl": "Azure"}
+REMOTE = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "adl"}
 WAY_OUT = "use a local directory, s3://, gs:// or abfss:// (credentials in the AWS_*/GOOGLE_*/AZURE_* environment)"
 
 
@@ -48,11 +47,6 @@ class Location:
     def table(self, schema: str, name: str) -> str:
         """The URI of the Delta table of schema.name: ROOT/<schema>/<name>."""
         return self.join(schema, name)
-
-    def filesystem(self):
-        """(pyarrow filesystem, the root's path on it). Executors call this too: it needs only the URI and the
-        environment."""
-        return filesystem(self.uri)
 
 
 def filesystem(uri: str):
@@ -105,12 +99,8 @@ def file_uris(dt) -> list[str]:
 
 def filesystem_paths(uris: list[str]):
     """(pyarrow filesystem, paths on it) of file URIs (or local paths) of one store."""
-    if not uris:
-        import pyarrow.fs as pafs
-
-        return pafs.LocalFileSystem(), []
-    fs, first = filesystem(uris[0])
-    if "://" not in uris[0]:
+    fs, first = filesystem(uris[0] if uris else "")  # (none: the local one)
+    if not uris or "://" not in uris[0]:
         return fs, list(uris)
     if uris[0].split("://", 1)[0].lower() in ("s3", "s3a", "gs", "gcs"):
         # bucket/key, decoded: what from_uri gives, without a client each

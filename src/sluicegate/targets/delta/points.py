@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ...position import format_lsn
-from .location import file_uris, filesystem
+from .read import points_uri
 from .state import app_id
 
 SCHEMA = pa.schema([
@@ -27,17 +27,12 @@ SCHEMA = pa.schema([
 ])
 
 
-def points_path(root: str | Path) -> str:
-    """The points table's path or URI under the lake root (a path or a URI)."""
-    return f"{str(root).rstrip('/')}/_sluicegate/points"
-
-
 def record(path: str | Path, workflow: str, position: int, committed_at: datetime | None,
            versions: dict[str, int]) -> bool:
     """Append the point (path: the lake root). False if this workflow already recorded it (or a later one)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-    where = points_path(path)
+    where = points_uri(path)
     app = app_id(workflow)
     if DeltaTable.is_deltatable(where):
         done = DeltaTable(where).transaction_version(app)
@@ -51,22 +46,3 @@ def record(path: str | Path, workflow: str, position: int, committed_at: datetim
                     commit_properties=CommitProperties(app_transactions=[Transaction(app, position)]))
     return True
 
-
-def read(path: str | Path, workflow: str | None = None) -> list[dict]:
-    """Every point (of `workflow`), oldest first."""
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
-
-    where = points_path(path)
-    if not DeltaTable.is_deltatable(where):
-        return []
-    files = file_uris(DeltaTable(where))
-    if not files:
-        return []
-    fs, _ = filesystem(files[0])
-    rows = ds.dataset([filesystem(f)[1] for f in files], schema=SCHEMA, filesystem=fs).to_table().to_pylist()
-    rows = [r for r in rows if workflow is None or r["workflow"] == workflow]
-    for r in rows:
-        r["versions"] = json.loads(r["versions"])
-    return sorted(rows, key=lambda r: r["position"])

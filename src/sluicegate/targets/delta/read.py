@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 from ...errors import RetryableError, TerminalError, UsageError, did_you_mean
 from ...position import format_lsn, parse_lsn
@@ -81,15 +82,10 @@ def _arrow_schema(dt):
     return pa.schema(dt.schema().to_arrow())  # arro3 -> pyarrow through the Arrow C interface
 
 
-def _filesystem(uris: list[str]):
-    """(pyarrow filesystem, paths on it) for a version's file URIs: local paths as they are."""
-    return filesystem_paths(uris)
-
-
 def _missing(uris: list[str]) -> list[str]:
     import pyarrow.fs as pafs
 
-    fs, paths = _filesystem(uris)
+    fs, paths = filesystem_paths(uris)
     return [u for u, info in zip(uris, fs.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
 
 
@@ -98,21 +94,17 @@ def _dataset(dt):
     added column read it as null)."""
     import pyarrow.dataset as ds
 
-    fs, paths = _filesystem(file_uris(dt))
+    fs, paths = filesystem_paths(file_uris(dt))
     return ds.dataset(paths, schema=_arrow_schema(dt), format="parquet", filesystem=fs)
 
 
 # --- the consistent-read log ----------------------------------------------------------------------------------
 
-def _point_rows(path: str, workflow: str | None, storage_options=None):
-    """The points table's rows (of `workflow`, or all), or None when there is no points table yet."""
-    import pyarrow.dataset as ds
-
+def _point_rows(path: str, where, storage_options=None):
+    """The points table's rows `where` selects (a pyarrow.dataset filter; None: all), or None when there is
+    no points table yet."""
     dt = _open(points_uri(path), storage_options=storage_options)
-    if dt is None:
-        return None
-    data = _dataset(dt)
-    return data.to_table(filter=None if workflow is None else ds.field("workflow") == workflow)
+    return None if dt is None else _dataset(dt).to_table(filter=where)
 
 
 def _to_point(row: dict) -> Point:
@@ -123,7 +115,9 @@ def _to_point(row: dict) -> Point:
 
 def points(path: str, workflow: str, storage_options=None) -> list[Point]:
     """Every recorded point of `workflow`, oldest first ([] when there is none)."""
-    rows = _point_rows(path, workflow, storage_options)
+    import pyarrow.dataset as ds
+
+    rows = _point_rows(path, ds.field("workflow") == workflow, storage_options)
     if rows is None:
         return []
     return sorted((_to_point(r) for r in rows.to_pylist()), key=lambda p: p.position)
@@ -135,14 +129,11 @@ def latest_point(path: str, workflow: str, position=None, storage_options=None) 
     import pyarrow.dataset as ds
 
     limit = as_position(position)
-    dt = _open(points_uri(path), storage_options=storage_options)
-    if dt is None:
-        return None
     where = ds.field("workflow") == workflow
     if limit is not None:
         where = where & (ds.field("position") <= limit)
-    rows = _dataset(dt).to_table(filter=where)
-    if rows.num_rows == 0:
+    rows = _point_rows(path, where, storage_options)
+    if rows is None or rows.num_rows == 0:
         return None
     newest = pc.max(rows["position"]).as_py()
     return _to_point(rows.filter(pc.equal(rows["position"], newest)).slice(0, 1).to_pylist()[0])
@@ -226,11 +217,6 @@ def arrow_tables_as_of(path: str, workflow: str, tables=None, position=None,
     return out
 
 
-def _spark_path(uri: str) -> str:
-    # A bare path means the cluster's default filesystem to Spark (HDFS on some): name the local one.
-    return "file://" + uri if uri.startswith("/") else uri
-
-
 def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, storage_options=None) -> dict:
     """{table: Spark DataFrame} of `tables` (default: all of the workflow's) at one consistent point: the newest,
     or the newest at or before `position` (an int, '0/16B3748', or a Point)."""
@@ -246,7 +232,8 @@ def tables_as_of(spark, path: str, workflow: str, tables=None, position=None, st
         if not files:
             out[name] = spark.createDataFrame([], schema)
         elif files[0].startswith("/"):
-            out[name] = spark.read.schema(schema).parquet(*map(_spark_path, files))
+            # A bare path means the cluster's default filesystem to Spark (HDFS on some): name the local one.
+            out[name] = spark.read.schema(schema).parquet(*("file://" + f for f in files))
         else:
             out[name] = _object_store_frame(spark, files, _arrow_schema(dt), schema)
     return out
@@ -258,21 +245,15 @@ def _object_store_frame(spark, files: list[str], arrow_schema, schema):
     (hadoop-aws for s3a://...), which a plain PySpark install lacks."""
     sc = spark.sparkContext
     rdd = sc.parallelize([(f,) for f in files], max(1, min(len(files), 4 * sc.defaultParallelism)))
-    return spark.createDataFrame(rdd, "file string").mapInArrow(_FileReader(arrow_schema), schema)
+    return spark.createDataFrame(rdd, "file string").mapInArrow(partial(_read_files, arrow_schema), schema)
 
 
-class _FileReader:
+def _read_files(arrow_schema, batches):
     """mapInArrow's function: each input row names one Parquet file; out come its rows in the version's schema
     (a column added later is null in older files)."""
+    import pyarrow.dataset as ds
 
-    def __init__(self, arrow_schema):
-        self.schema = arrow_schema
-
-    def __call__(self, batches):
-        import pyarrow.dataset as ds
-
-
-        for batch in batches:
-            for uri in batch.column(0).to_pylist():
-                fs, path = filesystem(uri)
-                yield from ds.dataset([path], schema=self.schema, format="parquet", filesystem=fs).to_batches()
+    for batch in batches:
+        for uri in batch.column(0).to_pylist():
+            fs, path = filesystem(uri)
+            yield from ds.dataset([path], schema=arrow_schema, format="parquet", filesystem=fs).to_batches()

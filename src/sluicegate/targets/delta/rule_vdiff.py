@@ -12,26 +12,18 @@ on the rule's target key as it joins a table moved as it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 from ...postgres.catalog import Table
 
 
-@dataclass(frozen=True)
-class RuleRows:
-    """What each converting task needs: the rule (CompiledRule.to_json()) and its source table."""
-
-    rule: dict
-    source: dict
-
-
-def lake_rows(task: RuleRows, batches):
-    """Runs in a Spark task: the rule's output for one partition as batches of the Delta table's schema."""
+def lake_rows(rule_json: dict, source_json: dict, batches):
+    """Runs in a Spark task: the rule's output (CompiledRule.to_json(), its source Table.to_json()) for one
+    partition as batches of the Delta table's schema."""
     from ...rules.compile import CompiledRule
     from .rules import lake_table, target_batch
 
-    rule = CompiledRule.from_json(task.rule, Table.from_json(task.source))
+    rule = CompiledRule.from_json(rule_json, Table.from_json(source_json))
     lake = lake_table(rule)
     for batch in batches:
         if batch.num_rows:
@@ -54,5 +46,4 @@ def source_frame(runner, source_url: str, rule, snapshot: str, ranges: list):
     read = RuleRead(source_url, rule.source.to_json(), snapshot, ranges)
     raw = rules.session.range(0, len(ranges), 1, numPartitions=len(ranges)).mapInArrow(
         partial(read_ranges, read), rules.schema)
-    return rules.transform(raw).mapInArrow(partial(lake_rows, RuleRows(rule.to_json(), rule.source.to_json())),
-                                           schema)
+    return rules.transform(raw).mapInArrow(partial(lake_rows, rule.to_json(), rule.source.to_json()), schema)

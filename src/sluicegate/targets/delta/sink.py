@@ -380,11 +380,7 @@ class DeltaSink:
     alive = staticmethod(consumer_alive)
     forget = staticmethod(forget)
     bootstrap = staticmethod(bootstrap)
-
-    @staticmethod
-    def check_new(name: str, sinks: dict[str, str], described: list[Table], overwrite: bool,
-                  source_lsn: int | None) -> list:
-        return check_sinks(name, sinks, described, overwrite, source_lsn)
+    check_new = staticmethod(check_sinks)
 
     @staticmethod
     def cluster(url: str, workflow: str) -> Cluster:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -31,17 +32,16 @@ from ... import config
 from ...errors import RetryableError, UsageError
 from ...postgres.catalog import Table
 from ...workflow.loop import COPYING, ERROR, INIT, RUNNING, STOPPED  # noqa: F401 - the states, named here too
-from . import location
+from . import durable, location
 from .read import _open
 
 log = logging.getLogger("sluicegate")
 
-# Housekeeping `workflow run` does between batches: seconds between runs (0: never), vacuum's retention.
-# Chosen so that an hour of steady writes leaves the lake within 3x the source's size (bench/lake_size.py):
-# each commit of changes rewrites the files it touches, so the old versions a retention keeps grow with
-# (retention + vacuum period) / commit interval. A reader using a point for longer than the retention (a
-# vdiff beside the driver pins its own) needs a longer one: `lake schedule --vacuum-retention`.
-# commit_every: seconds between one commit of changes and the next batch (0: commit as they come).
+# The schedule `workflow run` keeps between batches (config.py; commit_every 0: commit as changes come).
+# Each commit of changes rewrites the files it touches, so the old versions a retention keeps grow with
+# (retention + vacuum period) / commit interval (bench/README.md, "Issue 34: lake size"). A reader using a
+# point for longer than the retention (a vdiff beside the driver pins its own) needs a longer one: `lake
+# schedule --vacuum-retention`.
 HOUSEKEEPING_DEFAULTS = {k: config.default(k) for k in ("optimize_every", "vacuum_every", "vacuum_retention",
                                                            "commit_every")}
 
@@ -243,11 +243,7 @@ class Store:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        dir_fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
-        finally:
-            os.close(dir_fd)
+        durable.sync_file(d)  # the rename itself survives a crash
 
 
 def open_store(target) -> Store | DeltaStore:
@@ -271,16 +267,11 @@ def update_retrying(store: Store | DeltaStore, name: str, change, depends: tuple
             time.sleep(0.1 * (attempt + 1))
 
 
-_DOC_SCHEMA = None
-
-
+@functools.cache
 def _doc_schema():
-    global _DOC_SCHEMA
-    if _DOC_SCHEMA is None:
-        import pyarrow as pa
+    import pyarrow as pa
 
-        _DOC_SCHEMA = pa.schema([pa.field("doc", pa.string()), pa.field("lease", pa.string())])
-    return _DOC_SCHEMA
+    return pa.schema([pa.field("doc", pa.string()), pa.field("lease", pa.string())])
 
 
 LEASE_SECONDS = 30.0  # a driver renews its lease every third of this; a killed one's lease lapses after it
@@ -406,7 +397,6 @@ class DeltaStore:
                 return _Read(dt, None, None)
             doc, lease = row[0]["doc"], row[0]["lease"]
             return _Read(dt, json.loads(doc) if doc else None, json.loads(lease) if lease else None)
-        return None
 
     def _commit(self, name: str, read: _Read | None, doc: dict, lease: dict | None) -> bool:
         """The row as (doc, lease) at the version `read` saw; False when another commit came first."""

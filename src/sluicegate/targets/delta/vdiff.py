@@ -49,20 +49,19 @@ from ...position import format_lsn
 from ...postgres import keyrange
 from ...postgres.catalog import Table
 from ...postgres.snapshot import take_snapshot
-from ...vdiff.differ import plan_ranges
+from ...vdiff.differ import MAX_RANGE_ROWS, MIN_RANGE_ROWS, plan_ranges
 from ...vdiff.labels import choose
 from . import control, location, pins, rule_player, rule_vdiff
 from .copy import snapshot_batches
 from .engine import LakeEngine
 from .player import LakePlayTask, play
-from .read import Point, point_for, tables_as_of
+from .read import Point, tables_as_of
 from .state import COPYING, ERROR, INIT, RUNNING, STOPPED, open_store
 from .types import SPECIAL, arrow_schema
 
 log = logging.getLogger("sluicegate")
 
 SIDE_S, SIDE_T = "_sg_source", "_sg_target"
-MIN_RANGE_ROWS, MAX_RANGE_ROWS = 50_000, 1_000_000
 
 
 @dataclass(frozen=True)
@@ -197,7 +196,7 @@ def _wait_stopped(store, name: str, reason: str, position: int | None, timeout: 
     A one-line error when the hold goes (a user's `workflow stop`/`start`, or the driver's lapse), the stream
     stops elsewhere, the driver ends, or `timeout` passes."""
     deadline = time.monotonic() + timeout
-    way = f"`sluicegate workflow status {name} --target {target_text(store)}`"
+    way = f"`sluicegate workflow status {name} --target delta:{store.root}`"
     while True:
         wf = store.load(name)
         if wf.stop_reason != reason:
@@ -225,10 +224,6 @@ def _wait_stopped(store, name: str, reason: str, position: int | None, timeout: 
         time.sleep(0.05)
 
 
-def target_text(store) -> str:
-    return f"delta:{store.root}"
-
-
 def _point_now(target: str, wf, position: int):
     """The point at `position` where the stream stands stopped for the vdiff: every table's current version
     holds exactly the source's transactions up to it. Read now, not from the log: a direct write to a table
@@ -242,7 +237,7 @@ def _point_now(target: str, wf, position: int):
     return Point(wf.name, position, format_lsn(position), None, versions)
 
 
-def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point=None) -> dict:
+def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop, point: Point) -> dict:
     root = location.parse(target).uri
     position = snap.position
     tables = {t.qualified: t for t in wf.tables if t.qualified in chosen}  # added columns
@@ -250,8 +245,7 @@ def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop
     report = {"vdiff_id": None, "workflow": name, "target": f"delta:{root}", "state": "completed",
               "message": "", "source_position": format_lsn(position), "tables": {}}
     runner.spark.conf.set("spark.sql.session.timeZone", "UTC")  # timestamps' text in the samples
-    frames = _delta_frames(runner.spark, root, name, [lake.qualified for lake in lakes.values()],
-                           point or position)
+    frames = tables_as_of(runner.spark, root, name, [lake.qualified for lake in lakes.values()], point)
     for q, t in tables.items():
         if stop is not None and stop.is_set():
             raise RetryableError("interrupted")
@@ -265,16 +259,6 @@ def _compare_at(name, target, wf, chosen, snap, runner, sample, range_rows, stop
     report["differences"] = sum(t["missing"] + t["extra"] + t["mismatched"] for t in report["tables"].values())
     report["equal"] = report["differences"] == 0
     return report
-
-
-def _delta_frames(spark, root, name: str, tables: list[str], position) -> dict:
-    """The tables at the point at `position` (an int), or at a Point's versions (a request's)."""
-    point = point_for(str(root), name, position)
-    position = position.position if isinstance(position, Point) else position
-    if point.position != position:
-        raise TerminalError(f"workflow {name}: the consistent-read log has no point at {format_lsn(position)} "
-                            f"(the newest at or before it is {point.position_text}); run the vdiff again")
-    return tables_as_of(spark, str(root), name, tables, point)
 
 
 def _ranges(runner, spec: Table, snap, range_rows: int | None) -> list:
@@ -339,11 +323,7 @@ def compare(source, target, spec: Table, sample: int) -> dict:
     t = target.select(*[comparable(F.col(c).cast(types[c]), c).alias(f"t{i}") for i, c in enumerate(names)],
                       F.lit(True).alias(SIDE_T))
     keys = [names.index(k) for k in spec.key]
-    on = None
-    for i in keys:
-        cond = F.col(f"s{i}") == F.col(f"t{i}")
-        on = cond if on is None else on & cond
-    joined = s.join(t, on, "full_outer")
+    joined = s.join(t, [F.col(f"s{i}") == F.col(f"t{i}") for i in keys], "full_outer")  # (ANDed)
     differs = F.lit(False)
     for i in range(len(names)):
         if i not in keys:
@@ -351,15 +331,12 @@ def compare(source, target, spec: Table, sample: int) -> dict:
     s_side, t_side = F.col(SIDE_S).isNotNull(), F.col(SIDE_T).isNotNull()
     kind = (F.when(~t_side, "missing").when(~s_side, "extra").when(differs, "mismatched"))
     joined = joined.withColumn("_sg_kind", kind)
+    kinds = ("missing", "extra", "mismatched")
     counts = joined.agg(F.count(F.lit(1)).alias("compared"),
-                        F.sum(F.when(F.col("_sg_kind") == "missing", 1).otherwise(0)).alias("missing"),
-                        F.sum(F.when(F.col("_sg_kind") == "extra", 1).otherwise(0)).alias("extra"),
-                        F.sum(F.when(F.col("_sg_kind") == "mismatched", 1).otherwise(0)).alias("mismatched"),
+                        *(F.sum(F.when(F.col("_sg_kind") == k, 1).otherwise(0)).alias(k) for k in kinds),
                         ).collect()[0]
-    out = {"rows_compared": int(counts["compared"]), "missing": int(counts["missing"] or 0),
-           "extra": int(counts["extra"] or 0), "mismatched": int(counts["mismatched"] or 0),
-           "samples": []}
-    if sample and (out["missing"] or out["extra"] or out["mismatched"]):
+    out = {"rows_compared": int(counts["compared"]), **{k: int(counts[k] or 0) for k in kinds}, "samples": []}
+    if sample and any(out[k] for k in kinds):
         order = [F.coalesce(F.col(f"s{i}"), F.col(f"t{i}")) for i in keys]
         texts = [F.col("_sg_kind"), s_side.alias("_sg_s"), t_side.alias("_sg_t")]
         texts += [F.col(f"{p}{i}").cast("string").alias(f"{p}{i}") for p in "st" for i in range(len(names))]
