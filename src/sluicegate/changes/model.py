@@ -16,10 +16,8 @@ Transaction = pb.Transaction
 TransactionContext = pb.TransactionContext
 Statement = pb.Statement
 TableHeader = pb.TableHeader
-RowChange = pb.RowChange
 Record = pb.Record
 TableName = pb.TableName
-DdlStatement = pb.DdlStatement
 
 INSERT, UPDATE, DELETE = pb.Statement.INSERT, pb.Statement.UPDATE, pb.Statement.DELETE
 TRUNCATE, ROLLBACK = pb.Statement.TRUNCATE, pb.Statement.ROLLBACK

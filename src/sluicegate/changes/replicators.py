@@ -139,10 +139,7 @@ class FilterReplicator:
             del new.table.columns[i]
         # Records are flat (values, and the indexes of NULL / unchanged / binary columns): renumber those.
         gone = set(drop)
-        renumber, n = {}, 0
-        for i in range(len(h.columns)):
-            if i not in gone:
-                renumber[i], n = n, n + 1
+        renumber = {old: new for new, old in enumerate(i for i in range(len(h.columns)) if i not in gone)}
         for row in new.rows:
             for rec in (getattr(row, side) for side in ("before", "after") if row.HasField(side)):
                 _drop_columns(rec, gone, renumber)

@@ -96,11 +96,9 @@ def _records(f, path: str, size: int) -> Iterator[tuple[int, bytes]]:
     or in zero bytes a crash left), CorruptLog for anything else.
     """
     head = f.read(len(HEADER))
-    if len(head) < len(HEADER):
-        if MAGIC.startswith(head[:len(MAGIC)]):
-            raise _Torn(0, f"the file header is incomplete ({len(head)} of {len(HEADER)} bytes)")
-        raise CorruptLog(f"{path}: not a Sluicegate transaction log (no {MAGIC.decode()} header)")
-    if head[:len(MAGIC)] != MAGIC:
+    if len(head) < len(HEADER) and MAGIC.startswith(head[:len(MAGIC)]):
+        raise _Torn(0, f"the file header is incomplete ({len(head)} of {len(HEADER)} bytes)")
+    if len(head) < len(HEADER) or head[:len(MAGIC)] != MAGIC:
         raise CorruptLog(f"{path}: not a Sluicegate transaction log (no {MAGIC.decode()} header)")
     version = struct.unpack(">H", head[len(MAGIC):])[0]
     if version != VERSION:

@@ -68,7 +68,7 @@ def _action_refusal(action: list[str | None]) -> str | None:
         if action[1:2] and action[1] in _CONSTRAINT_WORDS or _CONSTRAINT_WORDS & set(rest):
             return ("a constraint added under active-active: rows the other side writes meanwhile may break it, "
                     "and a unique one lets each side accept rows the other refuses")
-        if _has_pair(rest, "NOT", "NULL") and "DEFAULT" not in rest:
+        if ("NOT", "NULL") in pairwise(rest) and "DEFAULT" not in rest:
             return ("a NOT NULL column without a default: rows the other side writes meanwhile carry no value "
                     "for it")
         return None
@@ -88,7 +88,3 @@ def _action_refusal(action: list[str | None]) -> str | None:
     if head in (["SET"], ["RESET"]) and action[1:2] not in (["SCHEMA"], ["LOGGED"], ["UNLOGGED"]):
         return None  # storage parameters, SET WITHOUT CLUSTER, …
     return f"ALTER TABLE … {' '.join(w or '…' for w in action[:2])} is not replayed under active-active"
-
-
-def _has_pair(seq: list[str | None], a: str, b: str) -> bool:
-    return any(x == a and y == b for x, y in pairwise(seq))

@@ -10,7 +10,7 @@ bulk copy and in a stream of single-row changes — deterministic, and keep the 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 from ..postgres.catalog import Column, Table
@@ -45,8 +45,6 @@ class CompiledRule:
         return not self.filtered and all(kind == "raw" for kind, _ in self.outputs)
 
     def with_keyrange(self, column: int, lo: str, hi: str) -> CompiledRule:
-        from dataclasses import replace
-
         return replace(self, keyrange=(column, lo, hi), needs=tuple(sorted({*self.needs, column})))
 
     def target_keyrange(self):
@@ -72,8 +70,6 @@ class CompiledRule:
         raws = [RAW.format(i) for i in range(len(self.source.columns))]
         where = ""
         if self.keyrange is not None and in_range:  # on the source's text of the sharding column, as PostgreSQL would hash it
-            from ..sharding.keyrange import KeyRange
-
             column, lo, hi = self.keyrange
             where = f" WHERE {KeyRange(lo, hi).spark_filter(RAW.format(column))}"
         return f"SELECT {', '.join(cols + raws + list(extra))} FROM {quote(raw_view)}{where}"
@@ -365,8 +361,6 @@ def fit_existing_target(conn, rule: CompiledRule) -> CompiledRule:
     """A rule whose target table exists: each computed column's type against the table's column. A wider
     column takes the values as they are (int into bigint, decimal(10,2) into numeric): the rule writes the
     table's type. A narrower one would be a lossy cast, refused with the CAST (or the ALTER) that fixes it."""
-    from dataclasses import replace
-
     rows = conn.execute(
         """SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
            WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped""",

@@ -49,8 +49,6 @@ class RuleRunner:
         typed.createOrReplaceTempView(quote(rule.view))
         in_range = None
         if rule.keyrange is not None:
-            from ..sharding.keyrange import KeyRange
-
             column, lo, hi = rule.keyrange
             in_range = KeyRange(lo, hi).spark_filter(RAW.format(column))
         keep = self.session.sql(self._split.keep_sql(in_range or ""))

@@ -73,10 +73,7 @@ def pg_text(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 # -- does a rule's output fit a target column? -------------------------------------------------------------
 _INT_DIGITS = {"tinyint": 3, "smallint": 5, "int": 10, "bigint": 19}
 _PG_INT_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
-_PG_TO_SPARK = {"smallint": "SMALLINT", "integer": "INT", "bigint": "BIGINT", "real": "FLOAT",
-                "double precision": "DOUBLE", "boolean": "BOOLEAN", "text": "STRING", "date": "DATE",
-                "timestamp with time zone": "TIMESTAMP", "timestamp without time zone": "TIMESTAMP_NTZ",
-                "bytea": "BINARY"}
+_PG_TO_SPARK = {**_EXACT, **_TIME, "bytea": "BINARY"}
 
 
 def fits(spark_type: str, pg: str) -> bool | None:

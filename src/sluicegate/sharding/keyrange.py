@@ -63,12 +63,7 @@ class KeyRange:
         return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
 
     def __str__(self) -> str:
-        def short(bound: str) -> str:
-            while bound.endswith("00"):
-                bound = bound[:-2]
-            return bound or ("00" if bound != "" else "")
-
-        return f"{short(self.lo)}-{short(self.hi)}"
+        return "-".join(re.sub(r"(00)+$", "", bound) for bound in (self.lo, self.hi))  # Vitess' short names
 
 
 def keyspace_id(text: str) -> str:
@@ -85,10 +80,7 @@ def check_partition(kind: str, names: list[str]) -> list[KeyRange]:
         if r.lo != edge:
             what = "leaves a gap before it" if r.lo > edge else "overlaps the one before it"
             raise UsageError(f"{kind} shards must cover the keyspace once: {name} {what}")
-        if not r.hi:
-            edge = None
-            continue
-        edge = r.hi
+        edge = r.hi or None  # None: the keyspace's end is covered
     if edge is not None:
         raise UsageError(f"{kind} shards must cover the keyspace once: nothing covers keyspace ids from {edge} up")
     return [KeyRange.parse(n) for n in names]

@@ -86,11 +86,6 @@ class SparkRunner:
         return self._sc
 
     @property
-    def ready(self) -> bool:
-        """Spark is up (a Future not yet done: still starting, or failed)."""
-        return self._sc is not None or (self._pending.done() and self._pending.exception() is None)
-
-    @property
     def spark(self):
         self.sc  # noqa: B018 - Spark still starting is waited for, never started twice
         if self._spark is None:
@@ -127,8 +122,8 @@ class SparkRunner:
     def cancel(self, tag: str | None = None) -> None:
         """Cancel the jobs tagged `tag`, or every job. A cancelled task's worker is killed: whatever it had
         not committed on the target is rolled back with its connection."""
-        if not self.ready:
-            return  # still starting: no job to cancel
+        if self._sc is None and not (self._pending.done() and self._pending.exception() is None):
+            return  # Spark still starting (or it failed): no job to cancel
         sc = self._context()  # (not `sc`: a cancel runs no check job)
         if tag:
             sc.cancelJobsWithTag(tag)

@@ -61,6 +61,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import psycopg
+from psycopg import sql
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -71,7 +73,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import ArrayType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
 from .. import errors
-from ..ddl.message import PREFIX
+from ..ddl.message import PREFIX, BadDdlMessage, parse
 from ..errors import RetryableError, SluicegateError, TerminalError, UsageError, did_you_mean, is_retryable
 from ..faults import fault_point
 from ..position import format_lsn, parse_lsn
@@ -290,8 +292,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _control(self):
         if self._conn is None or self._conn.closed or self._conn.broken:
-            from ..postgres import capture
-
             conn = _connect(self.settings.source, PLANNER)
             try:
                 capture.check_source(conn)
@@ -302,12 +302,8 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._conn
 
     def _driver_call(self, doing: str, fn: Callable):
-        def again():  # a fresh connection for the next try
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        return _retrying(f"{doing} on slot {self.settings.slot}", fn, again)
+        # (after a failure: a fresh connection for the next try)
+        return _retrying(f"{doing} on slot {self.settings.slot}", fn, self.stop)
 
     def _check_publication_tables(self, conn) -> None:
         s = self.settings
@@ -332,9 +328,6 @@ class ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def _as_error(exc: BaseException, doing: str) -> SluicegateError | None:
     """`exc` as one of our errors: itself, or a psycopg error as a RetryableError or TerminalError (by
     is_retryable) with the server's SQLSTATE; None for anything else (a bug: it goes up as it is)."""
-    import psycopg
-
-
     if isinstance(exc, SluicegateError):
         return exc
     if isinstance(exc, psycopg.Error):
@@ -411,9 +404,6 @@ def _read_retrying(settings: Settings, start: int, end: int) -> Iterator:
 
 def _connect(url: str, application_name: str):
     """A source session (autocommit) that pg_stat_activity and the server log name by its side."""
-    from psycopg import sql
-
-
     conn = connect(url, role="source", autocommit=True)
     try:
         conn.execute(sql.SQL("SET application_name = {}").format(sql.Literal(application_name)))
@@ -490,7 +480,6 @@ def _truncate_rows(truncate, begin) -> list[tuple]:
 def _ddl_rows(message, begin, published: set) -> list[tuple]:
     """A captured DDL statement: a row per published table it touches (changes/ddl.py decides which)."""
     from ..changes.ddl import touched
-    from ..ddl.message import BadDdlMessage, parse
 
     try:
         ddl = parse(message.content, message.lsn)

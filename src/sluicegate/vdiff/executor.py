@@ -110,13 +110,10 @@ def request(target_url: str, workflow: str, tables: list[str] | None, options: d
         check_comparable(wf)
         if resume:
             vdiff_id = store.latest_unfinished(conn, workflow)
-            lock = connect(target_url, role="target", autocommit=True)
-            try:
+            with connect(target_url, role="target", autocommit=True) as lock:  # (closing it ends the lock)
                 if not store.try_lock(lock, vdiff_id):
                     return vdiff_id  # its executor is alive and at work: just wait for it
                 store.set_state(conn, vdiff_id, store.PENDING, "resumed")
-            finally:
-                lock.close()
             return vdiff_id
         return store.create(conn, workflow, select_tables(wf, tables), options)
 

@@ -17,11 +17,8 @@ def build(conn: psycopg.Connection, vdiff_id: int) -> dict:
     vd = store.load(conn, vdiff_id)
     sample = int(vd.options.get("sample", 10))
     totals = store.table_totals(conn, vdiff_id, sample)
-    tables = {}
-    for name in vd.tables:
-        t = totals.get(name, {"rows_compared": 0, "missing": 0, "extra": 0, "mismatched": 0, "ranges": 0,
-                              "ranges_done": 0, "samples": []})
-        tables[name] = t
+    tables = {name: totals.get(name) or {"rows_compared": 0, "missing": 0, "extra": 0, "mismatched": 0,
+                                         "ranges": 0, "ranges_done": 0, "samples": []} for name in vd.tables}
     differences = sum(t["missing"] + t["extra"] + t["mismatched"] for t in tables.values())
     return {
         "vdiff_id": vd.id,

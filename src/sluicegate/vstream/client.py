@@ -244,9 +244,7 @@ class Stream:
 
     def close(self) -> None:
         """End the stream and send the last acknowledgement (a clean stop leaves nothing to come again)."""
-        self._stop.set()
-        if self._call is not None:
-            self._call.cancel()
+        self.cancel()
         if self._reading is not None:  # ends the read of the slot, confirming what was acknowledged
             try:
                 self._reading.close()

@@ -69,14 +69,6 @@ _POLL = 0.2  # seconds: how often an idle stream looks at `stop` and the heartbe
 _MANY = 1 << 40  # no count limit on one read of the replication connection
 
 
-class Stop:
-    """Never set: the default for `stop`."""
-
-    @staticmethod
-    def is_set() -> bool:
-        return False
-
-
 def capture_name(client_id: str) -> str:
     """The slot and publication name of a client id: ``sg_vstream_<id>``, lowercased, with characters a slot
     name cannot hold replaced; a short hash of the id is added when that changed it, so ids stay distinct."""
@@ -133,7 +125,7 @@ def transactions(source_url: str, client_id: str, position: int = 0, tables: Ite
     acknowledgement the slot may have missed (a server's memory of one that came as a stream ended).
     Raises UsageError (bad request), TerminalError (the changes asked for are gone) or RetryableError.
     """
-    stop = stop or Stop
+    stop = stop or threading.Event()  # never set
     acks = acks or Acks()
     names = [t for t in (tables or []) if t.strip()]
     name = capture_name(client_id)
@@ -326,5 +318,4 @@ def drop(source_url: str, client_id: str) -> list[str]:
         return capture.drop_capture(ctl, name, name)
 
 
-__all__ = ["DEFAULT_THRESHOLD", "Acks", "Heartbeat", "Stop", "acknowledge", "capture_name", "drop",
-           "transactions"]
+__all__ = ["DEFAULT_THRESHOLD", "Acks", "Heartbeat", "acknowledge", "capture_name", "drop", "transactions"]
