@@ -33,6 +33,7 @@ from ..errors import TerminalError
 from ..postgres import keyrange
 from ..postgres.catalog import Table
 from .identity import overriding_clause, writes_always_identity
+from .keyless import ESCAPE
 from .postgres import staged_columns
 
 LOCAL_ORIGIN = 0  # roident of a transaction without a replication origin: written on this cluster
@@ -45,8 +46,6 @@ _KEY_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle": "p
 # Key types whose text form does not depend on those settings (int2/4/8, text, varchar, bpchar, uuid,
 # numeric, bool, oid, name): a batch of such keys skips them.
 _PLAIN_KEY_TYPES = frozenset((16, 19, 20, 21, 23, 25, 26, 1042, 1043, 1700, 2950))
-
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 SCHEMA_SQL = """
 CREATE SCHEMA IF NOT EXISTS sluicegate;
@@ -270,7 +269,7 @@ def copy_lines(rows: Iterable[Incoming], ncols: int) -> str:
             raise ValueError(f"a change has {len(values)} values for a table of {ncols} columns")
         keep = "{" + ",".join(map(str, missing)) + "}" if missing else "\\N"
         stamp = time.isoformat() if isinstance(time, datetime) else str(time)
-        vals = ("\\N" if v is None else str(v).translate(_ESCAPE) for v in values)
+        vals = ("\\N" if v is None else str(v).translate(ESCAPE) for v in values)
         lines.append("\t".join((op, keep, stamp, str(int(cluster)), *vals)))
     return "\n".join(lines) + "\n" if lines else ""
 

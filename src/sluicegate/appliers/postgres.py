@@ -29,9 +29,8 @@ from ..postgres.pgoutput import UNCHANGED, Relation
 from ..postgres.relation_changes import classify
 from . import keyless
 from .identity import overriding_clause
+from .keyless import ESCAPE
 from .plans import Kept, TablePlans, facts_sql
-
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
 @dataclass
@@ -190,7 +189,7 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
             if "\\" in line or "\n" in line or "\r" in line or line.count("\t") != tabs:
                 line = None
         if line is None:
-            line = "\t".join("\\N" if v is None or v is UNCHANGED else v.translate(_ESCAPE) for v in values)
+            line = "\t".join("\\N" if v is None or v is UNCHANGED else v.translate(ESCAPE) for v in values)
         lines.append(head + line)
     return "\n".join(lines) + "\n", deletes
 
