@@ -34,7 +34,7 @@ from ..postgres import keyrange
 from ..postgres.catalog import Table
 from .identity import overriding_clause, writes_always_identity
 from .keyless import ESCAPE
-from .postgres import staged_columns
+from .postgres import keep_assignments, staged_columns
 
 LOCAL_ORIGIN = 0  # roident of a transaction without a replication origin: written on this cluster
 
@@ -389,11 +389,7 @@ def compose_plan(t: Table, stage: sql.Identifier, *, local_cluster: int, origins
     match = keyrange.key_equal(t, "d", "s")
     first_key = sql.Identifier("d", t.key[0])  # key columns are NOT NULL: NULL here is "no row"
     non_key = [c for c in t.column_names if c not in t.key]
-    names = t.column_names
-    assign = sql.SQL(", ").join(
-        sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-        for c in non_key)
+    assign = keep_assignments(t, non_key)
     d_keys = sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)
     local_time = sql.SQL("COALESCE(tb.deleted_at, pg_xact_commit_timestamp(tb.xid::xid))")
     types = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f + o), sql.Literal(ty))

@@ -695,29 +695,23 @@ def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", last
     }
     plan["unique"], plan["referenced"] = unique, referenced
     if non_key:
-        names = table.column_names
-
-        def assignments(keep: bool):
-            out = []
-            for c in non_key:
-                if keep:
-                    out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
-                else:
-                    out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
-            return sql.SQL(", ").join(out)
-
+        keep = keep_assignments(table, non_key)
+        plain = sql.SQL(", ").join(sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c)) for c in non_key)
         upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
-        for name, keep in (("update", False), ("update_keep", True)):
-            head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
-            plan[name] = (head, sql.SQL(""))
+        for name, assign in (("update", plain), ("update_keep", keep)):
+            plan[name] = (sql.SQL(upd).format(table.ident, assign, stage, match, flt), sql.SQL(""))
         plan["fill_keep"] = sql.SQL(
             "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
-            stage, sql.SQL(", ").join(
-                sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                    sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-                for c in non_key), table.ident, match)
+            stage, keep, table.ident, match)
     return plan
+
+
+def keep_assignments(table: Table, columns: list[str]) -> sql.Composable:
+    """SET items giving each column the staged row's value (`s`), or the target row's (`d`) where _sg_keep
+    lists the column (an unchanged TOAST value the change did not carry)."""
+    return sql.SQL(", ").join(
+        sql.SQL("{c} = CASE WHEN {i} = ANY(s._sg_keep) THEN d.{c} ELSE s.{c} END").format(
+            c=sql.Identifier(c), i=sql.Literal(table.column_names.index(c))) for c in columns)
 
 
 # The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains;
