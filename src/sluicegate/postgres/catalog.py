@@ -29,8 +29,21 @@ class Column:
     typmod: int | None = None  # atttypmod (-1: none); None in descriptions made before it was kept
 
 
+class Named:
+    """What has a `schema` and a `name` (a table, a sequence): its display name, and its SQL identifier."""
+
+    @property
+    def qualified(self) -> str:
+        """Display name and state key: 'public.Order Items'."""
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+
 @dataclass(frozen=True)
-class Table:
+class Table(Named):
     schema: str
     name: str
     columns: tuple[Column, ...]
@@ -46,15 +59,6 @@ class Table:
     # describe_types(): the columns' types' structure (composites' attributes, array elements, ...) for
     # targets that map types without a database (Delta); None in descriptions made before it was kept
     type_tree: dict | None = field(default=None, hash=False, compare=False)
-
-    @property
-    def qualified(self) -> str:
-        """Display name and state key: 'public.Order Items'."""
-        return f"{self.schema}.{self.name}"
-
-    @property
-    def ident(self) -> sql.Composable:
-        return sql.Identifier(self.schema, self.name)
 
     @property
     def scan(self) -> sql.Composable:
