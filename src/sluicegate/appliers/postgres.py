@@ -69,13 +69,7 @@ def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
 
 def same_columns(rel: Relation, table: Table) -> bool:
     """The Relation's columns are the table's: names, types, typmods (where the description has them), key."""
-    if len(rel.columns) != len(table.columns) or not all(
-            c.name == k.name and c.type_oid == k.type_oid and (k.typmod is None or c.typmod == k.typmod)
-            for c, k in zip(rel.columns, table.columns)):
-        return False
-    # under REPLICA IDENTITY FULL every column is flagged: no key to compare
-    return rel.replica_identity not in ("d", "i") or \
-        sorted(c.name for c in rel.columns if c.flags & 1) == sorted(table.key)
+    return classify(rel, table).unchanged
 
 
 def key_getter(indices: tuple[int, ...]):
