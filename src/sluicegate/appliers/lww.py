@@ -75,34 +75,24 @@ CREATE INDEX IF NOT EXISTS conflicts_type ON sluicegate.conflicts (type);
 
 # TG_ARGV: the local cluster id, then the key columns. The key text is made by dynamic SQL over the transition
 # table (PL/pgSQL makes it visible to EXECUTE), one statement per DELETE statement, not per row.
-_TRIGGER_FUNCTIONS = """
-CREATE OR REPLACE FUNCTION sluicegate.record_deletes() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp {settings} AS $f$
+_RECORD = """
+CREATE OR REPLACE FUNCTION sluicegate.{name}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp {{settings}} AS $f$
 BEGIN
     EXECUTE format(
         'INSERT INTO sluicegate.tombstones AS t (table_name, key, deleted_at, cluster_id, xid) '
-        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM sg_old_rows '
+        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM {rows} '
         'ON CONFLICT (table_name, key) DO UPDATE '
         'SET deleted_at = NULL, cluster_id = EXCLUDED.cluster_id, xid = EXCLUDED.xid',
-        (SELECT string_agg(format('%I::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
-    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int;
+        (SELECT string_agg(format('{column}::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
+    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int{old};
     RETURN NULL;
 END
-$f$;
-CREATE OR REPLACE FUNCTION sluicegate.record_key_change() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp {settings} AS $f$
-BEGIN
-    EXECUTE format(
-        'INSERT INTO sluicegate.tombstones AS t (table_name, key, deleted_at, cluster_id, xid) '
-        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM (SELECT ($3).*) AS o '
-        'ON CONFLICT (table_name, key) DO UPDATE '
-        'SET deleted_at = NULL, cluster_id = EXCLUDED.cluster_id, xid = EXCLUDED.xid',
-        (SELECT string_agg(format('o.%I::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
-    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int, OLD;
-    RETURN NULL;
-END
-$f$;
-"""
+$f$;"""
+# The same for an update that changes the key: its old row as a one-row relation `o`.
+_TRIGGER_FUNCTIONS = (_RECORD.format(name="record_deletes", rows="sg_old_rows", column="%I", old="")
+                      + _RECORD.format(name="record_key_change", rows="(SELECT ($3).*) AS o", column="o.%I",
+                                       old=", OLD") + "\n")
 
 # What a staged row found on the target: its row, a tombstone, or nothing.
 ROW, TOMBSTONE, NOTHING = "r", "t", "n"
