@@ -12,6 +12,7 @@ whatever uses the connection itself waits for the chunk in flight first (`settle
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -226,14 +227,12 @@ class PostgresApplier:
         t.index = len(self.by_name)
         if t.table.keyless:  # rows matched by value (keyless.py); never the C path, which stages by key
             t.rows, t.key_indices, t.key_of, t.order_of, t.integer_key = keyless.KeylessRows(), None, None, None, False
-            self.by_name[t.source or (t.table.schema, t.table.name)] = t
-            self._rels.clear()
-            return
-        t.key_indices = tuple(t.table.key_indices)
-        t.key_of = key_getter(t.key_indices)
-        t.order_of = key_order_getter(t.table)
-        t.integer_key = (len(t.key_indices) == 1
-                         and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
+        else:
+            t.key_indices = tuple(t.table.key_indices)
+            t.key_of = key_getter(t.key_indices)
+            t.order_of = key_order_getter(t.table)
+            t.integer_key = (len(t.key_indices) == 1
+                             and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self._rels.clear()
 
@@ -480,12 +479,8 @@ class PostgresApplier:
     def abandon(self) -> None:
         """The caller failed: let a chunk in flight finish (the caller rolls the transaction back) so the
         connection is idle again; its own error, if any, is not the one to report."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            try:
-                writing.result()
-            except BaseException:  # noqa: BLE001, S110 - the caller's error is the one that matters
-                pass
+        with contextlib.suppress(BaseException):
+            self.settle()
 
     def _write(self, chunk: list) -> None:
         for t, rows, has_keep in chunk:
