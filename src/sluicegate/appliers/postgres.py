@@ -31,7 +31,7 @@ from ..postgres.relation_changes import classify
 from . import keyless
 from .identity import overriding_clause
 from .keyless import ESCAPE
-from .plans import Kept, TablePlans, facts_sql
+from .plans import FACTS, Kept, TablePlans
 
 
 @dataclass
@@ -613,7 +613,7 @@ class PostgresApplier:
                                                           AND attname = ANY(%(cols)s)),
                       EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(t)s::regclass AND contype = 'f')
                       AND current_setting('session_replication_role') <> 'replica', """
-            + facts_sql("%(t)s::regclass::oid")
+            + FACTS.format(rel="%(t)s::regclass::oid")
             + f", (SELECT coalesce(json_object_agg(b.attname, b.base), '{{}}') FROM ({_DOMAIN_BASES}) b(attname, base))",
             {"t": target, "cols": list(table.column_names)},
         ).fetchone()
