@@ -246,7 +246,7 @@ def conflict_counts(conn: psycopg.Connection, table_name: str | None = None) -> 
     rows = conn.execute(
         "SELECT type, count(*) FROM sluicegate.conflicts WHERE %(t)s::text IS NULL OR table_name = %(t)s "
         "GROUP BY type ORDER BY type", {"t": table_name}).fetchall()
-    return {t: n for t, n in rows}
+    return dict(rows)
 
 
 def copy_lines(rows: Iterable[Incoming], ncols: int) -> str:

@@ -179,14 +179,13 @@ def with_schemas(tables: list[str] | None, schemas: list[str] | None) -> list[st
 
 
 def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
-    rows = conn.execute(
+    return conn.execute(
         """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
              AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'sluicegate')
              AND n.nspname NOT LIKE 'pg\\_%'
            ORDER BY 1, 2"""
     ).fetchall()
-    return [(s, n) for s, n in rows]
 
 
 def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Table]:

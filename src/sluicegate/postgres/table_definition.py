@@ -375,7 +375,7 @@ def may_apply_as_replica(conn: psycopg.Connection) -> bool:
 def table_sequences(conn: psycopg.Connection, schema: str, name: str) -> list[tuple[str, str, str]]:
     """(column, sequence schema, sequence name) of each sequence the table's columns draw from: identity,
     owned (serial) and default ones."""
-    rows = conn.execute(
+    return conn.execute(
         """SELECT DISTINCT a.attname, sn.nspname, s.relname
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -390,7 +390,6 @@ def table_sequences(conn: psycopg.Connection, schema: str, name: str) -> list[tu
            WHERE n.nspname = %s AND c.relname = %s ORDER BY 1, 2, 3""",
         (schema, name),
     ).fetchall()
-    return [(c, s, q) for c, s, q in rows]
 
 
 def _sequence_state(conn: psycopg.Connection, schema: str, name: str) -> tuple[int, bool, int]:
