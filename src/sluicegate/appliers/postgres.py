@@ -58,14 +58,10 @@ def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
     names = tuple(c.name for c in rel.columns)
     if names != source.column_names:
         what = "; ".join(classify(rel, source).describe(all_added=True)) or f"now {list(names)}"
-        if reader:
-            raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does "
-                                f"not select them (a rule reads the columns it was made with): re-create the "
-                                f"workflow")
-        raise TerminalError(
-            f"columns of source table {source.qualified} changed ({what}): schema changes are not replicated "
-            f"here; re-create the workflow"
-        )
+        why = (f"; {reader} does not select them (a rule reads the columns it was made with):" if reader
+               else ": schema changes are not replicated here;")
+        raise TerminalError(f"columns of source table {source.qualified} changed ({what}){why} re-create the "
+                            f"workflow")
 
 
 def same_columns(rel: Relation, table: Table) -> bool:
