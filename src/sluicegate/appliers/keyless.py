@@ -111,8 +111,7 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
     items = list(rows.delta.items())
     with cur.copy(plan["copy"]) as copy:
         for start in range(0, len(items), _LINES_PER_WRITE):
-            copy.write("".join(_line(n, values) for n, values in
-                               ((n, v) for v, n in items[start:start + _LINES_PER_WRITE])))
+            copy.write("".join(_line(n, v) for v, n in items[start:start + _LINES_PER_WRITE]))
     wanted = -sum(n for _, n in items if n < 0)
     if wanted:
         # The planner cannot estimate the text[] join (it guesses millions of rows): it would sort the whole
