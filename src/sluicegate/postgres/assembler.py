@@ -36,8 +36,7 @@ from .pgoutput import (
 
 
 class Change(NamedTuple):
-    """One row change. A named tuple, not a frozen dataclass: one is made per replicated row, and a tuple is
-    made several times faster."""
+    """One row change: a named tuple, not a frozen dataclass, as one is made per replicated row."""
 
     kind: str  # 'I', 'U' or 'D'
     relation: Relation
