@@ -90,7 +90,7 @@ def test_defer_and_build_cover_a_made_table(pair):
     with psycopg.connect(pair.source, autocommit=True) as src, psycopg.connect(pair.target) as dst:
         tables = resolve_tables(src, ["customers", "orders"])
         for d in table_definition.read(src, tables).values():
-            table_definition.create_table(dst, d)
+            d.create(dst)
         dst.commit()
         before = {q: definitions(pair.target, q) for q in ("public.customers", "public.orders")}
         for name in ("customers", "orders"):

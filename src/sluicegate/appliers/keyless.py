@@ -26,7 +26,7 @@ from ..postgres.catalog import Table
 from ..postgres.pgoutput import UNCHANGED
 from .identity import overriding_clause
 
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _LINES_PER_WRITE = 1000
 _HASH_JOIN = "SET LOCAL enable_mergejoin = off; SET LOCAL jit = off"
 _PLANNER_DEFAULTS = "SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT"
@@ -111,8 +111,7 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
     items = list(rows.delta.items())
     with cur.copy(plan["copy"]) as copy:
         for start in range(0, len(items), _LINES_PER_WRITE):
-            copy.write("".join(_line(n, values) for n, values in
-                               ((n, v) for v, n in items[start:start + _LINES_PER_WRITE])))
+            copy.write("".join(_line(n, v) for v, n in items[start:start + _LINES_PER_WRITE]))
     wanted = -sum(n for _, n in items if n < 0)
     if wanted:
         # The planner cannot estimate the text[] join (it guesses millions of rows): it would sort the whole
@@ -133,4 +132,4 @@ def flush(cur: psycopg.Cursor, table: Table, plan: dict, rows: KeylessRows) -> i
 
 
 def _line(n: int, values: tuple) -> str:
-    return f"{n}\t" + "\t".join("\\N" if v is None else v.translate(_ESCAPE) for v in values) + "\n"
+    return f"{n}\t" + "\t".join("\\N" if v is None else v.translate(ESCAPE) for v in values) + "\n"

@@ -33,7 +33,8 @@ from ..errors import TerminalError
 from ..postgres import keyrange
 from ..postgres.catalog import Table
 from .identity import overriding_clause, writes_always_identity
-from .postgres import staged_columns
+from .keyless import ESCAPE
+from .postgres import keep_assignments, staged_columns
 
 LOCAL_ORIGIN = 0  # roident of a transaction without a replication origin: written on this cluster
 
@@ -45,8 +46,6 @@ _KEY_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle": "p
 # Key types whose text form does not depend on those settings (int2/4/8, text, varchar, bpchar, uuid,
 # numeric, bool, oid, name): a batch of such keys skips them.
 _PLAIN_KEY_TYPES = frozenset((16, 19, 20, 21, 23, 25, 26, 1042, 1043, 1700, 2950))
-
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 SCHEMA_SQL = """
 CREATE SCHEMA IF NOT EXISTS sluicegate;
@@ -76,34 +75,24 @@ CREATE INDEX IF NOT EXISTS conflicts_type ON sluicegate.conflicts (type);
 
 # TG_ARGV: the local cluster id, then the key columns. The key text is made by dynamic SQL over the transition
 # table (PL/pgSQL makes it visible to EXECUTE), one statement per DELETE statement, not per row.
-_TRIGGER_FUNCTIONS = """
-CREATE OR REPLACE FUNCTION sluicegate.record_deletes() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp {settings} AS $f$
+_RECORD = """
+CREATE OR REPLACE FUNCTION sluicegate.{name}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp {{settings}} AS $f$
 BEGIN
     EXECUTE format(
         'INSERT INTO sluicegate.tombstones AS t (table_name, key, deleted_at, cluster_id, xid) '
-        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM sg_old_rows '
+        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM {rows} '
         'ON CONFLICT (table_name, key) DO UPDATE '
         'SET deleted_at = NULL, cluster_id = EXCLUDED.cluster_id, xid = EXCLUDED.xid',
-        (SELECT string_agg(format('%I::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
-    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int;
+        (SELECT string_agg(format('{column}::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
+    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int{old};
     RETURN NULL;
 END
-$f$;
-CREATE OR REPLACE FUNCTION sluicegate.record_key_change() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp {settings} AS $f$
-BEGIN
-    EXECUTE format(
-        'INSERT INTO sluicegate.tombstones AS t (table_name, key, deleted_at, cluster_id, xid) '
-        'SELECT $1, jsonb_build_array(%s), NULL, $2, pg_current_xact_id() FROM (SELECT ($3).*) AS o '
-        'ON CONFLICT (table_name, key) DO UPDATE '
-        'SET deleted_at = NULL, cluster_id = EXCLUDED.cluster_id, xid = EXCLUDED.xid',
-        (SELECT string_agg(format('o.%I::text', c), ', ') FROM unnest(TG_ARGV[1:]) AS c))
-    USING TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_ARGV[0]::int, OLD;
-    RETURN NULL;
-END
-$f$;
-"""
+$f$;"""
+# The same for an update that changes the key: its old row as a one-row relation `o`.
+_TRIGGER_FUNCTIONS = (_RECORD.format(name="record_deletes", rows="sg_old_rows", column="%I", old="")
+                      + _RECORD.format(name="record_key_change", rows="(SELECT ($3).*) AS o", column="o.%I",
+                                       old=", OLD") + "\n")
 
 # What a staged row found on the target: its row, a tombstone, or nothing.
 ROW, TOMBSTONE, NOTHING = "r", "t", "n"
@@ -257,7 +246,7 @@ def conflict_counts(conn: psycopg.Connection, table_name: str | None = None) -> 
     rows = conn.execute(
         "SELECT type, count(*) FROM sluicegate.conflicts WHERE %(t)s::text IS NULL OR table_name = %(t)s "
         "GROUP BY type ORDER BY type", {"t": table_name}).fetchall()
-    return {t: n for t, n in rows}
+    return dict(rows)
 
 
 def copy_lines(rows: Iterable[Incoming], ncols: int) -> str:
@@ -270,7 +259,7 @@ def copy_lines(rows: Iterable[Incoming], ncols: int) -> str:
             raise ValueError(f"a change has {len(values)} values for a table of {ncols} columns")
         keep = "{" + ",".join(map(str, missing)) + "}" if missing else "\\N"
         stamp = time.isoformat() if isinstance(time, datetime) else str(time)
-        vals = ("\\N" if v is None else str(v).translate(_ESCAPE) for v in values)
+        vals = ("\\N" if v is None else str(v).translate(ESCAPE) for v in values)
         lines.append("\t".join((op, keep, stamp, str(int(cluster)), *vals)))
     return "\n".join(lines) + "\n" if lines else ""
 
@@ -390,11 +379,7 @@ def compose_plan(t: Table, stage: sql.Identifier, *, local_cluster: int, origins
     match = keyrange.key_equal(t, "d", "s")
     first_key = sql.Identifier("d", t.key[0])  # key columns are NOT NULL: NULL here is "no row"
     non_key = [c for c in t.column_names if c not in t.key]
-    names = t.column_names
-    assign = sql.SQL(", ").join(
-        sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-            sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-        for c in non_key)
+    assign = keep_assignments(t, non_key)
     d_keys = sql.SQL(", ").join(sql.Identifier("d", k) for k in t.key)
     local_time = sql.SQL("COALESCE(tb.deleted_at, pg_xact_commit_timestamp(tb.xid::xid))")
     types = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f + o), sql.Literal(ty))

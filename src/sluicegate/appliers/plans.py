@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import psycopg
 
 # Every staging table is emptied at each commit that touched a temporary table (ON COMMIT DELETE ROWS): keeping
-# at most this many bounds that cost (about 20 µs a table); the least recently used one gives its place up.
+# at most this many bounds that cost (bench/README.md); the least recently used one gives its place up.
 CAPACITY = 64
 
-# A target table's facts a plan depends on, as one text (NULL: no such table); {rel}: its oid.
-_FACTS = """CASE WHEN {rel} IS NOT NULL THEN md5(concat_ws('|',
+# A target table's facts a plan depends on, as one text (NULL: no such table); {rel}: an SQL expression of
+# its oid (the query that makes a plan reads them too).
+FACTS = """CASE WHEN {rel} IS NOT NULL THEN md5(concat_ws('|',
     (SELECT string_agg(concat_ws(',', a.attname, a.atttypid, a.atttypmod, a.attidentity), ';' ORDER BY a.attnum)
        FROM pg_attribute a WHERE a.attrelid = {rel} AND a.attnum > 0 AND NOT a.attisdropped),
     (SELECT string_agg(concat_ws(',', i.indexrelid, i.indisunique, i.indisprimary), ';' ORDER BY i.indexrelid)
@@ -41,14 +42,9 @@ _FACTS = """CASE WHEN {rel} IS NOT NULL THEN md5(concat_ws('|',
       WHERE g.tgrelid = {rel} AND g.tgisinternal AND g.tgconstraint <> 0),
     current_setting('session_replication_role'))) END"""
 
-_CHECK = ("SELECT v.n, " + _FACTS.format(rel="c.r") + """, to_regclass(v.stage)::oid
+_CHECK = ("SELECT v.n, " + FACTS.format(rel="c.r") + """, to_regclass(v.stage)::oid
 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS v(rel, stage, n)
 CROSS JOIN LATERAL (SELECT to_regclass(v.rel)::oid AS r) c""")
-
-
-def facts_sql(rel: str) -> str:
-    """The facts expression over `rel`, an SQL expression of the table's oid (for the query that makes a plan)."""
-    return _FACTS.format(rel=rel)
 
 
 @dataclass

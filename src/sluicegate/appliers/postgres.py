@@ -12,6 +12,7 @@ whatever uses the connection itself waits for the chunk in flight first (`settle
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -29,9 +30,8 @@ from ..postgres.pgoutput import UNCHANGED, Relation
 from ..postgres.relation_changes import classify
 from . import keyless
 from .identity import overriding_clause
-from .plans import Kept, TablePlans, facts_sql
-
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+from .keyless import ESCAPE
+from .plans import FACTS, Kept, TablePlans
 
 
 @dataclass
@@ -58,25 +58,15 @@ def check_columns(rel: Relation, source: Table, reader: str = "") -> None:
     names = tuple(c.name for c in rel.columns)
     if names != source.column_names:
         what = "; ".join(classify(rel, source).describe(all_added=True)) or f"now {list(names)}"
-        if reader:
-            raise TerminalError(f"columns of source table {source.qualified} changed ({what}); {reader} does "
-                                f"not select them (a rule reads the columns it was made with): re-create the "
-                                f"workflow")
-        raise TerminalError(
-            f"columns of source table {source.qualified} changed ({what}): schema changes are not replicated "
-            f"here; re-create the workflow"
-        )
+        why = (f"; {reader} does not select them (a rule reads the columns it was made with):" if reader
+               else ": schema changes are not replicated here;")
+        raise TerminalError(f"columns of source table {source.qualified} changed ({what}){why} re-create the "
+                            f"workflow")
 
 
 def same_columns(rel: Relation, table: Table) -> bool:
     """The Relation's columns are the table's: names, types, typmods (where the description has them), key."""
-    if len(rel.columns) != len(table.columns) or not all(
-            c.name == k.name and c.type_oid == k.type_oid and (k.typmod is None or c.typmod == k.typmod)
-            for c, k in zip(rel.columns, table.columns)):
-        return False
-    # under REPLICA IDENTITY FULL every column is flagged: no key to compare
-    return rel.replica_identity not in ("d", "i") or \
-        sorted(c.name for c in rel.columns if c.flags & 1) == sorted(table.key)
+    return classify(rel, table).unchanged
 
 
 def key_getter(indices: tuple[int, ...]):
@@ -190,7 +180,7 @@ def _copy_lines_py(rows: list, ncols: int) -> tuple[str, int]:
             if "\\" in line or "\n" in line or "\r" in line or line.count("\t") != tabs:
                 line = None
         if line is None:
-            line = "\t".join("\\N" if v is None or v is UNCHANGED else v.translate(_ESCAPE) for v in values)
+            line = "\t".join("\\N" if v is None or v is UNCHANGED else v.translate(ESCAPE) for v in values)
         lines.append(head + line)
     return "\n".join(lines) + "\n", deletes
 
@@ -233,14 +223,12 @@ class PostgresApplier:
         t.index = len(self.by_name)
         if t.table.keyless:  # rows matched by value (keyless.py); never the C path, which stages by key
             t.rows, t.key_indices, t.key_of, t.order_of, t.integer_key = keyless.KeylessRows(), None, None, None, False
-            self.by_name[t.source or (t.table.schema, t.table.name)] = t
-            self._rels.clear()
-            return
-        t.key_indices = tuple(t.table.key_indices)
-        t.key_of = key_getter(t.key_indices)
-        t.order_of = key_order_getter(t.table)
-        t.integer_key = (len(t.key_indices) == 1
-                         and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
+        else:
+            t.key_indices = tuple(t.table.key_indices)
+            t.key_of = key_getter(t.key_indices)
+            t.order_of = key_order_getter(t.table)
+            t.integer_key = (len(t.key_indices) == 1
+                             and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self._rels.clear()
 
@@ -487,12 +475,8 @@ class PostgresApplier:
     def abandon(self) -> None:
         """The caller failed: let a chunk in flight finish (the caller rolls the transaction back) so the
         connection is idle again; its own error, if any, is not the one to report."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            try:
-                writing.result()
-            except BaseException:  # noqa: BLE001, S110 - the caller's error is the one that matters
-                pass
+        with contextlib.suppress(BaseException):
+            self.settle()
 
     def _write(self, chunk: list) -> None:
         for t, rows, has_keep in chunk:
@@ -625,7 +609,7 @@ class PostgresApplier:
                                                           AND attname = ANY(%(cols)s)),
                       EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(t)s::regclass AND contype = 'f')
                       AND current_setting('session_replication_role') <> 'replica', """
-            + facts_sql("%(t)s::regclass::oid")
+            + FACTS.format(rel="%(t)s::regclass::oid")
             + f", (SELECT coalesce(json_object_agg(b.attname, b.base), '{{}}') FROM ({_DOMAIN_BASES}) b(attname, base))",
             {"t": target, "cols": list(table.column_names)},
         ).fetchone()
@@ -696,29 +680,23 @@ def compose_plan(table: Table, stage: sql.Identifier, *, mode: str = "all", last
     }
     plan["unique"], plan["referenced"] = unique, referenced
     if non_key:
-        names = table.column_names
-
-        def assignments(keep: bool):
-            out = []
-            for c in non_key:
-                if keep:
-                    out.append(sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                        sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c)))
-                else:
-                    out.append(sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)))
-            return sql.SQL(", ").join(out)
-
+        keep = keep_assignments(table, non_key)
+        plain = sql.SQL(", ").join(sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c)) for c in non_key)
         upd = "UPDATE {} AS d SET {} FROM {} AS s WHERE s._sg_op = 'U' AND {}{}"
-        for name, keep in (("update", False), ("update_keep", True)):
-            head = sql.SQL(upd).format(table.ident, assignments(keep), stage, match, flt)
-            plan[name] = (head, sql.SQL(""))
+        for name, assign in (("update", plain), ("update_keep", keep)):
+            plan[name] = (sql.SQL(upd).format(table.ident, assign, stage, match, flt), sql.SQL(""))
         plan["fill_keep"] = sql.SQL(
             "UPDATE {} AS s SET {} FROM {} AS d WHERE s._sg_op = 'U' AND s._sg_keep IS NOT NULL AND {}").format(
-            stage, sql.SQL(", ").join(
-                sql.SQL("{} = CASE WHEN {} = ANY(s._sg_keep) THEN d.{} ELSE s.{} END").format(
-                    sql.Identifier(c), sql.Literal(names.index(c)), sql.Identifier(c), sql.Identifier(c))
-                for c in non_key), table.ident, match)
+            stage, keep, table.ident, match)
     return plan
+
+
+def keep_assignments(table: Table, columns: list[str]) -> sql.Composable:
+    """SET items giving each column the staged row's value (`s`), or the target row's (`d`) where _sg_keep
+    lists the column (an unchanged TOAST value the change did not carry)."""
+    return sql.SQL(", ").join(
+        sql.SQL("{c} = CASE WHEN {i} = ANY(s._sg_keep) THEN d.{c} ELSE s.{c} END").format(
+            c=sql.Identifier(c), i=sql.Literal(table.column_names.index(c))) for c in columns)
 
 
 # The base type (format_type) of each of a table's columns whose type is a domain, through domains of domains;

@@ -98,8 +98,7 @@ def ensure_slot(conn: psycopg.Connection, name: str) -> int:
         # The slot's first snapshot waits for every transaction running now to end: a long one is named.
         with locks.guard(conn, f"creating replication slot {name}", side="source",
                          holders=locks.describe_transactions):
-            start = create_slot(conn, name)
-        return start
+            return create_slot(conn, name)
     return info.confirmed_flush
 
 

@@ -29,8 +29,21 @@ class Column:
     typmod: int | None = None  # atttypmod (-1: none); None in descriptions made before it was kept
 
 
+class Named:
+    """What has a `schema` and a `name` (a table, a sequence): its display name, and its SQL identifier."""
+
+    @property
+    def qualified(self) -> str:
+        """Display name and state key: 'public.Order Items'."""
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+
 @dataclass(frozen=True)
-class Table:
+class Table(Named):
     schema: str
     name: str
     columns: tuple[Column, ...]
@@ -46,15 +59,6 @@ class Table:
     # describe_types(): the columns' types' structure (composites' attributes, array elements, ...) for
     # targets that map types without a database (Delta); None in descriptions made before it was kept
     type_tree: dict | None = field(default=None, hash=False, compare=False)
-
-    @property
-    def qualified(self) -> str:
-        """Display name and state key: 'public.Order Items'."""
-        return f"{self.schema}.{self.name}"
-
-    @property
-    def ident(self) -> sql.Composable:
-        return sql.Identifier(self.schema, self.name)
 
     @property
     def scan(self) -> sql.Composable:
@@ -175,14 +179,13 @@ def with_schemas(tables: list[str] | None, schemas: list[str] | None) -> list[st
 
 
 def list_tables(conn: psycopg.Connection) -> list[tuple[str, str]]:
-    rows = conn.execute(
+    return conn.execute(
         """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
              AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'sluicegate')
              AND n.nspname NOT LIKE 'pg\\_%'
            ORDER BY 1, 2"""
     ).fetchall()
-    return [(s, n) for s, n in rows]
 
 
 def resolve_tables(conn: psycopg.Connection, names: list[str] | None) -> list[Table]:

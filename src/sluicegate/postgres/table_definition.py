@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from .catalog import Table
+from .catalog import Named, Table
 
 SEQUENCE_MARGIN = 1000  # values between the source's last one and the target's first: writes in flight
 
 
 @dataclass(frozen=True)
-class Sequence:
+class Sequence(Named):
     schema: str
     name: str
     type_sql: str
@@ -42,10 +42,6 @@ class Sequence:
     cache: int
     cycle: bool
     owned_by: str | None = None  # the column of the table that owns it (serial), or None
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
 
     def options(self, with_type: bool = True) -> sql.Composed:
         parts = [sql.SQL("AS {}").format(sql.SQL(self.type_sql))] if with_type else []
@@ -89,7 +85,7 @@ class Partition:
 
 
 @dataclass(frozen=True)
-class TableDefinition:
+class TableDefinition(Named):
     schema: str
     name: str
     columns: tuple[ColumnDef, ...]
@@ -103,17 +99,15 @@ class TableDefinition:
     partition_by: str | None = None  # pg_get_partkeydef of a partitioned table: 'RANGE (created)'
     partitions: tuple[Partition, ...] = ()  # every level, parents before their partitions
 
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
-
-    @property
-    def ident(self) -> sql.Identifier:
-        return sql.Identifier(self.schema, self.name)
-
     def create(self, conn: psycopg.Connection) -> None:
-        """create_table, as catalog.prepare_target calls it (catalog.py sits below this module)."""
-        create_table(conn, self)
+        """Make the table on the target `conn`, in the caller's transaction."""
+        names = [s.qualified for s in self.sequences]
+        have = {r[0] for r in conn.execute(
+            """SELECT n.nspname || '.' || c.relname
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.relkind = 'S' AND n.nspname || '.' || c.relname = ANY(%s)""", (names,))}
+        for statement in create_statements(self, frozenset(have)):
+            conn.execute(statement)
 
 
 def read(conn: psycopg.Connection, tables: list[Table]) -> dict[str, TableDefinition]:
@@ -293,7 +287,7 @@ def column_sql(c: ColumnDef) -> sql.Composed:
         parts.append(sql.SQL("GENERATED ALWAYS AS ({}) STORED").format(sql.SQL(c.generated)))
     elif c.identity:
         seq = c.identity_sequence
-        options = sql.SQL(" ").join([sql.SQL("SEQUENCE NAME {}").format(sql.Identifier(seq.schema, seq.name)),
+        options = sql.SQL(" ").join([sql.SQL("SEQUENCE NAME {}").format(seq.ident),
                                      seq.options(with_type=False)]) if seq else sql.SQL("")
         parts.append(sql.SQL("GENERATED {} AS IDENTITY ({})").format(
             sql.SQL("ALWAYS" if c.identity == "a" else "BY DEFAULT"), options))
@@ -310,7 +304,7 @@ def create_statements(d: TableDefinition, existing_sequences: frozenset[str] = f
     out = [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(d.schema))]
     for seq in d.sequences:
         if seq.qualified not in existing_sequences:
-            out.append(sql.SQL("CREATE SEQUENCE {} {}").format(sql.Identifier(seq.schema, seq.name), seq.options()))
+            out.append(sql.SQL("CREATE SEQUENCE {} {}").format(seq.ident, seq.options()))
     defs = [column_sql(c) for c in d.columns]
     if d.key:
         key = sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, d.key)))
@@ -327,22 +321,12 @@ def create_statements(d: TableDefinition, existing_sequences: frozenset[str] = f
     for seq in d.sequences:
         if seq.owned_by and seq.qualified not in existing_sequences:
             out.append(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(
-                sql.Identifier(seq.schema, seq.name), sql.Identifier(d.schema, d.name, seq.owned_by)))
+                seq.ident, sql.Identifier(d.schema, d.name, seq.owned_by)))
     for name, definition in d.constraints:
         out.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
             d.ident, sql.Identifier(name), sql.SQL(definition)))
     out.extend(sql.SQL(i) for i in d.indexes)
     return out
-
-
-def create_table(conn: psycopg.Connection, d: TableDefinition) -> None:
-    """Make the table on the target `conn`, in the caller's transaction."""
-    names = [f"{s.schema}.{s.name}" for s in d.sequences]
-    have = {r[0] for r in conn.execute(
-        """SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-           WHERE c.relkind = 'S' AND n.nspname || '.' || c.relname = ANY(%s)""", (names,))}
-    for statement in create_statements(d, frozenset(have)):
-        conn.execute(statement)
 
 
 def foreign_key_statements(table: str, fk: dict) -> list[sql.Composed]:
@@ -391,7 +375,7 @@ def may_apply_as_replica(conn: psycopg.Connection) -> bool:
 def table_sequences(conn: psycopg.Connection, schema: str, name: str) -> list[tuple[str, str, str]]:
     """(column, sequence schema, sequence name) of each sequence the table's columns draw from: identity,
     owned (serial) and default ones."""
-    rows = conn.execute(
+    return conn.execute(
         """SELECT DISTINCT a.attname, sn.nspname, s.relname
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -406,7 +390,6 @@ def table_sequences(conn: psycopg.Connection, schema: str, name: str) -> list[tu
            WHERE n.nspname = %s AND c.relname = %s ORDER BY 1, 2, 3""",
         (schema, name),
     ).fetchall()
-    return [(c, s, q) for c, s, q in rows]
 
 
 def _sequence_state(conn: psycopg.Connection, schema: str, name: str) -> tuple[int, bool, int]:

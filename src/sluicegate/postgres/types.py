@@ -170,7 +170,7 @@ class _Walk:
                 "ORDER BY conname", (oid,)).fetchall()
             self.types.append(UserType("d", schema, name, base=base_sql, not_null=not_null, default=default,
                                        collation=tuple(collation) if collation else None,
-                                       checks=tuple((n, d) for n, d in checks)))
+                                       checks=tuple(checks)))
         elif kind == "c" and relkind == "c":
             attributes = []
             for attname, type_sql, type_oid, coll in self.conn.execute(_ATTRIBUTES, (relid,)).fetchall():

@@ -4,21 +4,18 @@
     delta/      Delta tables under a path or URI: the state beside them, its engine, player, copy and vdiff
 
 The --target (or --sink) URL is resolved here, once: commands call what the Target it gives them offers, and
-nothing outside a kind's folder (and the packages it composes) asks which kind a URL is.
+nothing outside a kind's folder (and the packages it composes) asks which kind a URL is. cluster/ reaches
+sinks that are not PostgreSQL databases through its registry (cluster/sinks.py): `register_sink_kinds`
+registers the kinds this program knows, called by the program that composes them (cli/).
 """
 
 from __future__ import annotations
 
 from .base import ProgressGroup, Target
-from .delta import DeltaTarget, register_sink_kind
+from .delta import DeltaTarget
+from .delta import register_sink_kind as register_sink_kinds
 
 __all__ = ["ProgressGroup", "Target", "register_sink_kinds", "resolve"]
-
-
-def register_sink_kinds() -> None:
-    """cluster/ reaches sinks that are not PostgreSQL databases through its registry (cluster/sinks.py): the
-    kinds this program knows, registered by the program that composes them (cli/)."""
-    register_sink_kind()
 
 
 def resolve(url: str) -> Target:
