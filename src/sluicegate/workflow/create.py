@@ -174,8 +174,9 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
                 created[target.qualified] = definition
         lines, options = _target_definition_notes(definitions, created, compiled, options, dst.info.user,
                                                   lambda: table_definition.may_apply_as_replica(dst))
-        st.create_workflow(dst, name, kind, source_url, options, described,
-                           {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
+        st.insert_workflow(dst, name, kind, source_url, options)
+        st.add_stream(dst, name, "0", None, st.object_name("sg", name), described,
+                      {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
     return lines
 
 

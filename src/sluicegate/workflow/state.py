@@ -17,7 +17,7 @@ from psycopg import sql
 
 from .. import config
 from ..errors import TerminalError, UsageError, did_you_mean
-from ..names import object_name  # (its home; callers also name it here)
+from ..names import object_name  # noqa: F401 - its home; callers name it here
 from ..position import format_lsn, parse_lsn
 from ..postgres import locks
 from ..postgres.catalog import Table
@@ -250,15 +250,6 @@ def check_new_name(conn: psycopg.Connection, name: str) -> None:
             f"workflow {name!r} already exists on this target: pick another name, or "
             f"`sluicegate workflow delete {name}` first"
         )
-
-
-def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
-                    tables: list[Table], rules: dict[str, dict] | None = None,
-                    source_identity: dict | None = None) -> None:
-    """Insert the workflow, its stream and copy_state in the caller's transaction. `rules`: compiled rule
-    (json) by qualified source table name, kept in copy_state beside the table's description."""
-    insert_workflow(conn, name, kind, source_url, options)
-    add_stream(conn, name, "0", None, object_name("sg", name), tables, rules, source_identity)
 
 
 def insert_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict) -> None:
