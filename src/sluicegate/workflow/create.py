@@ -150,7 +150,7 @@ def compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Ta
 
 def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: str, name: str, source_url: str,
                       described: list[Table], compiled: dict, options: dict, source_identity: dict,
-                      definitions: dict | None = None) -> list[str]:
+                      definitions: dict) -> list[str]:
     """Every check first, then target tables and state, all in one target transaction. `definitions`: the
     source tables' TableDefinitions by qualified name, for the target tables made in full. Returns what the
     target tables do not get of their source's definition, a line each."""
@@ -166,7 +166,6 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         check_no_leftovers(src, name)
-        definitions = definitions or {}
         created = {}
         for target in targets:
             definition = definitions.get(target.qualified)
