@@ -558,6 +558,6 @@ def add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:
         raise TerminalError(f"adding the foreign keys of workflow {wf.name} after its copy failed: "
                             f"{first_line(exc)}; fix the rows on the target and `workflow start` it, or drop the "
                             f"key from the source and re-create the workflow") from None
-    st.drop_option(dst, wf.name, "foreign_keys")
+    st.set_options(dst, wf.name, {"foreign_keys": None})
     for name in added:
         log.info("added foreign key %s", name)

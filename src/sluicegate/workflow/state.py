@@ -422,11 +422,6 @@ def set_options(conn: psycopg.Connection, workflow: str, values: dict) -> None:
                                      [k for k, v in values.items() if v is None], workflow))
 
 
-def drop_option(conn: psycopg.Connection, workflow: str, key: str) -> None:
-    """Remove one key from the workflow's options (a pending task done), in the caller's transaction."""
-    conn.execute("UPDATE sluicegate.workflows SET options = options - %s WHERE name = %s", (key, workflow))
-
-
 def restart_stream(conn: psycopg.Connection, stream_id: int, message: str) -> None:
     """Back to Init with no position: the next run makes the slot again and copies every table not done."""
     conn.execute(
