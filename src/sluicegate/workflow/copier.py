@@ -246,14 +246,18 @@ def task_where(table: Table, task: CopyRange) -> sql.Composable:
 def prepare(task: CopyRange) -> CopyTask:
     """The task as a worker runs it (copy_task.py): its two COPY statements, written here on the driver."""
     table = Table.from_json(task.table)
+    select, insert = _copy_sql(table, task_where(table, task))
+    return CopyTask(task.source_url, task.target_url, task.snapshot, select, insert)
+
+
+def _copy_sql(table: Table, where: sql.Composable | None = None) -> tuple[str, str]:
+    """(COPY … TO STDOUT, COPY … FROM STDIN) of the table's rows (`where`: those only)."""
     fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
     cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
-    select = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT {})").format(
-        cols, table.scan, task_where(table, task), fmt
-    )
+    rows = sql.SQL(" WHERE {}").format(where) if where is not None else sql.SQL("")
+    select = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT {})").format(cols, table.scan, rows, fmt)
     insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
-    return CopyTask(task.source_url, task.target_url, task.snapshot, select.as_string(None),
-                    insert.as_string(None))
+    return select.as_string(None), insert.as_string(None)
 
 
 # -- many small tables: one cycle copies them all ---------------------------------------------------------
@@ -300,17 +304,9 @@ def group_tasks(source_url: str, target_url: str, tables: list[Table], snapshot:
         i = load.index(min(load))
         shares[i].append(t)
         load[i] += max(t.estimated_rows, 1)
-    return [TablesTask(source_url, target_url, snapshot, tuple(_whole(t) for t in share), origin, label)
+    return [TablesTask(source_url, target_url, snapshot, tuple((t.qualified, *_copy_sql(t)) for t in share),
+                       origin, label)
             for share in shares if share]
-
-
-def _whole(table: Table) -> tuple[str, str, str]:
-    """(name, COPY … TO STDOUT, COPY … FROM STDIN) of a whole table."""
-    fmt = sql.SQL("binary" if table.binary_copy_safe else "text")
-    cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
-    select = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT {})").format(cols, table.scan, fmt)
-    insert = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(table.ident, cols, fmt)
-    return table.qualified, select.as_string(None), insert.as_string(None)
 
 
 def with_rows(target: psycopg.Connection, tables: list[Table]) -> list[Table]:
@@ -562,6 +558,6 @@ def add_foreign_keys(dst: psycopg.Connection, wf: st.Workflow) -> None:
         raise TerminalError(f"adding the foreign keys of workflow {wf.name} after its copy failed: "
                             f"{first_line(exc)}; fix the rows on the target and `workflow start` it, or drop the "
                             f"key from the source and re-create the workflow") from None
-    st.drop_option(dst, wf.name, "foreign_keys")
+    st.set_options(dst, wf.name, {"foreign_keys": None})
     for name in added:
         log.info("added foreign key %s", name)

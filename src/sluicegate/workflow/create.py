@@ -150,7 +150,7 @@ def compile_rules(src: psycopg.Connection, specs: list[RuleSpec], moved: list[Ta
 
 def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: str, name: str, source_url: str,
                       described: list[Table], compiled: dict, options: dict, source_identity: dict,
-                      definitions: dict | None = None) -> list[str]:
+                      definitions: dict) -> list[str]:
     """Every check first, then target tables and state, all in one target transaction. `definitions`: the
     source tables' TableDefinitions by qualified name, for the target tables made in full. Returns what the
     target tables do not get of their source's definition, a line each."""
@@ -166,7 +166,6 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
         st.ensure_schema(dst)
         st.check_new_name(dst, name)  # before the slower checks: the likeliest mistake
         check_no_leftovers(src, name)
-        definitions = definitions or {}
         created = {}
         for target in targets:
             definition = definitions.get(target.qualified)
@@ -174,8 +173,9 @@ def _create_on_target(src: psycopg.Connection, dst: psycopg.Connection, kind: st
                 created[target.qualified] = definition
         lines, options = _target_definition_notes(definitions, created, compiled, options, dst.info.user,
                                                   lambda: table_definition.may_apply_as_replica(dst))
-        st.create_workflow(dst, name, kind, source_url, options, described,
-                           {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
+        st.insert_workflow(dst, name, kind, source_url, options)
+        st.add_stream(dst, name, "0", None, st.object_name("sg", name), described,
+                      {q: rule.to_json() for q, rule in compiled.items()}, source_identity)
     return lines
 
 

@@ -87,16 +87,15 @@ class DdlReplay:
             self._object(ddl)
             return
         tables = self._moved(ddl)
+        mode = modes.current(self.dst, self.workflow)
         if not tables:
             new = set() if self.both_ways else self._joining(ddl)  # fixed at create (ddl/both_ways.py)
-            if new and modes.current(self.dst, self.workflow) in (modes.EXEC, modes.EXEC_IGNORE):
-                self._exec(ddl, new, ", ".join(f"{s}.{n}" for s, n in sorted(new)),
-                           ignore_failure=modes.current(self.dst, self.workflow) == modes.EXEC_IGNORE)
+            if new and mode in (modes.EXEC, modes.EXEC_IGNORE):
+                self._exec(ddl, new, ", ".join(f"{s}.{n}" for s, n in sorted(new)), mode == modes.EXEC_IGNORE)
                 return
             log.debug("DDL at %s (%s) touches no table workflow %s moves: passed over",
                       format_lsn(ddl.lsn), ddl.tag, self.workflow)
             return
-        mode = modes.current(self.dst, self.workflow)
         names = ", ".join(f"{s}.{n}" for s, n in sorted(tables))
         if mode == modes.IGNORE:
             log.info("on-ddl ignore: passed over %s at %s on %s", ddl.tag, format_lsn(ddl.lsn), names)

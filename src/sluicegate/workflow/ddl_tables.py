@@ -44,7 +44,8 @@ FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_collation 
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum"""
 
-_PRIMARY_KEY = """
+# The primary key of the table named by %s, its columns in order (also schema_changes.py); NULL: none.
+PRIMARY_KEY = """
 SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
@@ -65,7 +66,7 @@ def described(src: psycopg.Connection, dst: psycopg.Connection, schema: str, nam
     else:
         ident = sql.Identifier(schema, name).as_string(dst)
         raw = tuple(Column(*r) for r in dst.execute(_COLUMNS, (ident,)).fetchall())
-        key = dst.execute(_PRIMARY_KEY, (ident,)).fetchone()[0]
+        key = dst.execute(PRIMARY_KEY, (ident,)).fetchone()[0]
         table = replace(old, schema=schema, name=name, key=tuple(key) if key and not old.keyless else old.key)
     previous = {c.name: c for c in old.columns} if old is not None else {}
     user = sorted({c.type_sql for c in raw if c.type_oid >= FIRST_USER_OID})

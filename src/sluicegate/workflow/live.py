@@ -1,12 +1,11 @@
 """Copy progress inside a cycle, for the progress views of the driver that runs it (cli/progress.py).
 
-copy_state's rows_copied moves only when a cycle is recorded (with its lastpk, in one transaction): a table
-that fits in one cycle would show 0 rows until it is done. The views add what the cycle has moved so far:
-the rows of its finished Spark tasks (a Spark accumulator: it reaches the driver from executors on any host
-with each task's result) and the rows of its tasks still running: on a PostgreSQL target, what their COPYs
-have written (`pg_stat_progress_copy` on the target, found by the application_name the cycle gives its
-sessions); into Delta, what they have read: each task's source session is named by its application_name
-(`label N`) and its running COPY counted by the server (`pg_stat_progress_copy`). Advisory only: nothing here is read back by the engine, and copy_state stays the truth.
+copy_state's rows_copied moves only when a cycle is recorded (with its lastpk): a table that fits in one cycle
+would show 0 rows until it is done. The views add the cycle's rows so far: its finished Spark tasks' (an
+accumulator, which reaches the driver from executors on any host) and its running tasks', as the server
+counts their COPYs (`pg_stat_progress_copy`, sessions found by application_name): on a PostgreSQL target
+what they wrote, into Delta what they read (plus the rows their source session's name, `label N`, says).
+Advisory only: the engine never reads it back; copy_state stays the truth.
 """
 
 from __future__ import annotations

@@ -33,6 +33,25 @@ def counted(metric: str, workflow: str, target_url: str, stream_id: int) -> int:
         return _counts[(metric, workflow, describe(target_url), stream_id)]
 
 
+# Per stream: (name, as sluicegate_NAME; a counter?; help; labels past the stream's), in the order served.
+_STREAM_METRICS = [
+    ("stream_state", False, "1 for the stream's current state (Init, Copying, Running, Stopped, Error).",
+     ["state"]),
+    ("lag_seconds", False, "How far the target is behind the source (streams that replicate).", []),
+    ("applied_position_bytes", False, "The source position (LSN, in bytes) applied on the target.", []),
+    ("retained_wal_bytes", False, "WAL the stream's replication slot holds on its source.", []),
+    ("rows_copied", True, "Rows copied into the target, per table.", ["table"]),
+    ("table_rows_estimated", False, "The table's rows as the source estimates them (or copied, if more).",
+     ["table"]),
+    ("table_copied", False, "1 once the table's copy is done.", ["table"]),
+    ("rows_applied", True,
+     "Rows replayed into the target from the source's changes (catchup, fast-forward, replicate).", []),
+    ("batches", True, "Replay batches committed on the target.", []),
+    ("retries", True, "Retryable failures this driver retried.", []),
+    ("errors", True, "Failures that put a stream in Error in this driver.", []),
+]
+
+
 class WorkflowCollector:
     """Reads workflow `name`'s state from its target(s) at each scrape (a custom collector: prometheus-client
     calls `collect`)."""
@@ -43,60 +62,13 @@ class WorkflowCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        def gauge(name, doc, labels):
-            return GaugeMetricFamily(f"sluicegate_{name}", doc, labels=labels)
-
-        stream_labels = ["workflow", "stream", "source"]
-        up = gauge(
-            "driver_up", "1 while this workflow's driver (workflow run) serves these metrics.", ["workflow"]
-        )
+        up = GaugeMetricFamily("sluicegate_driver_up",
+                               "1 while this workflow's driver (workflow run) serves these metrics.",
+                               labels=["workflow"])
         up.add_metric([self.workflow], 1)
-        target_up = gauge(
-            "target_up",
-            "1 if the workflow's state could be read from its target at this scrape.",
-            ["workflow"],
-        )
-        state = gauge(
-            "stream_state",
-            "1 for the stream's current state (Init, Copying, Running, Stopped, Error).",
-            [*stream_labels, "state"],
-        )
-        lag = gauge(
-            "lag_seconds", "How far the target is behind the source (streams that replicate).", stream_labels
-        )
-        position = gauge(
-            "applied_position_bytes",
-            "The source position (LSN, in bytes) applied on the target.",
-            stream_labels,
-        )
-        wal = gauge(
-            "retained_wal_bytes", "WAL the stream's replication slot holds on its source.", stream_labels
-        )
-        copied = CounterMetricFamily(
-            "sluicegate_rows_copied",
-            "Rows copied into the target, per table.",
-            labels=[*stream_labels, "table"],
-        )
-        total = gauge(
-            "table_rows_estimated",
-            "The table's rows as the source estimates them (or copied, if more).",
-            [*stream_labels, "table"],
-        )
-        table_done = gauge("table_copied", "1 once the table's copy is done.", [*stream_labels, "table"])
-        applied = CounterMetricFamily(
-            "sluicegate_rows_applied",
-            "Rows replayed into the target from the source's changes (catchup, fast-forward, replicate).",
-            labels=stream_labels,
-        )
-        batches = CounterMetricFamily(
-            "sluicegate_batches", "Replay batches committed on the target.", labels=stream_labels
-        )
-        retries = CounterMetricFamily(
-            "sluicegate_retries", "Retryable failures this driver retried.", labels=stream_labels
-        )
-        errors = CounterMetricFamily(
-            "sluicegate_errors", "Failures that put a stream in Error in this driver.", labels=stream_labels
-        )
+        target_up = GaugeMetricFamily(
+            "sluicegate_target_up", "1 if the workflow's state could be read from its target at this scrape.",
+            labels=["workflow"])
         try:
             streams = self._streams()
         except Exception as exc:  # noqa: BLE001 - the target may be restarting: say so, serve the rest
@@ -105,38 +77,26 @@ class WorkflowCollector:
             yield from (up, target_up)
             return
         target_up.add_metric([self.workflow], 1)
+        m = {name: (CounterMetricFamily if counter else GaugeMetricFamily)(
+                 f"sluicegate_{name}", doc, labels=["workflow", "stream", "source", *more])
+             for name, counter, doc, more in _STREAM_METRICS}
         for s in streams:
             labels = [self.workflow, s["stream"], s["source"]]
-            state.add_metric([*labels, s["state"]], 1)
-            if s["lag_seconds"] is not None:
-                lag.add_metric(labels, s["lag_seconds"])
-            if s["position_bytes"] is not None:
-                position.add_metric(labels, s["position_bytes"])
-            if s.get("retained_wal_bytes") is not None:
-                wal.add_metric(labels, s["retained_wal_bytes"])
+            m["stream_state"].add_metric([*labels, s["state"]], 1)
+            for name, value in (("lag_seconds", s["lag_seconds"]),
+                                ("applied_position_bytes", s["position_bytes"]),
+                                ("retained_wal_bytes", s.get("retained_wal_bytes"))):
+                if value is not None:
+                    m[name].add_metric(labels, value)
             for t in s["tables"]:
-                copied.add_metric([*labels, t["table"]], t["rows_copied"])
-                total.add_metric([*labels, t["table"]], t["rows_total"])
-                table_done.add_metric([*labels, t["table"]], 1 if t["state"] == "Copied" else 0)
-            applied.add_metric(labels, s["rows_applied"])
-            batches.add_metric(labels, s["batches"])
-            retries.add_metric(labels, counted("retries", self.workflow, s["target"], s["id"]))
-            errors.add_metric(labels, counted("errors", self.workflow, s["target"], s["id"]))
-        yield from (
-            up,
-            target_up,
-            state,
-            lag,
-            position,
-            wal,
-            copied,
-            total,
-            table_done,
-            applied,
-            batches,
-            retries,
-            errors,
-        )
+                m["rows_copied"].add_metric([*labels, t["table"]], t["rows_copied"])
+                m["table_rows_estimated"].add_metric([*labels, t["table"]], t["rows_total"])
+                m["table_copied"].add_metric([*labels, t["table"]], 1 if t["state"] == "Copied" else 0)
+            for name in ("rows_applied", "batches"):
+                m[name].add_metric(labels, s[name])
+            for name in ("retries", "errors"):
+                m[name].add_metric(labels, counted(name, self.workflow, s["target"], s["id"]))
+        yield from (up, target_up, *m.values())
 
     def _streams(self) -> list[dict]:
         from .shards import load_all

@@ -37,6 +37,7 @@ from . import play_loop, stream_control
 from . import state as st
 from .play_loop import PlayResult
 from .player import PlayTask, limits, way_out
+from .rule_copy import MAX_PROBES, count_rows
 from .schema_changes import rule_input
 
 log = logging.getLogger("sluicegate")
@@ -216,9 +217,6 @@ def table_frame(engine, spec: BatchSpec, runners: dict, i: int, seq: tuple[int, 
                       *[F.col(f"{c}_").alias(c) for c in EXTRA], F.col(f"{KEEP}_").alias(KEEP))
 
 
-MAX_PROBES = 40
-
-
 def diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> TerminalError:
     """A rule failed on a row (Spark says how, not where): find the table and the row by halving the batch's
     changes, each half a small Spark job (the peek is replayable), and name its key. An error path: the
@@ -255,16 +253,8 @@ def diagnose(engine, spec: BatchSpec, runners: dict, exc: BaseException) -> Term
 
 
 def _count(engine, frame) -> int:
-    rows = collect(engine, frame.mapInArrow(_count_rows, "n long"), "find the row a rule fails on")
+    rows = collect(engine, frame.mapInArrow(count_rows, "n long"), "find the row a rule fails on")
     return sum(r[0] for r in rows)
-
-
-def _count_rows(batches):
-    """Every column of every row reaches Python, so Spark evaluates each of the rule's expressions."""
-    import pyarrow as pa
-
-    n = sum(b.num_rows for b in batches)
-    yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
 
 def _fails(engine, spec, runners, i, seq) -> BaseException | None:

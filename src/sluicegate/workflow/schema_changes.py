@@ -38,6 +38,7 @@ from ..postgres.relation_changes import (  # noqa: F401 - (classify & co. are al
     source_columns,
 )
 from . import state as st
+from .ddl_tables import PRIMARY_KEY
 
 log = logging.getLogger("sluicegate")
 
@@ -111,16 +112,13 @@ class SchemaFollower:
         return replace(table, columns=tuple(columns), enums=tuple(enums), types=tuple(user_types),
                        extensions=tuple(extensions))
 
-    def _initial_default(self, table: Table, col: SourceColumn) -> sql.Composable | None:
-        """What the rows the target already has get in the new column: what they have on the source."""
-        return older_rows_default(self.src, table.qualified, col, by_hand_way_out(
-            f"target table {table.qualified}", self.workflow))
-
     def _alter_add(self, table: Table, col: SourceColumn) -> None:
         parts = [sql.Identifier(col.name), sql.SQL(col.type_sql)]  # format_type() output is valid, quoted SQL
         if col.collation:
             parts.append(sql.SQL("COLLATE {}").format(sql.Identifier(col.collation)))
-        initial = self._initial_default(table, col)
+        # the rows the target already has get in it what they have on the source
+        initial = older_rows_default(self.src, table.qualified, col, by_hand_way_out(
+            f"target table {table.qualified}", self.workflow))
         if initial is not None:
             parts.append(sql.SQL("DEFAULT {}").format(initial))
         if col.not_null:
@@ -164,10 +162,11 @@ class SchemaFollower:
         target = self._target_columns(table)
         new_key = tuple(c.name for c in rel.columns if c.flags & 1) if rel.replica_identity in ("d", "i") \
             else table.key
+        key = self.dst.execute(PRIMARY_KEY, (table.ident.as_string(self.dst),)).fetchone()[0] or new_key
         # A column dropped and added again looks the same on a target that was never changed: never adopted.
         matches = (not change.readded and set(target) == {c.name for c in rel.columns}
                    and all(target[c.name][1] == t for c, t in zip(rel.columns, types))
-                   and set(self._target_key(table) or new_key) == set(new_key))
+                   and set(key) == set(new_key))
         if not matches:
             said = "; ".join(change.describe(self._type_name))
             what = f"columns of source table {table.qualified} changed: {said}"
@@ -187,7 +186,7 @@ class SchemaFollower:
         needs = pgtypes.discover(self.src, [c.type_oid for c in columns])
         log.warning("target table %s matches the source's new columns (%s): following them",
                     table.qualified, "; ".join(change.describe(self._type_name)))
-        return replace(table, columns=tuple(columns), key=tuple(self._target_key(table) or new_key),
+        return replace(table, columns=tuple(columns), key=tuple(key),
                        enums=needs.enums, types=needs.types, extensions=needs.extensions,
                        existing_types=needs.existing)
 
@@ -223,12 +222,3 @@ class SchemaFollower:
         if not rows:
             raise SchemaStop(f"target table {table.qualified} is gone: re-create the workflow")
         return {r[0]: r for r in rows}
-
-    def _target_key(self, table: Table) -> list[str] | None:
-        row = self.dst.execute(
-            """SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
-               CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-               WHERE i.indrelid = to_regclass(%s) AND i.indisprimary AND k.ord <= i.indnkeyatts""",
-            (table.ident.as_string(self.dst),)).fetchone()
-        return row[0] if row and row[0] else None

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from .. import config
 from ..errors import TerminalError, UsageError, did_you_mean
-from ..names import object_name  # (its home; callers also name it here)
+from ..names import object_name  # noqa: F401 - its home; callers name it here
 from ..position import format_lsn, parse_lsn
 from ..postgres import locks
 from ..postgres.catalog import Table
@@ -252,15 +252,6 @@ def check_new_name(conn: psycopg.Connection, name: str) -> None:
         )
 
 
-def create_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict,
-                    tables: list[Table], rules: dict[str, dict] | None = None,
-                    source_identity: dict | None = None) -> None:
-    """Insert the workflow, its stream and copy_state in the caller's transaction. `rules`: compiled rule
-    (json) by qualified source table name, kept in copy_state beside the table's description."""
-    insert_workflow(conn, name, kind, source_url, options)
-    add_stream(conn, name, "0", None, object_name("sg", name), tables, rules, source_identity)
-
-
 def insert_workflow(conn: psycopg.Connection, name: str, kind: str, source_url: str, options: dict) -> None:
     check_new_name(conn, name)
     config.check_options(options)
@@ -429,11 +420,6 @@ def set_options(conn: psycopg.Connection, workflow: str, values: dict) -> None:
     conn.execute("UPDATE sluicegate.workflows SET options = (options || %s::jsonb) - %s::text[] "
                  "WHERE name = %s", (json.dumps({k: v for k, v in values.items() if v is not None}),
                                      [k for k, v in values.items() if v is None], workflow))
-
-
-def drop_option(conn: psycopg.Connection, workflow: str, key: str) -> None:
-    """Remove one key from the workflow's options (a pending task done), in the caller's transaction."""
-    conn.execute("UPDATE sluicegate.workflows SET options = options - %s WHERE name = %s", (key, workflow))
 
 
 def restart_stream(conn: psycopg.Connection, stream_id: int, message: str) -> None:

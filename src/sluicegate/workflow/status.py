@@ -47,18 +47,14 @@ def slot_facts(wf: st.Workflow) -> dict[int, dict]:
     return facts
 
 
-def driver_status(wf: st.Workflow) -> dict:
-    d = wf.driver
-    seen = round(d.seen_seconds_ago, 1) if d.seen_seconds_ago is not None else None
-    return {"running": is_running(d), "last_seen_seconds": seen, "pid": d.pid, "host": d.host}
-
-
 def workflow_status(wf: st.Workflow, now: datetime | None = None, slots: dict[int, dict] | None = None,
                     wal_warning: int = WAL_WARNING) -> dict:
     """`slots`: slot_facts(wf), or None to leave the source alone (retained_wal_bytes and wal_status are then
     null)."""
     now = now or datetime.now(timezone.utc)
-    driver = driver_status(wf)
+    d = wf.driver
+    seen = round(d.seen_seconds_ago, 1) if d.seen_seconds_ago is not None else None
+    driver = {"running": is_running(d), "last_seen_seconds": seen, "pid": d.pid, "host": d.host}
     warnings = []
     streams = []
     for s in wf.streams:

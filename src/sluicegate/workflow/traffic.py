@@ -531,7 +531,6 @@ def _drop_empty_schema(conn: psycopg.Connection, side: str) -> list[str]:
     return [f"schema sluicegate on the {side}"]
 
 
-# -- sequences -------------------------------------------------------------------------------------------
 # -- steps -----------------------------------------------------------------------------------------------
 def _check_no_rules(sides: Sides) -> None:
     ruled = [t.table.qualified for t in sides.forward.streams[0].tables if t.rule is not None]
