@@ -295,3 +295,31 @@ def test_kept_plans_follow_a_unique_index_and_columns_under_exec(pair, spark):
         assert assert_same(pair, "public.items", ["id"]) > 500
         assert pair.dst("SELECT name FROM items WHERE id < 0 ORDER BY id") == \
             [("neg 3",), ("neg 2",), ("neg 1",), ("neg 4",)]
+
+
+def test_rows_after_a_statement_that_moves_or_makes_the_key_under_exec(pair, spark):
+    """A statement that changes where a table's key sits in its rows: a column dropped before the key, a key
+    added to a table without one. Rows after it are staged by the new key (a row keyed by its old position
+    would be keyed by `v`: two rows with the same v would become one)."""
+    pair.src("CREATE TABLE tagged (note text, id bigint PRIMARY KEY, v int)")
+    pair.src("INSERT INTO tagged SELECT 'n', g, g % 5 FROM generate_series(1, 100) g")
+    pair.src("CREATE TABLE loose (id bigint NOT NULL, v int)")
+    pair.src("ALTER TABLE loose REPLICA IDENTITY FULL")
+    pair.src("INSERT INTO loose SELECT g, g % 5 FROM generate_series(1, 100) g")
+    install(pair)
+    create_movetables("rekey", pair.source, pair.target, ["tagged", "loose"], [], {"on_ddl": "exec"})
+    with EngineThread(spark, pair.target, "rekey"):
+        wait_for(lambda: stream_row(pair, "rekey")["state"] == "Running", what="Running")
+        pair.src("ALTER TABLE tagged DROP COLUMN note")
+        pair.src("ALTER TABLE loose ADD PRIMARY KEY (id)")
+        with psycopg.connect(pair.source) as c:  # one transaction: one chunk, where keys meet
+            for table in ("tagged", "loose"):
+                c.execute(f"INSERT INTO {table} (id, v) VALUES (1001, 7), (1002, 7)")
+                c.execute(f"UPDATE {table} SET v = 7 WHERE id IN (5, 6)")
+                c.execute(f"DELETE FROM {table} WHERE id = 8")
+        settled(pair, "rekey")
+        assert stream_row(pair, "rekey")["state"] == "Running", stream_row(pair, "rekey")
+        for table in ("tagged", "loose"):
+            assert columns(pair.target, table) == columns(pair.source, table)
+            assert assert_same(pair, f"public.{table}", ["id"]) == 101
+        assert pair.dst("SELECT count(*) FROM tagged WHERE v = 7") == [(4,)]

@@ -112,6 +112,21 @@ def key_order_getter(table: Table):
     return lambda keys: [tuple(v if r is None else r(v) for r, v in zip(readers, key)) for key in keys]
 
 
+def _keyed(t: TargetTable) -> None:
+    """How the table's changes are staged, from its description (its staged rows already written)."""
+    if t.table.keyless:  # rows matched by value (keyless.py); never the C path, which stages by key
+        if not isinstance(t.rows, keyless.KeylessRows):
+            t.rows = keyless.KeylessRows()
+        t.key_indices, t.key_of, t.order_of, t.integer_key = None, None, None, False
+        return
+    if not isinstance(t.rows, dict):  # a key added to a table that had none
+        t.rows = {}
+    t.key_indices = tuple(t.table.key_indices)
+    t.key_of = key_getter(t.key_indices)
+    t.order_of = key_order_getter(t.table)
+    t.integer_key = len(t.key_indices) == 1 and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS
+
+
 def sort_by_key(rows: dict, order_of) -> tuple[list, list | None]:
     """The chunk's staged rows sorted by key, and the values that sorted them (one a row of `rows`, None when
     the keys do not sort). Each statement then meets the target's key index and heap in order, walking
@@ -221,14 +236,7 @@ class PostgresApplier:
     def add_table(self, t: TargetTable) -> None:
         """A table met on the way (the Transaction applier learns tables from the messages)."""
         t.index = len(self.by_name)
-        if t.table.keyless:  # rows matched by value (keyless.py); never the C path, which stages by key
-            t.rows, t.key_indices, t.key_of, t.order_of, t.integer_key = keyless.KeylessRows(), None, None, None, False
-        else:
-            t.key_indices = tuple(t.table.key_indices)
-            t.key_of = key_getter(t.key_indices)
-            t.order_of = key_order_getter(t.table)
-            t.integer_key = (len(t.key_indices) == 1
-                             and t.table.columns[t.key_indices[0]].type_oid in _INTEGER_KEYS)
+        _keyed(t)
         self.by_name[t.source or (t.table.schema, t.table.name)] = t
         self._rels.clear()
 
@@ -258,7 +266,7 @@ class PostgresApplier:
             return
         self._forget(t)
         t.table = table
-        t.order_of = None if table.keyless else key_order_getter(table)
+        _keyed(t)  # a column dropped before the key moves it; a key added or dropped changes how rows stage
 
     def _forget(self, t: TargetTable) -> None:
         """The table's plan is made again before its next chunk (its staging table with it)."""
