@@ -172,19 +172,27 @@ def run_all(name: str, target_url: str, runner, stop: threading.Event) -> list[t
     copying: set[str] = set()  # (sets are thread-safe for add/discard/difference under the GIL)
     engines = [(shard, s.id, Engine(url, name, runner, stop=stop, stream_id=s.id, copying=copying))
                for shard, url, wf in load_all(name, target_url) for s in wf.streams]
-    results: dict[int, str] = {}
+    finals = run_engines([e for _, _, e in engines])
+    return [(shard, sid, final) for (shard, sid, _), final in zip(engines, finals)]
 
-    def run(stream_id, engine):
+
+def run_engines(engines: list) -> list[str]:
+    """Each engine's run in a thread of its own; the final state of each, in their order ("Error: ..." for
+    one that raised). By position: each target shard numbers its streams from 1, so ids repeat."""
+    finals = ["stopping"] * len(engines)
+
+    def run(i, engine):
         try:
-            results[stream_id] = engine.run()
+            finals[i] = engine.run()
         except Exception as exc:  # noqa: BLE001 - reported with the others
-            results[stream_id] = f"{st.ERROR}: {exc}"
+            finals[i] = f"{st.ERROR}: {exc}"
         finally:
             engine.close()
 
-    threads = [threading.Thread(target=run, args=(sid, e), name=f"stream-{sid}", daemon=True) for _, sid, e in engines]
+    threads = [threading.Thread(target=run, args=(i, e), name=f"stream-{e.stream_id}", daemon=True)
+               for i, e in enumerate(engines)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return [(shard, sid, results.get(sid, "stopping")) for shard, sid, _ in engines]
+    return finals
