@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -209,3 +210,13 @@ def test_spark_speaks_in_stack_traces_and_task_reports_only_under_v(monkeypatch)
     text = session.LOG4J_CONFIG.read_text()
     assert "alwaysWriteExceptions = ${sys:sluicegate.spark.stacks:-false}" in text
     assert text.count("${sys:sluicegate.spark.tasks:-off}") == 2
+
+
+def test_fork_handlers_are_registered_before_spark_starts_in_a_thread():
+    """concurrent.futures.thread registers fork handlers when imported (a lock taken before a fork, released
+    after it): imported by one thread while Spark's start forks spark-submit in another, the release finds
+    the lock free and Python prints "release unlocked lock" into the driver's log. Importing the session
+    module (before any start) has registered them."""
+    code = "import sys, sluicegate.spark.session; print('concurrent.futures.thread' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr

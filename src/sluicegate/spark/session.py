@@ -10,6 +10,10 @@ settings decide what the executors connect to.
 
 from __future__ import annotations
 
+# Spark starts in a thread that forks spark-submit (start_in_background). This module registers fork handlers
+# (its lock acquired before a fork, released after it in the parent): imported by another thread during that
+# fork, it would release a lock it never took, and Python prints "release unlocked lock". So: imported here.
+import concurrent.futures.thread  # noqa: F401
 import logging
 import os
 import re
