@@ -308,6 +308,39 @@ def test_bootstrap_one_table_while_the_other_flows(rc, tmp_path):
         consumer.kill()
 
 
+def test_bootstrap_during_a_first_cycle_keeps_the_indexes_it_deferred(rc, tmp_path, monkeypatch):
+    """A first copy cycle drops the table's indexes and records them; a kill -9 before the cycle is recorded,
+    then `replicate bootstrap --tables`: the re-copy still builds them (the record is what says they exist)."""
+    c = rc
+    load_items(c, rows=3000)
+    c.src("CREATE INDEX items_qty ON items (qty)")
+    sink = c.sinks[0]
+    out = create(c, sinks=[sink])
+    assert out.returncode == 0, out.stderr
+    indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'items' ORDER BY 1"
+    assert run(sink, indexes) == [("items_pkey",), ("items_qty",)]
+    monkeypatch.setenv("SLUICEGATE_FAULT_PAUSE", "copy.before_index_build")
+    monkeypatch.setenv("SLUICEGATE_FAULT_DIR", str(tmp_path))
+    consumer = Consumer(c.workflow, sink, tmp_path / "run.log").start()
+    try:
+        wait_for(lambda: (tmp_path / "copy.before_index_build").exists(), 240, what="the first cycle's end",
+                 describe=lambda: (tmp_path / "run.log").read_text()[-2000:])
+    finally:
+        consumer.kill()
+    assert run(sink, indexes) == []  # deferred: dropped for the cycle, not built yet
+    out = cli("replicate", "bootstrap", c.workflow, "--sink", sink, "--tables", "items")
+    assert out.returncode == 0 and "public.items: copy (re-bootstrap asked for)" in out.stdout, out.stdout
+    monkeypatch.delenv("SLUICEGATE_FAULT_PAUSE")
+    consumer = Consumer(c.workflow, sink, tmp_path / "run2.log").start()
+    try:
+        wait_for(lambda: caught_up(c, sink), 240, what="re-copied",
+                 describe=lambda: (tmp_path / "run2.log").read_text()[-2000:])
+        assert run(sink, indexes) == [("items_pkey",), ("items_qty",)]
+        assert_equal(c, sink, "public.items", ["id"])
+    finally:
+        consumer.kill()
+
+
 def _wal_segment(c, lsn: str) -> str:
     return c.src("SELECT pg_walfile_name(%s::pg_lsn)", (lsn,))[0][0]
 

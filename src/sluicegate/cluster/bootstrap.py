@@ -90,6 +90,8 @@ def _resolve(tables: list[str], names: set[str]) -> list[str]:
 
 
 def _reset(conn: psycopg.Connection, stream_id: int, tables: list[str]) -> None:
+    # deferred_indexes stays: a first cycle that did not finish dropped those indexes, and only this record
+    # has them built again (the re-copy empties the table and builds them after its first cycle)
     conn.execute(
-        """UPDATE sluicegate.copy_state SET lastpk = NULL, rows_copied = 0, done = false, deferred_indexes = NULL
+        """UPDATE sluicegate.copy_state SET lastpk = NULL, rows_copied = 0, done = false
            WHERE stream_id = %s AND table_name = ANY(%s)""", (stream_id, tables))
