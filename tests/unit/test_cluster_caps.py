@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.cluster.governor import SlotHold, over_cap
+from sluicegate.cluster.governor import SlotHold, over_cap, releasable
 from sluicegate.cluster.model import Cluster
 from sluicegate.errors import UsageError
 from sluicegate.sizes import parse_duration, parse_size
@@ -49,6 +49,18 @@ def test_either_cap_releases():
     c = _cluster(wal=64 * MB, age=60.0)
     assert "--max-retained-wal" in over_cap(_hold(65 * MB, 1.0), c)
     assert "--max-retention-age" in over_cap(_hold(1 * MB, 61.0), c)
+
+
+def test_only_an_idle_slot_of_another_sink_whose_consumer_is_gone_is_released():
+    c = _cluster(wal=64 * MB)  # this consumer is s2's
+    idle, over = {"active": False}, {"retained_bytes": 65 * MB}
+    gone, beats = (lambda sink: False), (lambda sink: True)
+    assert "--max-retained-wal" in releasable(SlotHold("s1", "sg_rp_s1", True, **over, **idle), c, gone)
+    assert releasable(SlotHold("s1", "sg_rp_s1", True, **over, **idle), c, beats) is None  # between catchups
+    assert releasable(SlotHold("s1", "sg_rp_s1", True, **over, active=True), c, gone) is None
+    assert releasable(SlotHold("s1", "sg_rp_s1", False, **over, **idle), c, gone) is None
+    # Its own slot, idle during its own long copy: this consumer is alive (max_slot_wal_keep_size governs it)
+    assert releasable(SlotHold("s2", "sg_rp_s2", True, **over, **idle), c, gone) is None
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

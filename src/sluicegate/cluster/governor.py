@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -124,6 +125,17 @@ def over_cap(hold: SlotHold, cluster: Cluster) -> str | None:
     return None
 
 
+def releasable(hold: SlotHold, cluster: Cluster, alive: Callable[[str], bool]) -> str | None:
+    """Why a sink's slot is to be released (the cap it is past), or None. Only an idle slot of another sink
+    whose consumer does not beat (`alive`): a slot idle between its catchups (a long copy) belongs to a sink
+    that is there, and this consumer's own sink is alive by definition (PostgreSQL's max_slot_wal_keep_size
+    governs that one, as the README says)."""
+    if not hold.exists or hold.active or hold.sink == cluster.sink:
+        return None
+    why = over_cap(hold, cluster)
+    return None if why is None or alive(hold.sink) else why
+
+
 class Governor:
     """Runs in a sink's consumer: samples the source's WAL position and enforces the caps, every `interval`."""
 
@@ -174,9 +186,7 @@ class Governor:
             if shard is None:  # the samples date one server's WAL
                 _sample(src, samples, cluster)
             for hold in holds(src, samples, cluster, shard):
-                why = over_cap(hold, cluster) if hold.exists and not hold.active else None
-                if why and hold.sink != cluster.sink and _consumer_alive(cluster, hold.sink):
-                    why = None  # between its catchups (a long copy): a sink that is there is not gone
+                why = releasable(hold, cluster, lambda sink: _consumer_alive(cluster, sink))
                 if why and (note := _release(src, cluster, hold, why)):
                     released.append(note)
                     _tell_sink(cluster, hold.sink, note, hold.slot)
