@@ -248,6 +248,7 @@ class PostgresApplier:
         if hit is None or hit[0] is not rel:
             t = self.by_name.get((rel.schema, rel.name))
             if t is None and self.unplaced is not None:
+                self.settle()  # (it reads the target on this connection)
                 self.unplaced(rel)
             if t is not None and self.schema_changes is not None:
                 if not same_columns(rel, t.table):

@@ -355,6 +355,7 @@ def _play_batch(task: PlayTask, stream: ChangeStream, applier, framing: Framing,
                 applier.truncate(ev.relations)
             elif isinstance(ev, LogicalMessage) and not skipping:  # a captured DDL statement, in its place
                 applier.flush()
+                base.settle()  # the statement's queries use the connection: the chunk's error, if any, first
                 ddl.met(ev)
     except SchemaStop as exc:
         exc.before = reader.commit_lsn or None  # everything before this transaction may still be applied
