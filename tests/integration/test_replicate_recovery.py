@@ -310,7 +310,7 @@ def test_bootstrap_one_table_while_the_other_flows(rc, tmp_path):
 
 def test_bootstrap_during_a_first_cycle_keeps_the_indexes_it_deferred(rc, tmp_path, monkeypatch):
     """A first copy cycle drops the table's indexes and records them; a kill -9 before the cycle is recorded,
-    then `replicate bootstrap --tables`: the re-copy still builds them (the record is what says they exist)."""
+    then `replicate bootstrap --tables`: the re-copy still builds them (their record says they exist)."""
     c = rc
     load_items(c, rows=3000)
     c.src("CREATE INDEX items_qty ON items (qty)")
