@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import sys
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -24,7 +25,7 @@ from psycopg import sql
 from ..config import Settings
 from ..errors import TerminalError
 from ..faults import fault_point
-from ..postgres import capture, durable, indexes, keyrange, locks, origins, standby_flush
+from ..postgres import capture, collation, durable, indexes, keyrange, locks, origins, standby_flush
 from ..postgres.catalog import Table
 from ..postgres.connect import connect, first_line
 from ..postgres.snapshot import committed_since, take_snapshot
@@ -414,8 +415,14 @@ class Copier:
                         defer_indexes(dst, stream.id, current)
                 else:
                     clear_above(dst, rule.rule.target, current.lastpk, rule.rule.target_keyrange())
+                cycle_rows = settings.cycle_rows
+                # No cycle edge for the target to misplace (postgres/collation.py)
+                if collation.key_orders_differ(snap.conn, dst, table):
+                    cycle_rows = sys.maxsize
+                    log.warning("copying %s in one cycle: its key sorts by the database's default collation, "
+                                "which differs between source and target", table.qualified)
             # The plan needs Spark's task slots: under `workflow run`, the first moment that waits for Spark.
-            plan = plan_cycle(snap.conn, table, current.lastpk, settings.cycle_rows, settings.chunk_rows,
+            plan = plan_cycle(snap.conn, table, current.lastpk, cycle_rows, settings.chunk_rows,
                                      slots=self.engine.runner.parallelism(), by_pages=rule is None)
             # What the progress view adds to rows_copied while the cycle runs (live.py)
             progress = live.cycle_started(self.target_url, wf.name, stream.id, current.table.qualified,
